@@ -1,0 +1,74 @@
+"""Starvation Monitor: the page layout. Everything it shows comes from monitor.ui."""
+from __future__ import annotations
+
+import os
+
+import streamlit as st
+
+from monitor.analysis import summarize
+from monitor.ui import panels
+from monitor.ui.controls import render_controls
+from monitor.ui.resources import get_runtime
+
+st.set_page_config(page_title="Starvation Monitor", page_icon="📉", layout="wide")
+
+rt = get_runtime()
+manager = rt.manager
+if os.environ.get("STARVATION_MONITOR_AUTOSTART", "1") != "0":
+    manager.ensure_started()  # the default workload starves visibly the moment the page opens
+
+live_run = manager.run_id
+run_info = rt.store.run(live_run) if live_run is not None else None
+accel = (run_info or {}).get("accelerator") or ""
+simulated = not accel.startswith("CUDA")
+render_controls(manager, simulated)
+
+st.title("Starvation Monitor")
+st.caption("Is the GPU starved by its input pipeline? Per-step data wait and compute, live.")
+if simulated:
+    st.info("No CUDA device: the workload runs on a **simulated accelerator** that holds the "
+            "device for a set time per step while the host waits, as a real "
+            "`torch.cuda.synchronize()` would. Device busy is derived from step timings.",
+            icon="ℹ️")
+if not rt.collector.gpu.available:
+    st.caption(f"GPU telemetry: {rt.collector.gpu.notice}")
+
+top = st.columns([3, 2])
+window_name = top[0].segmented_control("Window", list(panels.WINDOWS), default="1 min",
+                                       key="window") or "1 min"
+runs = rt.store.runs(limit=30)
+run_ids = runs["id"].astype(int).tolist()
+labels = {int(r.id): f"run {r.id} · {r.name} · {r.status}" for r in runs.itertuples()}
+selected = None
+if run_ids:
+    selected = top[1].selectbox("Run", run_ids, index=0, format_func=labels.get,
+                                key="selected_run")
+
+
+@st.fragment(run_every=1.0)
+def live() -> None:
+    """Refreshes about once a second; reads the store only."""
+    run_id = selected if selected is not None else manager.run_id
+    if run_id is None:
+        st.info("No run yet: press Start in the sidebar.")
+        return
+    if manager.run_id is not None and run_id < manager.run_id and selected == run_ids[0]:
+        run_id = manager.run_id  # a run started after this page loaded
+    view = panels.load_view(rt.store, run_id, panels.WINDOWS[window_name])
+    if view is None:
+        st.warning(f"Run {run_id} is not in the store.")
+        return
+    panels.render_run_status(view.run)
+    kpi_steps, caption = panels.kpi_steps(view)
+    summary = summarize(kpi_steps)
+    workers_live = view.host["workers"].dropna().iloc[-1] if (
+        not view.host.empty and view.host["workers"].notna().any()) else None
+    cfg = view.run["config"]
+    workers = f"{cfg['num_workers']}" + (f" / {int(workers_live)} live"
+                                         if workers_live is not None else "")
+    panels.render_verdict(summary)
+    panels.render_kpis(summary, workers, caption)
+    panels.render_charts(view, simulated)
+
+
+live()

@@ -1,0 +1,147 @@
+"""Pure functions over the store's frames: shares, busy series, throughput, the verdict.
+
+Definitions (DESIGN.md): data wait, compute, data-wait share = Σwait / Σ(wait + compute),
+device busy = the fraction of each 50 ms bin covered by compute intervals, throughput =
+samples per second over the window.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+import numpy as np
+import pandas as pd
+
+BUSY_BIN_S = 0.05
+# The device waits on data for at least this share of step time: starving. 10% is where the
+# PyTorch profiler's and Lightning's own "dataloader bottleneck" hints start to fire, and
+# below it a loader change rarely buys more than the run-to-run noise on a shared host.
+STARVING_SHARE = 0.10
+
+
+def data_wait_share(steps: pd.DataFrame) -> float:
+    if steps.empty:
+        return float("nan")
+    wait = float(steps["wait_s"].sum())
+    total = wait + float(steps["compute_s"].sum())
+    return wait / total if total > 0 else float("nan")
+
+
+def span(steps: pd.DataFrame) -> tuple[float, float]:
+    """(start, end) of the steps: first wait start to last compute end."""
+    start = float((steps["ts"] - steps["wait_s"]).min())
+    end = float((steps["ts"] + steps["compute_s"]).max())
+    return start, end
+
+
+def throughput(steps: pd.DataFrame) -> float:
+    """Samples per second over the steps' span."""
+    if steps.empty:
+        return float("nan")
+    start, end = span(steps)
+    return float(steps["samples"].sum()) / (end - start) if end > start else float("nan")
+
+
+def busy_series(
+    steps: pd.DataFrame, bin_s: float = BUSY_BIN_S, start: float | None = None,
+    end: float | None = None,
+) -> pd.DataFrame:
+    """Device busy per bin: the fraction of [t, t + bin_s) covered by compute intervals.
+
+    Columns: t (bin start, wall seconds), busy (0..1). Intervals are a process's sequential
+    steps, so they do not overlap; the covered time up to any instant is a cumulative sum.
+    """
+    if steps.empty:
+        return pd.DataFrame({"t": pd.Series(dtype=float), "busy": pd.Series(dtype=float)})
+    s = steps["ts"].to_numpy(dtype=float)
+    order = np.argsort(s)
+    s = s[order]
+    d = np.clip(steps["compute_s"].to_numpy(dtype=float)[order], 0.0, None)
+    lo = s[0] - steps["wait_s"].iloc[order[0]] if start is None else start
+    hi = float((s + d).max()) if end is None else end
+    n = max(1, int(math.ceil((hi - lo) / bin_s)))
+    edges = lo + bin_s * np.arange(n + 1)
+    cum = np.concatenate([[0.0], np.cumsum(d)])  # covered time before interval i starts
+    idx = np.searchsorted(s, edges, side="right") - 1  # last interval starting at or before
+    covered = np.where(
+        idx >= 0, cum[np.maximum(idx, 0)] + np.clip(edges - s[np.maximum(idx, 0)], 0.0,
+                                                    d[np.maximum(idx, 0)]), 0.0)
+    busy = np.diff(covered) / bin_s
+    return pd.DataFrame({"t": edges[:-1], "busy": np.clip(busy, 0.0, 1.0)})
+
+
+def throughput_series(steps: pd.DataFrame, bin_s: float = 1.0) -> pd.DataFrame:
+    """Samples/s per bin of `bin_s` seconds, counting each batch when it arrived."""
+    if steps.empty:
+        return pd.DataFrame({"t": pd.Series(dtype=float), "throughput": pd.Series(dtype=float)})
+    t0 = float(steps["ts"].min())
+    b = ((steps["ts"] - t0) // bin_s).astype(int)
+    per = steps.groupby(b)["samples"].sum()
+    full = per.reindex(range(int(b.max()) + 1), fill_value=0)
+    out = pd.DataFrame({"t": t0 + full.index.to_numpy() * bin_s,
+                        "throughput": full.to_numpy() / bin_s})
+    return out.iloc[:-1] if len(out) > 1 else out  # the last bin is still filling
+
+
+@dataclass(frozen=True, slots=True)
+class Summary:
+    """What `measure --json` prints and the KPI row shows."""
+
+    steps: int
+    seconds: float
+    throughput: float
+    data_wait_share: float
+    device_busy_mean: float
+    device_busy_cv: float
+    verdict: str
+    verdict_text: str
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        return {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in d.items()}
+
+
+def verdict(share: float) -> tuple[str, str]:
+    """('starving' | 'healthy' | 'no data', one line with the evidence)."""
+    if math.isnan(share):
+        return "no data", "No steps recorded yet in this window."
+    if share >= STARVING_SHARE:
+        return ("starving", f"Starving: the device waits for data {share:.0%} of step time "
+                f"(threshold {STARVING_SHARE:.0%}). The input pipeline is the bottleneck.")
+    return ("healthy", f"Healthy: data wait is {share:.0%} of step time "
+            f"(below {STARVING_SHARE:.0%}); the device is fed.")
+
+
+def summarize(steps: pd.DataFrame) -> Summary:
+    if steps.empty:
+        v, text = verdict(float("nan"))
+        nan = float("nan")
+        return Summary(0, 0.0, nan, nan, nan, nan, v, text)
+    start, end = span(steps)
+    busy = busy_series(steps, start=start, end=end)["busy"]
+    mean = float(busy.mean())
+    cv = float(busy.std(ddof=0) / mean) if mean > 0 else float("nan")
+    share = data_wait_share(steps)
+    v, text = verdict(share)
+    return Summary(
+        steps=len(steps), seconds=end - start, throughput=throughput(steps),
+        data_wait_share=share, device_busy_mean=mean, device_busy_cv=cv, verdict=v,
+        verdict_text=text,
+    )
+
+
+def steady_state(steps: pd.DataFrame, warmup_s: float) -> pd.DataFrame:
+    """Steps after the first `warmup_s` seconds of the run (worker start-up, first batches)."""
+    if steps.empty:
+        return steps
+    t0 = float((steps["ts"] - steps["wait_s"]).min())
+    return steps[steps["ts"] - steps["wait_s"] >= t0 + warmup_s]
+
+
+def downsample(df: pd.DataFrame, max_points: int, time_col: str = "t") -> pd.DataFrame:
+    """At most `max_points` rows: means of consecutive groups (keeps the sawtooth's shape
+    better than picking every n-th row, which aliases)."""
+    if len(df) <= max_points:
+        return df
+    group = np.arange(len(df)) * max_points // len(df)
+    return df.groupby(group).mean(numeric_only=True).reset_index(drop=True)

@@ -1,0 +1,89 @@
+"""The sampling thread: host (psutil) and GPU (NVML) readings on a drift-free schedule,
+written to the store in batches (one transaction per `flush_interval`)."""
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+from monitor.gpu import GpuBackend, open_backend
+from monitor.host import HostSampler
+from monitor.records import GpuSample, HostSample
+from monitor.store import Store
+
+
+class Collector:
+    """A named daemon thread sampling every `interval` seconds until `stop()`."""
+
+    def __init__(
+        self,
+        store: Store,
+        host: HostSampler | None = None,
+        gpu: GpuBackend | None = None,
+        interval: float = 0.25,
+        flush_interval: float = 1.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.store = store
+        self.host = host or HostSampler()
+        self.gpu = gpu if gpu is not None else open_backend()
+        self.interval = interval
+        self.flush_interval = flush_interval
+        self.clock = clock
+        self.errors = 0
+        self.last_error: str | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._host_buf: list[HostSample] = []
+        self._gpu_buf: list[GpuSample] = []
+
+    def watch(self, pid: int | None, run_id: int | None) -> None:
+        """Follow this workload's process tree (None: host only)."""
+        self.host.watch(pid, run_id)
+
+    def start(self) -> Collector:
+        if self._thread is None or not self._thread.is_alive():
+            self._stop.clear()
+            self._thread = threading.Thread(target=self._loop, name="starvation-collector",
+                                            daemon=True)
+            self._thread.start()
+        return self
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+        self.flush()
+
+    def sample_once(self) -> None:
+        try:
+            self._host_buf.append(self.host.sample())
+            self._gpu_buf.extend(self.gpu.sample())
+        except Exception as exc:  # a bad reading is one lost row, not a dead loop
+            self.errors += 1
+            self.last_error = f"{type(exc).__name__}: {exc}"
+
+    def flush(self) -> None:
+        host, self._host_buf = self._host_buf, []
+        gpu, self._gpu_buf = self._gpu_buf, []
+        try:
+            self.store.insert(host)
+            self.store.insert(gpu)
+        except Exception as exc:
+            self.errors += 1
+            self.last_error = f"store write failed: {exc}"
+
+    def _loop(self) -> None:
+        next_t = self.clock()
+        last_flush = next_t
+        while not self._stop.is_set():
+            self.sample_once()
+            now = self.clock()
+            if now - last_flush >= self.flush_interval:
+                self.flush()
+                last_flush = now
+            next_t += self.interval
+            if next_t < now:  # fell behind (suspended, overloaded): skip, don't burst
+                next_t = now + self.interval
+            self._stop.wait(max(0.0, next_t - self.clock()))
+        self.store.close()

@@ -1,0 +1,210 @@
+"""Settings of a managed workload, validated eagerly with messages that say what to do.
+
+This module imports neither torch nor streamlit: the dashboard process validates settings
+before anything is spawned, and the workload process builds its DataLoader from the same
+record.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from workloads.presets import PRESET_SPECS
+
+PRESETS: tuple[str, ...] = tuple(PRESET_SPECS)
+DEFAULT_PRESET = "starving"
+MAX_BATCH_SIZE = 4096
+MAX_PREFETCH_FACTOR = 64
+MAX_STEP_TIME_MS = 10_000.0
+MODEL_SIZES: tuple[str, ...] = ("small", "medium", "large")
+
+
+class ConfigError(ValueError):
+    """An invalid setting; the message says which one and what to do."""
+
+
+def _cgroup_cpu_limit(root: str = "/sys/fs/cgroup") -> float | None:
+    """CPUs granted by the cgroup's CPU quota (v2 cpu.max, else v1), or None when unlimited."""
+    try:
+        with open(os.path.join(root, "cpu.max")) as f:
+            quota, period = f.read().split()[:2]
+        if quota != "max":
+            return int(quota) / int(period)
+        return None
+    except (OSError, ValueError):
+        pass
+    try:
+        with open(os.path.join(root, "cpu", "cpu.cfs_quota_us")) as f:
+            quota_us = int(f.read())
+        with open(os.path.join(root, "cpu", "cpu.cfs_period_us")) as f:
+            period_us = int(f.read())
+        if quota_us > 0 and period_us > 0:
+            return quota_us / period_us
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+def usable_cores(cgroup_root: str = "/sys/fs/cgroup") -> int:
+    """Cores this process may really use: CPU affinity, capped by the cgroup quota.
+
+    `os.cpu_count()` counts the host's cores, which overstates what a container may run.
+    """
+    try:
+        n = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        n = os.cpu_count() or 1
+    limit = _cgroup_cpu_limit(cgroup_root)
+    if limit is not None:
+        n = min(n, max(1, int(limit + 0.999)))
+    return max(1, n)
+
+
+def max_workers() -> int:
+    """Upper bound of the num_workers slider: twice the usable cores (IO-bound loaders gain
+    from workers beyond the core count; beyond 2x they mostly oversubscribe)."""
+    return 2 * usable_cores()
+
+
+@dataclass(frozen=True, slots=True)
+class LoaderConfig:
+    """DataLoader settings plus the accelerator's knob, as the sliders and the CLI set them.
+
+    prefetch_factor is None when num_workers == 0, as torch requires; with workers it defaults
+    to torch's own default of 2.
+    """
+
+    preset: str = DEFAULT_PRESET
+    num_workers: int = 0
+    batch_size: int = 32
+    prefetch_factor: int | None = None
+    pin_memory: bool = False
+    persistent_workers: bool = False
+    step_time_ms: float | None = None  # simulated accelerator; None: the preset's default
+    model_size: str = "small"  # CUDA model step
+
+    def __post_init__(self) -> None:
+        if self.preset not in PRESETS:
+            raise ConfigError(
+                f"unknown preset {self.preset!r}: choose one of {', '.join(PRESETS)}"
+            )
+        if isinstance(self.num_workers, bool) or not isinstance(self.num_workers, int):
+            raise ConfigError("num_workers must be a whole number (0 loads in the main process)")
+        if self.num_workers < 0:
+            raise ConfigError(
+                f"num_workers={self.num_workers} is negative: use num_workers=0 to load in the "
+                "main process, or a positive count of worker processes"
+            )
+        limit = max(64, max_workers())
+        if self.num_workers > limit:
+            raise ConfigError(
+                f"num_workers={self.num_workers} is more than this tool allows ({limit}); "
+                f"this machine has {usable_cores()} usable cores"
+            )
+        if isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int):
+            raise ConfigError("batch_size must be a whole number of samples, at least 1")
+        if not 1 <= self.batch_size <= MAX_BATCH_SIZE:
+            raise ConfigError(
+                f"batch_size={self.batch_size} is out of range: use 1 to {MAX_BATCH_SIZE}"
+            )
+        if self.prefetch_factor is not None:
+            if self.num_workers == 0:
+                raise ConfigError(
+                    "prefetch_factor only applies with worker processes: leave it unset "
+                    "with num_workers=0, or set num_workers >= 1"
+                )
+            if isinstance(self.prefetch_factor, bool) or not isinstance(self.prefetch_factor, int):
+                raise ConfigError("prefetch_factor must be a whole number of batches per worker")
+            if not 1 <= self.prefetch_factor <= MAX_PREFETCH_FACTOR:
+                raise ConfigError(
+                    f"prefetch_factor={self.prefetch_factor} is out of range: use 1 to "
+                    f"{MAX_PREFETCH_FACTOR} batches per worker"
+                )
+        if self.persistent_workers and self.num_workers == 0:
+            raise ConfigError(
+                "persistent_workers needs worker processes: set num_workers >= 1, or turn "
+                "persistent_workers off"
+            )
+        if self.step_time_ms is not None:
+            try:
+                step = float(self.step_time_ms)
+            except (TypeError, ValueError):
+                raise ConfigError("step_time_ms must be a number of milliseconds") from None
+            if not 0.0 <= step <= MAX_STEP_TIME_MS:
+                raise ConfigError(
+                    f"step_time_ms={self.step_time_ms} is out of range: use 0 to "
+                    f"{MAX_STEP_TIME_MS:g} ms"
+                )
+        if self.model_size not in MODEL_SIZES:
+            raise ConfigError(
+                f"unknown model_size {self.model_size!r}: choose one of {', '.join(MODEL_SIZES)}"
+            )
+
+    @classmethod
+    def build(cls, **kwargs: Any) -> LoaderConfig:
+        """Like the constructor, but fills torch's default prefetch_factor (2) when workers
+        are on and clears it (and persistent_workers) when they are off, as a slider UI needs."""
+        nw = kwargs.get("num_workers", 0)
+        if isinstance(nw, int) and nw == 0:
+            kwargs["prefetch_factor"] = None
+            kwargs["persistent_workers"] = False
+        elif kwargs.get("prefetch_factor") is None:
+            kwargs["prefetch_factor"] = 2
+        return cls(**kwargs)
+
+    def replace(self, **changes: Any) -> LoaderConfig:
+        """A copy with changes, normalised like `build`."""
+        data = self.to_dict()
+        data.update(changes)
+        return LoaderConfig.build(**data)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> LoaderConfig:
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ConfigError(f"unknown setting(s) {', '.join(unknown)}: known are {sorted(known)}")
+        return cls(**data)
+
+    def loader_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments for torch.utils.data.DataLoader."""
+        kw: dict[str, Any] = {
+            "batch_size": self.batch_size,
+            "num_workers": self.num_workers,
+            "pin_memory": self.pin_memory,
+        }
+        if self.num_workers > 0:
+            kw["prefetch_factor"] = self.prefetch_factor or 2
+            kw["persistent_workers"] = self.persistent_workers
+        return kw
+
+
+def describe_change(old: LoaderConfig | None, new: LoaderConfig) -> str:
+    """A marker label such as 'num_workers 0→2, batch_size 32→64' (empty when equal)."""
+    if old is None:
+        return "start"
+    parts = []
+    for f in dataclasses.fields(LoaderConfig):
+        a, b = getattr(old, f.name), getattr(new, f.name)
+        if a != b:
+            parts.append(f"{f.name} {_fmt(a)}→{_fmt(b)}")
+    return ", ".join(parts)
+
+
+def _fmt(v: Any) -> str:
+    if v is None:
+        return "default"
+    if isinstance(v, bool):
+        return "on" if v else "off"
+    if isinstance(v, float):
+        return f"{v:g}"
+    return str(v)

@@ -1,0 +1,65 @@
+"""A managed run without the UI: start, wait, stop, summarise (the `measure` command)."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from monitor.analysis import Summary, steady_state, summarize
+from monitor.collector import Collector
+from monitor.config import LoaderConfig
+from monitor.session import SessionManager
+from monitor.store import Store
+
+
+def warmup_seconds(seconds: float) -> float:
+    """Discarded start of a measurement: worker start-up and the first batches. A fifth of
+    the run, at most 2 s."""
+    return min(2.0, 0.2 * seconds)
+
+
+@dataclass(frozen=True, slots=True)
+class Measurement:
+    run_id: int
+    status: str
+    error: str | None
+    accelerator: str | None
+    config: LoaderConfig
+    summary: Summary
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"run_id": self.run_id, "status": self.status}
+        d.update(self.summary.to_dict())
+        d.update({"error": self.error, "accelerator": self.accelerator,
+                  "config": self.config.to_dict()})
+        return d
+
+
+def measure(
+    store: Store, config: LoaderConfig, seconds: float, collector: Collector | None = None,
+    name: str | None = None,
+) -> Measurement:
+    """Run `config` for `seconds` (plus the time to the first batch), then stop and
+    summarise the steady state. The run stays in the store."""
+    own_collector = collector is None
+    if collector is None:
+        collector = Collector(store).start()
+    manager = SessionManager(store, config, on_start=collector.watch)
+    try:
+        run_id = manager.start(config, name=name)
+        # The clock starts at the first batch: spawning and importing torch is not the loader.
+        manager.wait_for_steps(1, timeout=120.0)
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline and manager.is_alive():
+            time.sleep(0.1)
+    finally:
+        manager.close()
+        collector.watch(None, None)
+        if own_collector:
+            collector.stop()
+    run = store.run(run_id) or {}
+    steps = steady_state(store.steps(run_id), warmup_seconds(seconds))
+    return Measurement(
+        run_id=run_id, status=run.get("status", "unknown"), error=run.get("error"),
+        accelerator=run.get("accelerator"), config=config, summary=summarize(steps),
+    )

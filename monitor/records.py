@@ -1,0 +1,93 @@
+"""Immutable records shared by the probe, the collector, the store and the charts.
+
+One schema drives all of them: each record's fields become the store's columns (with SQL
+types from the annotations), and each field's metadata gives the label and unit the charts and
+the CLI print.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+
+def col(label: str, unit: str = "") -> Any:
+    return field(metadata={"label": label, "unit": unit})
+
+
+@dataclass(frozen=True, slots=True)
+class StepRecord:
+    """One training step as the probe saw it. `ts` is the wall-clock time the batch arrived;
+    data wait is [ts - wait_s, ts] and compute is [ts, ts + compute_s]."""
+
+    run_id: int = col("run")
+    step: int = col("step")
+    epoch: int = col("epoch")
+    ts: float = col("batch received", "s")
+    wait_s: float = col("data wait", "s")
+    compute_s: float = col("compute", "s")
+    samples: int = col("samples in batch")
+    config_seq: int = col("config generation")
+
+
+@dataclass(frozen=True, slots=True)
+class HostSample:
+    """Host and workload process tree at one instant (psutil)."""
+
+    ts: float = col("time", "s")
+    run_id: int | None = col("run")
+    cpu_total_pct: float | None = col("CPU total", "%")
+    cpu_per_core: str | None = col("CPU per core (JSON list)", "%")
+    mem_used_mb: float | None = col("memory used", "MB")
+    mem_total_mb: float | None = col("memory total", "MB")
+    mem_available_mb: float | None = col("memory available", "MB")
+    shm_used_mb: float | None = col("/dev/shm used", "MB")
+    proc_cpu_pct: float | None = col("main process CPU", "%")
+    proc_rss_mb: float | None = col("main process RSS", "MB")
+    workers: int | None = col("DataLoader workers")
+    workers_cpu_pct: float | None = col("workers CPU", "%")
+    workers_rss_mb: float | None = col("workers RSS", "MB")
+
+
+@dataclass(frozen=True, slots=True)
+class GpuSample:
+    """One utilization reading of one GPU (NVML). `source` says which NVML call gave it."""
+
+    ts: float = col("time", "s")
+    gpu: int = col("GPU index")
+    util_pct: float | None = col("GPU utilization (NVML)", "%")
+    mem_util_pct: float | None = col("memory-controller utilization (NVML)", "%")
+    mem_used_mb: float | None = col("GPU memory used", "MB")
+    mem_total_mb: float | None = col("GPU memory total", "MB")
+    source: str = col("NVML source")
+
+
+RECORD_TABLES: dict[str, type] = {
+    "steps": StepRecord,
+    "host_samples": HostSample,
+    "gpu_samples": GpuSample,
+}
+
+
+def columns(record_type: type) -> list[str]:
+    return [f.name for f in fields(record_type)]
+
+
+def label(record_type: type, name: str) -> str:
+    """'memory used (MB)': the field's label with its unit, for axes and tables."""
+    for f in fields(record_type):
+        if f.name == name:
+            unit = f.metadata.get("unit", "")
+            return f"{f.metadata['label']} ({unit})" if unit else f.metadata["label"]
+    raise KeyError(name)
+
+
+def sql_type(annotation: str) -> str:
+    if annotation.startswith("int"):
+        return "INTEGER"
+    if annotation.startswith("float"):
+        return "REAL"
+    return "TEXT"
+
+
+def as_row(record: Any) -> tuple:
+    return tuple(getattr(record, f.name) for f in fields(record))

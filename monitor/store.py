@@ -1,0 +1,242 @@
+"""The SQLite store: the only channel between the workload, the collector and the page.
+
+WAL mode lets one writer per process and any number of readers work at once; each thread gets
+its own connection. Writers batch their rows (see probe.py and collector.py), so a killed
+workload loses at most its last flush interval. Window queries return pandas DataFrames.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import threading
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import fields
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from monitor.records import RECORD_TABLES, as_row, columns, sql_type
+
+DEFAULT_PATH = Path("runs") / "monitor.db"
+ENV_VAR = "STARVATION_MONITOR_DB"
+
+RUN_STATUSES = ("running", "finished", "stopped", "failed")
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS runs (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    name TEXT NOT NULL,
+    kind TEXT NOT NULL,
+    config TEXT NOT NULL,
+    accelerator TEXT,
+    status TEXT NOT NULL,
+    error TEXT,
+    pid INTEGER,
+    started_at REAL NOT NULL,
+    ended_at REAL
+);
+CREATE TABLE IF NOT EXISTS events (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    run_id INTEGER NOT NULL,
+    ts REAL NOT NULL,
+    kind TEXT NOT NULL,
+    label TEXT NOT NULL,
+    data TEXT
+);
+CREATE TABLE IF NOT EXISTS control (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    run_id INTEGER NOT NULL,
+    ts REAL NOT NULL,
+    kind TEXT NOT NULL,
+    payload TEXT,
+    applied_at REAL,
+    result TEXT
+);
+CREATE INDEX IF NOT EXISTS events_run ON events(run_id, ts);
+CREATE INDEX IF NOT EXISTS control_run ON control(run_id, id);
+"""
+
+
+def default_path() -> Path:
+    """The store's path: $STARVATION_MONITOR_DB, else runs/monitor.db."""
+    return Path(os.environ.get(ENV_VAR) or DEFAULT_PATH)
+
+
+class Store:
+    """Thread-safe access to one SQLite file (a connection per thread)."""
+
+    def __init__(self, path: str | os.PathLike[str] | None = None) -> None:
+        self.path = Path(path) if path is not None else default_path()
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._local = threading.local()
+        self._init_schema()
+
+    # -- connections -------------------------------------------------------------------
+    def _conn(self) -> sqlite3.Connection:
+        conn = getattr(self._local, "conn", None)
+        if conn is None:
+            conn = sqlite3.connect(self.path, timeout=10.0, isolation_level=None)
+            conn.execute("PRAGMA busy_timeout = 10000")
+            conn.execute("PRAGMA synchronous = NORMAL")
+            self._local.conn = conn
+        return conn
+
+    def close(self) -> None:
+        """Close this thread's connection."""
+        conn = getattr(self._local, "conn", None)
+        if conn is not None:
+            conn.close()
+            self._local.conn = None
+
+    def _init_schema(self) -> None:
+        conn = self._conn()
+        mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+        if str(mode).lower() != "wal":
+            raise RuntimeError(
+                f"cannot put {self.path} in WAL mode (got {mode!r}); place the store on a "
+                "local disk (--db or $STARVATION_MONITOR_DB)"
+            )
+        conn.executescript(_SCHEMA)
+        for table, rec in RECORD_TABLES.items():
+            cols = ", ".join(f"{f.name} {sql_type(str(f.type))}" for f in fields(rec))
+            conn.execute(f"CREATE TABLE IF NOT EXISTS {table} ({cols})")
+            have = {r[1] for r in conn.execute(f"PRAGMA table_info({table})")}
+            for f in fields(rec):  # a newer schema adds columns to an older file
+                if f.name not in have:
+                    conn.execute(f"ALTER TABLE {table} ADD COLUMN {f.name} {sql_type(str(f.type))}")
+        conn.execute("CREATE INDEX IF NOT EXISTS steps_run ON steps(run_id, ts)")
+        conn.execute("CREATE INDEX IF NOT EXISTS host_ts ON host_samples(ts)")
+        conn.execute("CREATE INDEX IF NOT EXISTS gpu_ts ON gpu_samples(ts)")
+
+    # -- writes ------------------------------------------------------------------------
+    def insert(self, records: Sequence[Any]) -> int:
+        """Insert records of one type in one transaction; returns the count."""
+        if not records:
+            return 0
+        rec_type = type(records[0])
+        table = next(t for t, r in RECORD_TABLES.items() if r is rec_type)
+        names = columns(rec_type)
+        sql = f"INSERT INTO {table} ({', '.join(names)}) VALUES ({', '.join('?' * len(names))})"
+        conn = self._conn()
+        with conn:
+            conn.execute("BEGIN")
+            conn.executemany(sql, [as_row(r) for r in records])
+        return len(records)
+
+    def create_run(
+        self, name: str, kind: str, config: dict[str, Any], accelerator: str | None = None
+    ) -> int:
+        cur = self._conn().execute(
+            "INSERT INTO runs (name, kind, config, accelerator, status, started_at) "
+            "VALUES (?, ?, ?, ?, 'running', ?)",
+            (name, kind, json.dumps(config, sort_keys=True), accelerator, time.time()),
+        )
+        return int(cur.lastrowid)
+
+    def update_run(self, run_id: int, **values: Any) -> None:
+        allowed = {"pid", "accelerator", "config", "name"}
+        bad = set(values) - allowed
+        if bad:
+            raise ValueError(f"cannot update run fields {sorted(bad)}")
+        for k, v in values.items():
+            if k == "config" and not isinstance(v, str):
+                values[k] = json.dumps(v, sort_keys=True)
+        sets = ", ".join(f"{k} = ?" for k in values)
+        self._conn().execute(f"UPDATE runs SET {sets} WHERE id = ?", (*values.values(), run_id))
+
+    def finish_run(self, run_id: int, status: str, error: str | None = None) -> bool:
+        """Mark a running run ended. The first writer wins: a later call (say the session
+        manager's reaper after the workload already reported its own error) changes nothing
+        and returns False."""
+        if status not in RUN_STATUSES or status == "running":
+            raise ValueError(f"bad final status {status!r}")
+        cur = self._conn().execute(
+            "UPDATE runs SET status = ?, error = ?, ended_at = ? "
+            "WHERE id = ? AND status = 'running'",
+            (status, error, time.time(), run_id),
+        )
+        return cur.rowcount == 1
+
+    def add_event(
+        self, run_id: int, kind: str, label: str, data: dict[str, Any] | None = None,
+        ts: float | None = None,
+    ) -> None:
+        self._conn().execute(
+            "INSERT INTO events (run_id, ts, kind, label, data) VALUES (?, ?, ?, ?, ?)",
+            (run_id, ts if ts is not None else time.time(), kind, label,
+             json.dumps(data, sort_keys=True) if data is not None else None),
+        )
+
+    # -- control: page/CLI -> workload ---------------------------------------------------
+    def request_control(self, run_id: int, kind: str, payload: dict[str, Any] | None = None) -> int:
+        cur = self._conn().execute(
+            "INSERT INTO control (run_id, ts, kind, payload) VALUES (?, ?, ?, ?)",
+            (run_id, time.time(), kind, json.dumps(payload) if payload is not None else None),
+        )
+        return int(cur.lastrowid)
+
+    def pending_control(self, run_id: int, after_id: int = 0) -> list[tuple[int, str, Any]]:
+        """Control requests for a run newer than `after_id`, oldest first."""
+        rows = self._conn().execute(
+            "SELECT id, kind, payload FROM control WHERE run_id = ? AND id > ? "
+            "AND applied_at IS NULL ORDER BY id",
+            (run_id, after_id),
+        ).fetchall()
+        return [(i, k, json.loads(p) if p else None) for i, k, p in rows]
+
+    def mark_control(self, control_id: int, result: str) -> None:
+        self._conn().execute(
+            "UPDATE control SET applied_at = ?, result = ? WHERE id = ?",
+            (time.time(), result, control_id),
+        )
+
+    def control_result(self, control_id: int) -> tuple[float | None, str | None]:
+        row = self._conn().execute(
+            "SELECT applied_at, result FROM control WHERE id = ?", (control_id,)
+        ).fetchone()
+        return (row[0], row[1]) if row else (None, None)
+
+    # -- reads -------------------------------------------------------------------------
+    def _frame(self, sql: str, params: Iterable[Any] = ()) -> pd.DataFrame:
+        return pd.read_sql_query(sql, self._conn(), params=tuple(params))
+
+    def runs(self, limit: int = 200) -> pd.DataFrame:
+        return self._frame("SELECT * FROM runs ORDER BY id DESC LIMIT ?", (limit,))
+
+    def run(self, run_id: int) -> dict[str, Any] | None:
+        df = self._frame("SELECT * FROM runs WHERE id = ?", (run_id,))
+        if df.empty:
+            return None
+        row = df.iloc[0].to_dict()
+        row["config"] = json.loads(row["config"])
+        return row
+
+    def steps(self, run_id: int, since: float | None = None, until: float | None = None) -> pd.DataFrame:
+        return self._frame(
+            "SELECT * FROM steps WHERE run_id = ? AND ts >= ? AND ts <= ? ORDER BY ts",
+            (run_id, since if since is not None else 0.0, until if until is not None else 1e18),
+        )
+
+    def host_samples(self, since: float, until: float | None = None) -> pd.DataFrame:
+        return self._frame(
+            "SELECT * FROM host_samples WHERE ts >= ? AND ts <= ? ORDER BY ts",
+            (since, until if until is not None else 1e18),
+        )
+
+    def gpu_samples(self, since: float, until: float | None = None) -> pd.DataFrame:
+        return self._frame(
+            "SELECT * FROM gpu_samples WHERE ts >= ? AND ts <= ? ORDER BY ts",
+            (since, until if until is not None else 1e18),
+        )
+
+    def events(self, run_id: int, since: float | None = None) -> pd.DataFrame:
+        return self._frame(
+            "SELECT * FROM events WHERE run_id = ? AND ts >= ? ORDER BY ts",
+            (run_id, since if since is not None else 0.0),
+        )
+
+    def integrity_ok(self) -> bool:
+        return self._conn().execute("PRAGMA integrity_check").fetchone()[0] == "ok"

@@ -1,0 +1,1 @@
+"""The page: figures (charts.py, no streamlit), panels and controls (streamlit)."""

@@ -1,0 +1,147 @@
+"""Plotly figures built from the store's frames. No streamlit here: every function takes
+frames and returns a go.Figure, so they are tested without a page (DESIGN.md rule 9).
+
+All traces are SVG `go.Scatter` (WebGL does not render in every browser we meet) with at most
+MAX_POINTS points each. Config events are drawn on every chart as labelled vertical markers.
+"""
+from __future__ import annotations
+
+import json
+from datetime import datetime
+
+import pandas as pd
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from monitor.analysis import downsample
+
+MAX_POINTS = 5000
+MAX_MARKERS = 12
+COLORS = {
+    "busy": "#1f77b4", "gpu": "#d62728", "wait": "#ff7f0e", "compute": "#2ca02c",
+    "throughput": "#9467bd", "marker": "#555555",
+}
+_LOCAL_TZ = datetime.now().astimezone().tzinfo
+
+
+def to_time(ts: pd.Series | list[float]) -> pd.Series:
+    """Wall seconds -> local naive datetimes for the x axis."""
+    s = pd.to_datetime(pd.Series(ts, dtype=float), unit="s", utc=True)
+    return s.dt.tz_convert(_LOCAL_TZ).dt.tz_localize(None)
+
+
+def _layout(fig: go.Figure, title: str, ytitle: str, height: int = 300) -> go.Figure:
+    fig.update_layout(
+        title={"text": title, "x": 0.01, "font": {"size": 14}},
+        height=height, margin={"l": 50, "r": 10, "t": 60, "b": 30},
+        legend={"orientation": "h", "y": 1.0, "yanchor": "bottom", "x": 1.0,
+                "xanchor": "right"},
+        hovermode="x unified", uirevision="keep",
+    )
+    fig.update_yaxes(title_text=ytitle)
+    return fig
+
+
+def add_markers(fig: go.Figure, events: pd.DataFrame) -> go.Figure:
+    """A dashed vertical line and a label for each config event (the newest MAX_MARKERS)."""
+    if events is None or events.empty:
+        return fig
+    ev = events[events["kind"] == "config"].tail(MAX_MARKERS)
+    xs = to_time(ev["ts"])
+    for i, (x, text) in enumerate(zip(xs, ev["label"], strict=True)):
+        fig.add_shape(type="line", x0=x, x1=x, y0=0, y1=1, xref="x", yref="paper",
+                      line={"color": COLORS["marker"], "width": 1, "dash": "dash"})
+        fig.add_annotation(x=x, y=1.0 - 0.09 * (i % 3), xref="x", yref="paper", text=text,
+                           showarrow=False, xanchor="left", yanchor="top",
+                           font={"size": 10, "color": COLORS["marker"]},
+                           bgcolor="rgba(255,255,255,0.75)")
+    return fig
+
+
+def utilization_figure(
+    busy: pd.DataFrame, gpu: pd.DataFrame | None = None, events: pd.DataFrame | None = None,
+    simulated: bool = True,
+) -> go.Figure:
+    """The sawtooth chart: step-derived device busy (50 ms bins) and NVML utilization."""
+    fig = go.Figure()
+    b = downsample(busy, MAX_POINTS)
+    name = "device busy (step-derived" + (", simulated accelerator)" if simulated else ")")
+    fig.add_trace(go.Scatter(x=to_time(b["t"]), y=b["busy"] * 100, name=name, mode="lines",
+                             line={"color": COLORS["busy"], "width": 1, "shape": "hv"}))
+    if gpu is not None and not gpu.empty:
+        for idx, g in gpu.groupby("gpu"):
+            g = downsample(g[["ts", "util_pct"]].rename(columns={"ts": "t"}), MAX_POINTS)
+            fig.add_trace(go.Scatter(x=to_time(g["t"]), y=g["util_pct"],
+                                     name=f"GPU {idx} utilization (NVML)", mode="lines",
+                                     line={"color": COLORS["gpu"], "width": 1.5}))
+    fig.update_yaxes(range=[-2, 105], ticksuffix="%")
+    add_markers(fig, events)
+    return _layout(fig, "Device utilization: a sawtooth means the GPU is starved", "busy")
+
+
+def wait_compute_figure(steps: pd.DataFrame, events: pd.DataFrame | None = None) -> go.Figure:
+    """Per step, stacked: compute (bottom) and data wait (top); their sum is the step time."""
+    fig = go.Figure()
+    if not steps.empty:
+        s = downsample(steps[["ts", "wait_s", "compute_s"]], MAX_POINTS, "ts")
+        x = to_time(s["ts"])
+        fig.add_trace(go.Scatter(x=x, y=s["compute_s"] * 1000, name="compute", mode="lines",
+                                 stackgroup="step", line={"color": COLORS["compute"],
+                                                          "width": 0.5}))
+        fig.add_trace(go.Scatter(x=x, y=s["wait_s"] * 1000, name="data wait", mode="lines",
+                                 stackgroup="step", line={"color": COLORS["wait"],
+                                                          "width": 0.5}))
+    fig.update_yaxes(rangemode="tozero")
+    add_markers(fig, events)
+    return _layout(fig, "Data wait vs compute per step", "ms per step")
+
+
+def throughput_figure(thr: pd.DataFrame, events: pd.DataFrame | None = None) -> go.Figure:
+    fig = go.Figure()
+    t = downsample(thr, MAX_POINTS)
+    fig.add_trace(go.Scatter(x=to_time(t["t"]), y=t["throughput"], name="samples/s",
+                             mode="lines", line={"color": COLORS["throughput"], "width": 1.5,
+                                                 "shape": "hv"}))
+    fig.update_yaxes(rangemode="tozero")
+    add_markers(fig, events)
+    return _layout(fig, "Throughput", "samples/s")
+
+
+def host_figure(host: pd.DataFrame, events: pd.DataFrame | None = None) -> go.Figure:
+    """Host: CPU per core; memory and /dev/shm; the workload's DataLoader workers."""
+    fig = make_subplots(rows=3, cols=1, shared_xaxes=True, vertical_spacing=0.06,
+                        subplot_titles=("CPU per core (%)", "memory (MB)",
+                                        "DataLoader workers: count, CPU (%), RSS (MB)"),
+                        specs=[[{}], [{}], [{"secondary_y": True}]])
+    if not host.empty:
+        h = host.copy()
+        cores = h["cpu_per_core"].map(lambda v: json.loads(v) if isinstance(v, str) else [])
+        n = int(cores.map(len).max() or 0)
+        for c in range(n):
+            h[f"core{c}"] = cores.map(lambda v, c=c: v[c] if c < len(v) else None)
+        cols = ["ts", "mem_used_mb", "shm_used_mb", "proc_rss_mb", "workers",
+                "workers_cpu_pct", "workers_rss_mb"] + [f"core{c}" for c in range(n)]
+        h = downsample(h[cols].astype(float), MAX_POINTS, "ts")
+        x = to_time(h["ts"])
+        for c in range(n):
+            fig.add_trace(go.Scatter(x=x, y=h[f"core{c}"], name=f"core {c}", mode="lines",
+                                     line={"width": 1}, legendgroup="cpu"), row=1, col=1)
+        fig.add_trace(go.Scatter(x=x, y=h["mem_used_mb"], name="memory used", mode="lines"),
+                      row=2, col=1)
+        fig.add_trace(go.Scatter(x=x, y=h["shm_used_mb"], name="/dev/shm", mode="lines"),
+                      row=2, col=1)
+        fig.add_trace(go.Scatter(x=x, y=h["proc_rss_mb"], name="main process RSS",
+                                 mode="lines"), row=2, col=1)
+        fig.add_trace(go.Scatter(x=x, y=h["workers_cpu_pct"], name="workers CPU %",
+                                 mode="lines"), row=3, col=1)
+        fig.add_trace(go.Scatter(x=x, y=h["workers_rss_mb"], name="workers RSS MB",
+                                 mode="lines"), row=3, col=1)
+        fig.add_trace(go.Scatter(x=x, y=h["workers"], name="workers", mode="lines",
+                                 line={"shape": "hv", "dash": "dot"}), row=3, col=1,
+                      secondary_y=True)
+    fig.update_yaxes(range=[0, 105], row=1, col=1)
+    add_markers(fig, events)
+    fig.update_layout(height=560, margin={"l": 50, "r": 10, "t": 40, "b": 30},
+                      hovermode="x unified", uirevision="keep",
+                      title={"text": "Host", "x": 0.01, "font": {"size": 14}})
+    return fig

@@ -1,0 +1,103 @@
+"""Sidebar controls: the loader sliders, Start and Stop. A change is applied to the running
+workload at once through the session manager (which writes a control request)."""
+from __future__ import annotations
+
+import streamlit as st
+
+from monitor.config import PRESETS, ConfigError, LoaderConfig, max_workers, usable_cores
+from monitor.session import SessionManager
+from workloads.presets import PRESET_SPECS
+
+BATCH_SIZES = [1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 1024]
+KEYS = ("preset", "num_workers", "batch_size", "prefetch_factor", "pin_memory",
+        "persistent_workers", "step_time_ms", "model_size")
+
+
+def _key(name: str) -> str:
+    return f"cfg_{name}"
+
+
+def _sync_from(config: LoaderConfig) -> None:
+    """Point this browser's widgets at the manager's config (another tab may have moved it)."""
+    spec = PRESET_SPECS[config.preset]
+    values = config.to_dict()
+    values["prefetch_factor"] = config.prefetch_factor or 2
+    values["step_time_ms"] = int(config.step_time_ms if config.step_time_ms is not None
+                                 else spec.step_time_ms)
+    if values["batch_size"] not in BATCH_SIZES:
+        values["batch_size"] = min(BATCH_SIZES, key=lambda b: abs(b - config.batch_size))
+    for k in KEYS:
+        st.session_state[_key(k)] = values[k]
+    st.session_state["_synced"] = config
+
+
+def _read() -> LoaderConfig:
+    s = st.session_state
+    nw = int(s[_key("num_workers")])
+    return LoaderConfig.build(
+        preset=s[_key("preset")], num_workers=nw, batch_size=int(s[_key("batch_size")]),
+        prefetch_factor=int(s[_key("prefetch_factor")]) if nw > 0 else None,
+        pin_memory=bool(s[_key("pin_memory")]),
+        persistent_workers=bool(s[_key("persistent_workers")]) and nw > 0,
+        step_time_ms=float(s[_key("step_time_ms")]), model_size=s[_key("model_size")],
+    )
+
+
+def _on_change(manager: SessionManager) -> None:
+    try:
+        cfg = _read()
+    except ConfigError as exc:
+        st.session_state["config_error"] = str(exc)
+        return
+    st.session_state["config_error"] = None
+    manager.reconfigure(cfg)
+    st.session_state["_synced"] = cfg
+
+
+def _on_preset(manager: SessionManager) -> None:
+    spec = PRESET_SPECS[st.session_state[_key("preset")]]
+    st.session_state[_key("batch_size")] = spec.batch_size
+    st.session_state[_key("step_time_ms")] = int(spec.step_time_ms)
+    _on_change(manager)
+
+
+def render_controls(manager: SessionManager, simulated: bool) -> None:
+    """The sidebar. `simulated`: show the step-time slider rather than the model size."""
+    if st.session_state.get("_synced") != manager.config:
+        _sync_from(manager.config)
+    sb = st.sidebar
+    sb.header("DataLoader")
+    args = {"on_change": _on_change, "args": (manager,)}
+    sb.selectbox("Preset", PRESETS, key=_key("preset"), on_change=_on_preset, args=(manager,),
+                 help="; ".join(f"{n}: {s.description}" for n, s in PRESET_SPECS.items()))
+    nw_max = max_workers()
+    sb.slider("num_workers", 0, nw_max, key=_key("num_workers"), **args,
+              help=f"worker processes; 0 loads in the training process. This machine has "
+                   f"{usable_cores()} usable cores (slider goes to 2x).")
+    sb.select_slider("batch_size", BATCH_SIZES, key=_key("batch_size"), **args)
+    no_workers = int(st.session_state[_key("num_workers")]) == 0
+    sb.slider("prefetch_factor", 1, 16, key=_key("prefetch_factor"), disabled=no_workers,
+              help="batches each worker loads ahead (needs num_workers >= 1)", **args)
+    sb.toggle("pin_memory", key=_key("pin_memory"), **args,
+              help="page-locked host memory for faster host-to-GPU copies")
+    sb.toggle("persistent_workers", key=_key("persistent_workers"), disabled=no_workers,
+              help="keep workers between epochs (needs num_workers >= 1)", **args)
+    sb.header("Accelerator")
+    if simulated:
+        sb.slider("step time (ms, simulated)", 0, 500, key=_key("step_time_ms"), **args,
+                  help="how long the simulated device is busy per batch")
+    else:
+        sb.selectbox("model size (CUDA)", ("small", "medium", "large"), key=_key("model_size"),
+                     **args)
+    if st.session_state.get("config_error"):
+        sb.error(st.session_state["config_error"])
+    c1, c2 = sb.columns(2)
+    if c1.button("Start", type="primary", disabled=manager.is_alive(), key="start"):
+        try:
+            manager.start(_read())
+        except ConfigError as exc:
+            st.session_state["config_error"] = str(exc)
+        st.rerun()
+    if c2.button("Stop", disabled=not manager.is_alive(), key="stop"):
+        manager.stop()
+        st.rerun()

@@ -1,0 +1,115 @@
+"""The live panels: notices, KPI row, verdict, charts. Data comes from the store only."""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+import pandas as pd
+import streamlit as st
+
+from monitor import analysis
+from monitor.analysis import Summary
+from monitor.store import Store
+from monitor.ui import charts
+
+WINDOWS = {"30 s": 30.0, "1 min": 60.0, "5 min": 300.0, "15 min": 900.0, "whole run": None}
+KPI_SECONDS = 10.0  # the KPI row reads the last 10 s, or less since the last config change
+MIN_KPI_STEPS = 5
+PLOT_CONFIG = {"displaylogo": False, "responsive": True}
+
+
+@dataclass(frozen=True, slots=True)
+class View:
+    """What one refresh of the live region reads from the store."""
+
+    run: dict
+    steps: pd.DataFrame
+    events: pd.DataFrame
+    host: pd.DataFrame
+    gpu: pd.DataFrame
+    start: float
+    end: float
+
+
+def load_view(store: Store, run_id: int, window_s: float | None, now: float | None = None) -> View | None:
+    run = store.run(run_id)
+    if run is None:
+        return None
+    end = now if now is not None else time.time()
+    if run["status"] != "running" and isinstance(run["ended_at"], float) and not math.isnan(run["ended_at"]):
+        end = min(end, run["ended_at"])
+    start = max(run["started_at"], end - window_s) if window_s else run["started_at"]
+    return View(
+        run=run,
+        steps=store.steps(run_id, since=start - 5.0, until=end),
+        events=store.events(run_id, since=start),
+        host=store.host_samples(start, end),
+        gpu=store.gpu_samples(start, end),
+        start=start, end=end,
+    )
+
+
+def kpi_steps(view: View) -> tuple[pd.DataFrame, str]:
+    """The steps the KPI row summarises, and a caption saying which."""
+    steps = view.steps[view.steps["ts"] >= view.end - KPI_SECONDS]
+    cfg = view.events[view.events["kind"] == "config"]
+    if not cfg.empty and len(cfg) > 1:
+        since = float(cfg["ts"].iloc[-1])
+        after = steps[steps["ts"] - steps["wait_s"] >= since]
+        if len(after) >= MIN_KPI_STEPS:
+            return after, f"since the last change ({view.end - since:.0f} s ago)"
+    return steps, f"last {KPI_SECONDS:.0f} s"
+
+
+def _pct(v: float) -> str:
+    return "–" if v is None or math.isnan(v) else f"{v:.0%}"
+
+
+def render_kpis(summary: Summary, workers_now: str, caption: str) -> None:
+    c = st.columns(4)
+    c[0].metric("Throughput", "–" if math.isnan(summary.throughput)
+                else f"{summary.throughput:,.0f} samples/s")
+    c[1].metric("Data-wait share", _pct(summary.data_wait_share),
+                help="Σ data wait / Σ (data wait + compute) over the KPI window")
+    c[2].metric("Device busy (mean)", _pct(summary.device_busy_mean),
+                help="fraction of 50 ms bins covered by compute (step-derived)")
+    c[3].metric("Workers", workers_now, help="configured num_workers / live worker processes")
+    st.caption(f"KPIs over the {caption}; {summary.steps} steps.")
+
+
+def render_verdict(summary: Summary) -> None:
+    box = {"starving": st.error, "healthy": st.success}.get(summary.verdict, st.info)
+    box(summary.verdict_text, icon={"starving": "⚠️", "healthy": "✅"}.get(summary.verdict))
+
+
+def render_charts(view: View, simulated: bool) -> None:
+    steps = view.steps[view.steps["ts"] >= view.start]
+    busy = analysis.busy_series(steps, start=view.start, end=view.end)
+    bin_s = max(1.0, (view.end - view.start) / charts.MAX_POINTS)
+    thr = analysis.throughput_series(steps, bin_s)
+    left, right = st.columns(2)
+    with left:
+        st.plotly_chart(charts.utilization_figure(busy, view.gpu, view.events, simulated),
+                        key="chart_util", config=PLOT_CONFIG)
+        st.plotly_chart(charts.throughput_figure(thr, view.events), key="chart_thr",
+                        config=PLOT_CONFIG)
+    with right:
+        st.plotly_chart(charts.wait_compute_figure(steps, view.events), key="chart_wait",
+                        config=PLOT_CONFIG)
+    st.plotly_chart(charts.host_figure(view.host, view.events), key="chart_host",
+                    config=PLOT_CONFIG)
+
+
+def render_run_status(run: dict) -> None:
+    status = run["status"]
+    if status == "failed":
+        first = (run["error"] or "unknown error").splitlines()[0]
+        st.error(f"Run {run['id']} failed: {first}")
+        with st.expander("Error details"):
+            st.code(run["error"] or "", language=None)
+    elif status == "running":
+        st.caption(f"Run {run['id']} ({run['name']}) running on: {run['accelerator'] or '…'}")
+    else:
+        reason = f": {run['error']}" if isinstance(run["error"], str) and run["error"] else ""
+        st.info(f"Run {run['id']} {status}{reason}. Press Start to run again.")

@@ -1,0 +1,44 @@
+"""The presets' numbers, kept free of torch so the dashboard can read them."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class PresetSpec:
+    """What a preset's samples cost and what its accelerator step takes by default."""
+
+    description: str
+    shape: tuple[int, int, int]  # C, H, W of a decoded sample
+    rounds: int  # augmentation passes per sample: the CPU cost knob
+    io_latency_s: float  # modelled storage latency per sample
+    step_time_ms: float  # default simulated accelerator step
+    batch_size: int
+    length: int  # samples per epoch
+
+
+PRESET_SPECS: dict[str, PresetSpec] = {
+    "starving": PresetSpec(
+        "CPU work per batch ~1.1-2x the accelerator step (it varies with the host): one loader process cannot "
+        "keep up, two can", (3, 64, 64), 8, 0.0, 60.0, 32, 4096),
+    "io-bound": PresetSpec(
+        "4 ms of storage latency per sample and little CPU: workers beyond the core count "
+        "keep helping", (3, 64, 64), 1, 0.004, 30.0, 32, 4096),
+    "cpu-bound": PresetSpec(
+        "transforms costlier than the cores can feed: throughput plateaus once the cores are "
+        "busy", (3, 64, 64), 24, 0.0, 20.0, 32, 4096),
+    "healthy": PresetSpec(
+        "cheap samples, long compute: the device is fed even with num_workers=0",
+        (3, 32, 32), 0, 0.0, 60.0, 32, 8192),
+    "memory-heavy": PresetSpec(
+        "large 3x512x512 float32 samples (3 MiB each): prefetch depth and pin_memory move "
+        "memory", (3, 512, 512), 0, 0.0, 50.0, 16, 1024),
+}
+
+
+def preset_batch_size(preset: str) -> int:
+    return PRESET_SPECS[preset].batch_size
+
+
+def preset_step_time_ms(preset: str) -> float:
+    return PRESET_SPECS[preset].step_time_ms

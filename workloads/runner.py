@@ -1,0 +1,192 @@
+"""Entry point of the workload process (started with multiprocessing "spawn").
+
+NOTE [shutdown protocol] -- the one place that describes how a workload ends.
+  1. Stop request: the session manager writes a `stop` control row. The runner polls control
+     between steps (every 0.25 s), shuts its DataLoader workers down, flushes, marks the run
+     `stopped` and returns (exit code 0).
+  2. Parent gone: if the process that spawned us dies (os.getppid() changes), the runner
+     stops as in 1 and marks the run `stopped` with the reason.
+  3. SIGTERM: turned into SystemExit, so the same `finally` shuts the workers down, flushes
+     and marks the run `stopped`. The manager sends it when a stop request is not honoured
+     within its timeout (a step stuck in the dataset, say).
+  4. Errors: any exception (the dataset raising, a DataLoader worker killed) marks the run
+     `failed` with the error text; the `finally` still shuts the workers down. Exit code 1.
+  5. SIGKILL of this process: nothing runs here. DataLoader workers notice their parent is
+     gone and exit; the manager's reaper marks the run failed with the exit code and kills
+     any child still alive (session.py `_kill_tree`).
+The first writer of a run's final status wins (Store.finish_run), so 4 and 5 never overwrite
+each other.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import traceback
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader
+
+from monitor.config import ConfigError, LoaderConfig, describe_change
+from monitor.probe import Probe
+from monitor.store import Store
+from workloads.accelerator import make_accelerator
+from workloads.synthetic import PRESET_SPECS, make_dataset
+
+MAX_ERROR_CHARS = 4000
+
+
+def _sigterm(signum: int, frame: Any) -> None:
+    raise SystemExit("terminated by the session manager (SIGTERM)")
+
+
+def format_error(exc: BaseException) -> str:
+    """'ValueError: message' plus the tail of the traceback (the worker's, when torch
+    re-raised a worker's exception, is inside the message)."""
+    head = f"{type(exc).__name__}: {exc}"
+    tb = "".join(traceback.format_exception(exc))
+    text = head + "\n\n" + tb[-(MAX_ERROR_CHARS - len(head)):] if len(head) < MAX_ERROR_CHARS else head
+    return text[:MAX_ERROR_CHARS]
+
+
+def shutdown_iterator(it: Any) -> None:
+    """Stop a DataLoader iterator's worker processes now rather than at garbage collection."""
+    shutdown = getattr(it, "_shutdown_workers", None)
+    if shutdown is not None:
+        shutdown()
+
+
+class Runner:
+    """Runs one managed workload: loader -> accelerator step, reconfigured through control."""
+
+    def __init__(self, store: Store, run_id: int, config: LoaderConfig, parent_pid: int) -> None:
+        self.store = store
+        self.run_id = run_id
+        self.config = config
+        self.parent_pid = parent_pid
+        self.spec = PRESET_SPECS[config.preset]
+        self.dataset = make_dataset(config.preset)
+        self.accel = make_accelerator(self._step_time(config), config.model_size,
+                                      self.spec.shape[0])
+        self.probe = Probe(store, run_id)
+        self.loader: DataLoader | None = None
+        self.pending: LoaderConfig | None = None
+        self.pending_id = 0
+        self.stop_reason: str | None = None
+
+    def _step_time(self, cfg: LoaderConfig) -> float:
+        return cfg.step_time_ms if cfg.step_time_ms is not None else self.spec.step_time_ms
+
+    def _build_loader(self) -> DataLoader:
+        return DataLoader(self.dataset, shuffle=True, drop_last=True, **self.config.loader_kwargs())
+
+    def _close_loader(self) -> None:
+        shutdown_iterator(self.probe.current_iterator)
+        if self.loader is not None:
+            shutdown_iterator(getattr(self.loader, "_iterator", None))  # persistent workers
+        self.probe.current_iterator = None
+        self.loader = None
+
+    def _between_steps(self) -> bool:
+        """Control and parent checks in the gap between steps; True ends the epoch."""
+        if not self.probe.control_due():
+            return False
+        if os.getppid() != self.parent_pid:
+            self.stop_reason = "the process that started the workload exited"
+            return True
+        for cid, kind, payload in self.probe.poll_control():
+            if kind == "stop":
+                self.stop_reason = "stopped on request"
+                self.store.mark_control(cid, "ok")
+                return True
+            if kind == "config":
+                try:
+                    new = LoaderConfig.from_dict(payload)
+                    if new.preset != self.config.preset:
+                        raise ConfigError("a preset change starts a new run (session manager)")
+                except (ConfigError, TypeError) as exc:
+                    self.store.mark_control(cid, f"refused: {exc}")
+                    continue
+                self.pending = new
+                self.pending_id = cid
+        return self.pending is not None and self._needs_rebuild(self.pending)
+
+    def _needs_rebuild(self, new: LoaderConfig) -> bool:
+        old = self.config
+        if old.loader_kwargs() == new.loader_kwargs():
+            self._apply(new)  # accelerator-only change: no new loader
+            return False
+        return True
+
+    def _apply(self, new: LoaderConfig) -> None:
+        label = describe_change(self.config, new)
+        self.accel.configure(self._step_time(new), new.model_size)
+        self.config = new
+        self.probe.config_seq += 1
+        self.store.add_event(self.run_id, "config", label, new.to_dict())
+        self.store.update_run(self.run_id, config=new.to_dict())
+        self.store.mark_control(self.pending_id, "ok")
+        self.pending = None
+
+    def run(self) -> str:
+        """Train until stopped; returns the stop reason."""
+        torch.manual_seed(0)
+        self.store.update_run(self.run_id, accelerator=self.accel.description, pid=os.getpid())
+        self.store.add_event(self.run_id, "config", "start", self.config.to_dict())
+        epoch = 0
+        try:
+            self.loader = self._build_loader()
+            while self.stop_reason is None:
+                # One pass = one epoch; it ends early for a stop or a loader rebuild.
+                for batch in self.probe.iterate(self.loader, epoch, self._between_steps):
+                    self.accel.step(batch)
+                epoch += 1
+                if self.stop_reason is None and self.pending is not None:
+                    self._close_loader()
+                    self._apply(self.pending)
+                    self.loader = self._build_loader()
+        finally:
+            self._close_loader()
+            self.probe.flush()
+        return self.stop_reason or "stopped"
+
+
+def main(store_path: str, run_id: int, config: dict[str, Any], parent_pid: int) -> None:
+    """Process entry: run, then record how the run ended (see the NOTE above)."""
+    signal.signal(signal.SIGTERM, _sigterm)
+    store = Store(store_path)
+    try:
+        cfg = LoaderConfig.from_dict(config)
+        if os.environ.get("STARVATION_MONITOR_TORCH_THREADS", "1") != "0":
+            # The simulated accelerator leaves the host idle; one intra-op thread keeps a
+            # num_workers=0 loader from borrowing every core, as it would beside a busy GPU.
+            torch.set_num_threads(1)
+        reason = Runner(store, run_id, cfg, parent_pid).run()
+        store.finish_run(run_id, "stopped", None if reason == "stopped on request" else reason)
+    except (SystemExit, KeyboardInterrupt) as exc:
+        code = getattr(exc, "code", None) or "interrupted (SIGINT)"
+        store.finish_run(run_id, "stopped", str(code))
+    except BaseException as exc:
+        store.finish_run(run_id, "failed", format_error(exc))
+        raise SystemExit(1) from None
+    finally:
+        store.close()
+
+
+def cli(argv: list[str] | None = None) -> None:
+    """`python -m workloads.runner --db PATH --run-id N --config JSON --parent-pid PID`,
+    as the session manager starts it."""
+    p = argparse.ArgumentParser(prog="python -m workloads.runner")
+    p.add_argument("--db", required=True)
+    p.add_argument("--run-id", type=int, required=True)
+    p.add_argument("--config", required=True, help="LoaderConfig as JSON")
+    p.add_argument("--parent-pid", type=int, required=True)
+    a = p.parse_args(argv)
+    main(a.db, a.run_id, json.loads(a.config), a.parent_pid)
+
+
+if __name__ == "__main__":
+    cli(sys.argv[1:])

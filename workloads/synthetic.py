@@ -1,0 +1,70 @@
+"""Synthetic dataset presets with real per-sample work.
+
+Each sample is "decoded" (zlib-decompressed from a compressed payload, as a JPEG or PNG
+decoder would inflate bytes), then augmented with real tensor ops (crop, flip, a 3x3 blur by
+conv2d, normalisation) repeated `rounds` times; `io_latency_s` models storage latency (a
+remote read) with a sleep, which holds no CPU. Costs were calibrated on a 2-core machine so
+that each preset shows its namesake (see PRESET_SPECS and README "Presets").
+"""
+from __future__ import annotations
+
+import time
+import zlib
+
+import torch
+import torch.nn.functional as F
+from torch.utils.data import Dataset
+
+from workloads.presets import PRESET_SPECS, PresetSpec
+
+
+def _payload(shape: tuple[int, int, int], seed: int = 0) -> bytes:
+    """A compressible image-like byte string (smooth gradients plus noise)."""
+    c, h, w = shape
+    g = torch.Generator().manual_seed(seed)
+    yy = torch.linspace(0, 255, h).view(1, h, 1)
+    xx = torch.linspace(0, 255, w).view(1, 1, w)
+    img = (yy + xx) / 2 + torch.randint(0, 16, (c, h, w), generator=g)
+    return zlib.compress(img.clamp(0, 255).to(torch.uint8).numpy().tobytes(), 6)
+
+
+class SyntheticImages(Dataset):
+    """Map-style dataset of (image, label) with real decode and augmentation work."""
+
+    def __init__(self, spec: PresetSpec, seed: int = 0) -> None:
+        self.spec = spec
+        self.seed = seed
+        self.payload = _payload(spec.shape, seed)
+        self.kernel = torch.full((spec.shape[0], 1, 3, 3), 1.0 / 9.0)
+
+    def __len__(self) -> int:
+        return self.spec.length
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        if not 0 <= index < len(self):
+            raise IndexError(index)
+        spec = self.spec
+        if spec.io_latency_s:
+            time.sleep(spec.io_latency_s)
+        c, h, w = spec.shape
+        raw = zlib.decompress(self.payload)
+        x = torch.frombuffer(bytearray(raw), dtype=torch.uint8).view(c, h, w).float()
+        x.div_(255.0)
+        g = torch.Generator().manual_seed(self.seed * 1_000_003 + index)
+        for _ in range(spec.rounds):
+            dy, dx = (int(v) for v in torch.randint(0, 5, (2,), generator=g))
+            crop = x[:, dy:, dx:]
+            crop = F.pad(crop, (0, dx, 0, dy), mode="replicate")
+            if bool(torch.rand((), generator=g) < 0.5):
+                crop = crop.flip(-1)
+            x = F.conv2d(crop.unsqueeze(0), self.kernel, padding=1, groups=c).squeeze(0)
+            x = (x - x.mean()) / (x.std() + 1e-6) * 0.25 + 0.5
+        return x.contiguous(), index % 10
+
+
+def make_dataset(preset: str, seed: int = 0) -> SyntheticImages:
+    try:
+        spec = PRESET_SPECS[preset]
+    except KeyError:
+        raise ValueError(f"unknown preset {preset!r}: choose one of {sorted(PRESET_SPECS)}") from None
+    return SyntheticImages(spec, seed)
