@@ -59,7 +59,7 @@ def busy_series(
     d = np.clip(steps["compute_s"].to_numpy(dtype=float)[order], 0.0, None)
     lo = s[0] - steps["wait_s"].iloc[order[0]] if start is None else start
     hi = float((s + d).max()) if end is None else end
-    n = max(1, int(math.ceil((hi - lo) / bin_s)))
+    n = max(1, int(math.ceil((hi - lo) / bin_s - 1e-9)))
     edges = lo + bin_s * np.arange(n + 1)
     cum = np.concatenate([[0.0], np.cumsum(d)])  # covered time before interval i starts
     idx = np.searchsorted(s, edges, side="right") - 1  # last interval starting at or before

@@ -17,15 +17,14 @@ import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import psutil
 
 from monitor.config import ConfigError, LoaderConfig
 from monitor.store import Store
-
 
 ROOT = Path(__file__).resolve().parent.parent
 

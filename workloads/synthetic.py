@@ -8,6 +8,7 @@ that each preset shows its namesake (see PRESET_SPECS and README "Presets").
 """
 from __future__ import annotations
 
+import os
 import time
 import zlib
 
@@ -16,6 +17,8 @@ import torch.nn.functional as F
 from torch.utils.data import Dataset
 
 from workloads.presets import PRESET_SPECS, PresetSpec
+
+FAULT_ENV = "STARVATION_MONITOR_FAULT_AT"
 
 
 def _payload(shape: tuple[int, int, int], seed: int = 0) -> bytes:
@@ -31,9 +34,11 @@ def _payload(shape: tuple[int, int, int], seed: int = 0) -> bytes:
 class SyntheticImages(Dataset):
     """Map-style dataset of (image, label) with real decode and augmentation work."""
 
-    def __init__(self, spec: PresetSpec, seed: int = 0) -> None:
+    def __init__(self, spec: PresetSpec, seed: int = 0, fail_at: int | None = None) -> None:
         self.spec = spec
         self.seed = seed
+        self.fail_at = fail_at  # fault injection: the fail_at-th sample loaded raises
+        self._loaded = 0
         self.payload = _payload(spec.shape, seed)
         self.kernel = torch.full((spec.shape[0], 1, 3, 3), 1.0 / 9.0)
 
@@ -43,6 +48,10 @@ class SyntheticImages(Dataset):
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
         if not 0 <= index < len(self):
             raise IndexError(index)
+        self._loaded += 1
+        if self.fail_at is not None and self._loaded >= self.fail_at:
+            raise RuntimeError(f"injected fault at sample {self._loaded} (index {index}; "
+                               f"{FAULT_ENV} is set)")
         spec = self.spec
         if spec.io_latency_s:
             time.sleep(spec.io_latency_s)
@@ -63,8 +72,12 @@ class SyntheticImages(Dataset):
 
 
 def make_dataset(preset: str, seed: int = 0) -> SyntheticImages:
+    """The preset's dataset. ${FAULT_ENV}=N makes the N-th sample each loading process
+    fetches raise, to exercise the failure paths."""
     try:
         spec = PRESET_SPECS[preset]
     except KeyError:
-        raise ValueError(f"unknown preset {preset!r}: choose one of {sorted(PRESET_SPECS)}") from None
-    return SyntheticImages(spec, seed)
+        raise ValueError(
+            f"unknown preset {preset!r}: choose one of {sorted(PRESET_SPECS)}") from None
+    fault = os.environ.get(FAULT_ENV)
+    return SyntheticImages(spec, seed, int(fault) if fault else None)

@@ -1,0 +1,35 @@
+# Set-up is part of every target: `make run` and `make test` work on a fresh clone.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+PORT   ?= 8501
+
+.PHONY: run test lint bench clean
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+
+$(VENV)/.runtime: requirements.txt | $(PY)
+	$(PY) -m pip install -q -r requirements.txt
+	touch $@
+
+$(VENV)/.dev: requirements-dev.txt $(VENV)/.runtime
+	$(PY) -m pip install -q -r requirements-dev.txt
+	touch $@
+
+run: $(VENV)/.runtime
+	$(PY) -m streamlit run app.py --server.address 127.0.0.1 --server.port $(PORT)
+
+test: $(VENV)/.dev
+	$(PY) -m ruff check .
+	$(PY) -m pytest
+
+lint: $(VENV)/.dev
+	$(PY) -m ruff check .
+
+bench: $(VENV)/.runtime
+	$(PY) bench/presets.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -1,0 +1,98 @@
+"""Analysis over frames: data-wait share, device busy (50 ms bins), throughput, verdict."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from monitor import analysis
+
+
+def steps_frame(wait: list[float], compute: list[float], samples: int = 32, t0: float = 1000.0):
+    """Sequential steps: wait, then compute, back to back."""
+    ts, t = [], t0
+    for w, c in zip(wait, compute, strict=True):
+        t += w
+        ts.append(t)
+        t += c
+    return pd.DataFrame({"ts": ts, "wait_s": wait, "compute_s": compute,
+                         "samples": [samples] * len(wait)})
+
+
+def brute_busy(df: pd.DataFrame, start: float, end: float, bin_s: float) -> np.ndarray:
+    n = int(math.ceil((end - start) / bin_s))
+    out = np.zeros(n)
+    for s, d in zip(df["ts"], df["compute_s"], strict=True):
+        for i in range(n):
+            a, b = start + i * bin_s, start + (i + 1) * bin_s
+            out[i] += max(0.0, min(b, s + d) - max(a, s))
+    return out / bin_s
+
+
+def test_starving_sawtooth_scenario():
+    df = steps_frame([0.1] * 20, [0.05] * 20)
+    s = analysis.summarize(df)
+    assert s.data_wait_share == pytest.approx(2 / 3)
+    assert s.device_busy_mean == pytest.approx(1 / 3, abs=0.02)
+    assert s.device_busy_cv > 1.0  # on/off: a sawtooth
+    assert s.throughput == pytest.approx(20 * 32 / 3.0)
+    assert s.verdict == "starving" and "67%" in s.verdict_text
+
+
+def test_fed_device_is_a_flat_line():
+    df = steps_frame([0.001] * 50, [0.06] * 50)
+    s = analysis.summarize(df)
+    assert s.data_wait_share < 0.02
+    assert s.device_busy_mean > 0.95 and s.device_busy_cv < 0.15
+    assert s.verdict == "healthy"
+
+
+def test_busy_series_matches_brute_force():
+    rng = np.random.default_rng(1)
+    df = steps_frame(list(rng.uniform(0, 0.12, 60)), list(rng.uniform(0.01, 0.09, 60)))
+    start, end = analysis.span(df)
+    fast = analysis.busy_series(df, 0.05, start, end)
+    slow = brute_busy(df, start, end, 0.05)
+    assert len(fast) == len(slow)
+    np.testing.assert_allclose(fast["busy"].to_numpy(), np.clip(slow, 0, 1), atol=1e-9)
+
+
+def test_busy_series_window_before_and_after_steps_is_idle():
+    df = steps_frame([0.0], [0.1], t0=10.0)
+    b = analysis.busy_series(df, 0.05, start=9.9, end=10.3)
+    assert b["busy"].round(6).tolist() == [0.0, 0.0, 1.0, 1.0, 0.0, 0.0, 0.0, 0.0]
+
+
+def test_empty_window_gives_no_data_verdict():
+    empty = pd.DataFrame(columns=["ts", "wait_s", "compute_s", "samples"])
+    s = analysis.summarize(empty)
+    assert s.verdict == "no data" and s.steps == 0
+    assert s.to_dict()["throughput"] is None
+    assert analysis.busy_series(empty).empty
+
+
+def test_threshold_boundary():
+    assert analysis.verdict(analysis.STARVING_SHARE)[0] == "starving"
+    assert analysis.verdict(analysis.STARVING_SHARE - 0.01)[0] == "healthy"
+
+
+def test_throughput_series_counts_samples_per_second():
+    df = steps_frame([0.0] * 40, [0.1] * 40, samples=10)
+    thr = analysis.throughput_series(df, 1.0)
+    assert thr["throughput"].iloc[:3].tolist() == [100.0, 100.0, 100.0]
+
+
+def test_steady_state_drops_warmup():
+    df = steps_frame([1.0] + [0.01] * 30, [0.1] * 31)
+    assert len(analysis.steady_state(df, 1.5)) < 31
+    assert analysis.steady_state(df, 0.0).equals(df)
+
+
+def test_downsample_keeps_mean_and_caps_points():
+    df = pd.DataFrame({"t": np.arange(12000) * 0.05, "busy": np.tile([0.0, 1.0], 6000)})
+    d = analysis.downsample(df, 5000)
+    assert len(d) <= 5000
+    assert d["busy"].mean() == pytest.approx(0.5, abs=0.01)
+    assert analysis.downsample(df.head(10), 5000) is not None

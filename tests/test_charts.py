@@ -1,0 +1,70 @@
+"""Figures are built without Streamlit: SVG traces, point caps, config markers."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+
+from monitor.analysis import busy_series
+from monitor.ui import charts
+from tests.test_analysis import steps_frame
+
+
+def events_frame():
+    return pd.DataFrame({"ts": [1000.0, 1002.0], "kind": ["config", "config"],
+                         "label": ["start", "num_workers 0→2"]})
+
+
+def _all_scatter_svg(fig: go.Figure) -> bool:
+    return all(t.type == "scatter" for t in fig.data)
+
+
+def test_utilization_figure_has_busy_and_nvml_traces_and_markers():
+    steps = steps_frame([0.1] * 30, [0.05] * 30)
+    gpu = pd.DataFrame({"ts": [1000.0, 1000.5, 1001.0], "gpu": [0, 0, 0],
+                        "util_pct": [10.0, 90.0, 20.0]})
+    fig = charts.utilization_figure(busy_series(steps), gpu, events_frame(), simulated=False)
+    names = [t.name for t in fig.data]
+    assert names[0].startswith("device busy") and "GPU 0 utilization (NVML)" in names
+    assert _all_scatter_svg(fig)
+    labels = [a.text for a in fig.layout.annotations]
+    assert "num_workers 0→2" in labels and len(fig.layout.shapes) == 2
+
+
+def test_point_cap_per_trace():
+    n = 20000
+    busy = pd.DataFrame({"t": 1000 + np.arange(n) * 0.05, "busy": np.tile([0.0, 1.0], n // 2)})
+    fig = charts.utilization_figure(busy)
+    assert all(len(t.x) <= charts.MAX_POINTS for t in fig.data)
+    steps = steps_frame([0.01] * n, [0.01] * n)
+    fig = charts.wait_compute_figure(steps)
+    assert all(len(t.x) <= charts.MAX_POINTS for t in fig.data)
+
+
+def test_wait_compute_is_stacked_in_ms():
+    steps = steps_frame([0.1] * 5, [0.05] * 5)
+    fig = charts.wait_compute_figure(steps, events_frame())
+    by = {t.name: t for t in fig.data}
+    assert by["data wait"].stackgroup == by["compute"].stackgroup
+    assert list(by["data wait"].y) == [100.0] * 5 and list(by["compute"].y) == [50.0] * 5
+
+
+def test_host_figure_per_core_and_workers():
+    host = pd.DataFrame({
+        "ts": [1000.0, 1001.0], "cpu_per_core": [json.dumps([10, 90]), json.dumps([20, 80])],
+        "mem_used_mb": [1.0, 2.0], "shm_used_mb": [0.0, 5.0], "proc_rss_mb": [100.0, 100.0],
+        "workers": [0, 2], "workers_cpu_pct": [0.0, 150.0], "workers_rss_mb": [0.0, 300.0],
+    })
+    fig = charts.host_figure(host, events_frame())
+    names = [t.name for t in fig.data]
+    assert {"core 0", "core 1", "workers", "workers CPU %", "workers RSS MB"} <= set(names)
+    assert _all_scatter_svg(fig)
+
+
+def test_empty_frames_still_draw():
+    empty = pd.DataFrame(columns=["ts", "wait_s", "compute_s", "samples"])
+    assert isinstance(charts.wait_compute_figure(empty), go.Figure)
+    assert isinstance(charts.utilization_figure(busy_series(empty)), go.Figure)
+    assert isinstance(charts.host_figure(pd.DataFrame()), go.Figure)

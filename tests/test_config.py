@@ -1,0 +1,78 @@
+"""LoaderConfig validation: each bad setting is refused with a message that says what to do."""
+from __future__ import annotations
+
+import pytest
+
+from monitor.config import (
+    ConfigError,
+    LoaderConfig,
+    _cgroup_cpu_limit,
+    describe_change,
+    max_workers,
+    usable_cores,
+)
+
+
+def test_defaults_are_the_starving_preset_without_workers():
+    cfg = LoaderConfig()
+    assert cfg.preset == "starving" and cfg.num_workers == 0 and cfg.prefetch_factor is None
+    assert cfg.loader_kwargs() == {"batch_size": 32, "num_workers": 0, "pin_memory": False}
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "hint"),
+    [
+        ({"num_workers": -1}, "num_workers=0"),
+        ({"batch_size": 0}, "use 1 to"),
+        ({"num_workers": 0, "prefetch_factor": 2}, "set num_workers >= 1"),
+        ({"num_workers": 2, "prefetch_factor": 0}, "use 1 to"),
+        ({"num_workers": 0, "persistent_workers": True}, "set num_workers >= 1"),
+        ({"preset": "nope"}, "choose one of"),
+        ({"step_time_ms": -5}, "use 0 to"),
+        ({"num_workers": 1.5}, "whole number"),
+        ({"num_workers": True}, "whole number"),
+        ({"model_size": "huge"}, "choose one of"),
+    ],
+)
+def test_invalid_settings_are_refused_with_a_hint(kwargs, hint):
+    with pytest.raises(ConfigError, match=hint):
+        LoaderConfig(**kwargs)
+
+
+def test_build_fills_and_clears_worker_only_settings():
+    on = LoaderConfig.build(num_workers=2)
+    assert on.prefetch_factor == 2
+    off = on.replace(num_workers=0, persistent_workers=True)
+    assert off.prefetch_factor is None and off.persistent_workers is False
+    assert on.loader_kwargs()["prefetch_factor"] == 2
+
+
+def test_round_trip_and_unknown_keys():
+    cfg = LoaderConfig.build(num_workers=3, batch_size=64, pin_memory=True)
+    assert LoaderConfig.from_dict(cfg.to_dict()) == cfg
+    with pytest.raises(ConfigError, match="unknown setting"):
+        LoaderConfig.from_dict({**cfg.to_dict(), "workers": 2})
+
+
+def test_change_labels_name_each_changed_field():
+    a = LoaderConfig.build(num_workers=0)
+    b = a.replace(num_workers=2, pin_memory=True)
+    label = describe_change(a, b)
+    assert "num_workers 0→2" in label and "pin_memory off→on" in label
+    assert "prefetch_factor default→2" in label
+    assert describe_change(None, a) == "start"
+
+
+def test_usable_cores_respects_cgroup_quota(tmp_path):
+    (tmp_path / "cpu.max").write_text("150000 100000\n")
+    assert _cgroup_cpu_limit(str(tmp_path)) == 1.5
+    assert usable_cores(str(tmp_path)) <= 2
+    (tmp_path / "cpu.max").write_text("max 100000\n")
+    assert _cgroup_cpu_limit(str(tmp_path)) is None
+    v1 = tmp_path / "v1"
+    (v1 / "cpu").mkdir(parents=True)
+    (v1 / "cpu" / "cpu.cfs_quota_us").write_text("100000")
+    (v1 / "cpu" / "cpu.cfs_period_us").write_text("100000")
+    assert _cgroup_cpu_limit(str(v1)) == 1.0
+    assert usable_cores(str(v1)) == 1
+    assert max_workers() == 2 * usable_cores()

@@ -1,0 +1,67 @@
+"""The probe times wait and compute per step with an injected clock, and batches writes."""
+from __future__ import annotations
+
+from monitor.probe import Probe, batch_len
+
+
+class FakeClock:
+    def __init__(self):
+        self.t = 0.0
+
+    def __call__(self):
+        return self.t
+
+
+class SlowLoader:
+    """Each next() advances the fake clock by `wait`; the first iter() by `startup`."""
+
+    def __init__(self, clock, n, wait, startup=0.0):
+        self.clock, self.n, self.wait, self.startup = clock, n, wait, startup
+
+    def __iter__(self):
+        self.clock.t += self.startup
+        for i in range(self.n):
+            self.clock.t += self.wait
+            yield [list(range(4)), i]
+
+
+def test_wait_and_compute_are_separated(store):
+    run = store.create_run("x", "managed", {})
+    clock = FakeClock()
+    probe = Probe(store, run, flush_interval=1e9, clock=clock, wall=lambda: 500.0)
+    for _ in probe.iterate(SlowLoader(clock, 3, wait=0.2, startup=1.0), epoch=0):
+        clock.t += 0.05  # the model step
+    probe.flush()
+    df = store.steps(run)
+    assert df["wait_s"].round(6).tolist() == [1.2, 0.2, 0.2]  # start-up is in the first wait
+    assert df["compute_s"].round(6).tolist() == [0.05, 0.05, 0.05]
+    assert df["samples"].tolist() == [4, 4, 4]
+    assert df["ts"].round(6).tolist() == [501.2, 501.45, 501.7]
+
+
+def test_between_can_end_the_epoch_and_writes_are_batched(store):
+    run = store.create_run("x", "managed", {})
+    clock = FakeClock()
+    probe = Probe(store, run, flush_interval=0.5, clock=clock)
+    calls = []
+
+    def between():
+        calls.append(clock.t)
+        return len(calls) == 5
+
+    n = sum(1 for _ in probe.iterate(SlowLoader(clock, 100, wait=0.13), 0, between))
+    assert n == 5 and len(calls) == 5
+    assert len(store.steps(run)) == 4  # flushed at 0.52 s; the 5th still buffered
+    probe.flush()
+    assert len(store.steps(run)) == 5
+
+
+def test_batch_len_shapes():
+    class T:
+        shape = (7, 3)
+
+    assert batch_len(T()) == 7
+    assert batch_len((T(), [0] * 7)) == 7
+    assert batch_len({"x": T()}) == 7
+    assert batch_len([1, 2, 3]) == 1  # a batch whose first item is a scalar
+    assert batch_len(object()) == 1

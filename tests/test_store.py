@@ -1,0 +1,105 @@
+"""The SQLite store: schema, WAL, batched inserts, window queries, run lifecycle, control."""
+from __future__ import annotations
+
+import sqlite3
+import subprocess
+import sys
+import textwrap
+
+from monitor.records import GpuSample, HostSample, StepRecord
+from monitor.store import Store
+
+
+def _steps(run_id: int, n: int, t0: float = 100.0) -> list[StepRecord]:
+    return [StepRecord(run_id, i, 0, t0 + i * 0.1, 0.03, 0.07, 8, 0) for i in range(n)]
+
+
+def test_wal_mode_and_tables(store):
+    conn = sqlite3.connect(store.path)
+    assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    assert {"runs", "steps", "host_samples", "gpu_samples", "events", "control"} <= tables
+
+
+def test_steps_window_query_returns_frames(store):
+    run = store.create_run("starving", "managed", {"num_workers": 0})
+    assert store.insert(_steps(run, 50)) == 50
+    df = store.steps(run, since=101.0, until=102.0)
+    assert list(df["step"]) == list(range(10, 21))
+    assert set(df.columns) >= {"ts", "wait_s", "compute_s", "samples", "epoch", "config_seq"}
+    assert store.steps(run + 1).empty
+
+
+def test_host_and_gpu_samples_round_trip(store):
+    store.insert([HostSample(1.0, None, 50.0, "[40.0, 60.0]", 1000.0, 2000.0, 900.0, 1.0,
+                             None, None, None, None, None)])
+    store.insert([GpuSample(1.0, 0, 97.0, 20.0, 100.0, 1000.0, "samples"),
+                  GpuSample(1.0, 1, None, None, None, None, "rates")])
+    h = store.host_samples(0.0)
+    assert h["cpu_total_pct"].iloc[0] == 50.0 and h["proc_rss_mb"].isna().all()
+    g = store.gpu_samples(0.0)
+    assert list(g["gpu"]) == [0, 1] and g["util_pct"].isna().tolist() == [False, True]
+
+
+def test_finish_run_first_writer_wins(store):
+    run = store.create_run("x", "managed", {})
+    assert store.finish_run(run, "failed", "ValueError: boom")
+    assert not store.finish_run(run, "stopped")
+    r = store.run(run)
+    assert r["status"] == "failed" and r["error"] == "ValueError: boom" and r["ended_at"]
+
+
+def test_control_requests_are_seen_once_and_marked(store):
+    run = store.create_run("x", "managed", {})
+    a = store.request_control(run, "config", {"num_workers": 2})
+    b = store.request_control(run, "stop")
+    pending = store.pending_control(run)
+    assert [(i, k) for i, k, _ in pending] == [(a, "config"), (b, "stop")]
+    assert pending[0][2] == {"num_workers": 2}
+    assert store.pending_control(run, after_id=a)[0][0] == b
+    store.mark_control(a, "ok")
+    assert store.control_result(a)[1] == "ok"
+    assert [i for i, _, _ in store.pending_control(run)] == [b]
+
+
+def test_events_in_order(store):
+    run = store.create_run("x", "managed", {})
+    store.add_event(run, "config", "start", {"num_workers": 0}, ts=10.0)
+    store.add_event(run, "config", "num_workers 0→2", {"num_workers": 2}, ts=12.0)
+    ev = store.events(run)
+    assert list(ev["label"]) == ["start", "num_workers 0→2"]
+    assert len(store.events(run, since=11.0)) == 1
+
+
+def test_older_file_gains_new_columns(tmp_path):
+    path = tmp_path / "old.db"
+    conn = sqlite3.connect(path)
+    conn.execute("CREATE TABLE gpu_samples (ts REAL, gpu INTEGER, util_pct REAL)")
+    conn.commit()
+    conn.close()
+    s = Store(path)
+    s.insert([GpuSample(1.0, 0, 50.0, 10.0, 1.0, 2.0, "rates")])
+    assert s.gpu_samples(0.0)["source"].iloc[0] == "rates"
+
+
+def test_concurrent_writer_process_and_reader(store):
+    """Another process writes while this one reads: WAL keeps both working."""
+    run = store.create_run("x", "managed", {})
+    code = textwrap.dedent(f"""
+        import sys; sys.path.insert(0, {str(store.path.parent.parent)!r})
+        from monitor.store import Store
+        from monitor.records import StepRecord
+        s = Store({str(store.path)!r})
+        for k in range(20):
+            s.insert([StepRecord({run}, k * 10 + i, 0, k + i * 0.01, 0.0, 0.01, 1, 0)
+                      for i in range(10)])
+    """)
+    import os
+    env = {**os.environ, "PYTHONPATH": str(__import__("pathlib").Path(__file__).parent.parent)}
+    p = subprocess.Popen([sys.executable, "-c", code], env=env)
+    seen = 0
+    while p.poll() is None:
+        seen = max(seen, len(store.steps(run)))
+    assert p.wait() == 0
+    assert len(store.steps(run)) == 200
+    assert store.integrity_ok()
