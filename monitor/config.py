@@ -146,7 +146,10 @@ class LoaderConfig:
     @classmethod
     def build(cls, **kwargs: Any) -> LoaderConfig:
         """Like the constructor, but fills torch's default prefetch_factor (2) when workers
-        are on and clears it (and persistent_workers) when they are off, as a slider UI needs."""
+        are on and clears it (and persistent_workers) when they are off, as a slider UI needs,
+        and makes the preset's default step time explicit."""
+        if kwargs.get("step_time_ms") is None and kwargs.get("preset", DEFAULT_PRESET) in PRESETS:
+            kwargs["step_time_ms"] = PRESET_SPECS[kwargs.get("preset", DEFAULT_PRESET)].step_time_ms
         nw = kwargs.get("num_workers", 0)
         if isinstance(nw, int) and nw == 0:
             kwargs["prefetch_factor"] = None
@@ -195,6 +198,8 @@ def describe_change(old: LoaderConfig | None, new: LoaderConfig) -> str:
     parts = []
     for f in dataclasses.fields(LoaderConfig):
         a, b = getattr(old, f.name), getattr(new, f.name)
+        if f.name == "prefetch_factor" and (a is None or b is None):
+            continue  # follows num_workers 0 <-> n; the num_workers part says it
         if a != b:
             parts.append(f"{f.name} {_fmt(a)}→{_fmt(b)}")
     return ", ".join(parts)

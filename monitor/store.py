@@ -214,7 +214,9 @@ class Store:
         row["config"] = json.loads(row["config"])
         return row
 
-    def steps(self, run_id: int, since: float | None = None, until: float | None = None) -> pd.DataFrame:
+    def steps(
+        self, run_id: int, since: float | None = None, until: float | None = None
+    ) -> pd.DataFrame:
         return self._frame(
             "SELECT * FROM steps WHERE run_id = ? AND ts >= ? AND ts <= ? ORDER BY ts",
             (run_id, since if since is not None else 0.0, until if until is not None else 1e18),

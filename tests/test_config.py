@@ -59,7 +59,8 @@ def test_change_labels_name_each_changed_field():
     b = a.replace(num_workers=2, pin_memory=True)
     label = describe_change(a, b)
     assert "num_workers 0→2" in label and "pin_memory off→on" in label
-    assert "prefetch_factor default→2" in label
+    assert "prefetch_factor" not in label  # implied by num_workers 0→2
+    assert describe_change(b, b.replace(prefetch_factor=4)) == "prefetch_factor 2→4"
     assert describe_change(None, a) == "start"
 
 

@@ -19,8 +19,8 @@ class PresetSpec:
 
 PRESET_SPECS: dict[str, PresetSpec] = {
     "starving": PresetSpec(
-        "CPU work per batch ~1.1-2x the accelerator step (it varies with the host): one loader process cannot "
-        "keep up, two can", (3, 64, 64), 8, 0.0, 60.0, 32, 4096),
+        "CPU work per batch ~1.1-2x the accelerator step (it varies with the host): one "
+        "loader process cannot keep up, two can", (3, 64, 64), 8, 0.0, 60.0, 32, 4096),
     "io-bound": PresetSpec(
         "4 ms of storage latency per sample and little CPU: workers beyond the core count "
         "keep helping", (3, 64, 64), 1, 0.004, 30.0, 32, 4096),

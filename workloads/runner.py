@@ -48,8 +48,8 @@ def format_error(exc: BaseException) -> str:
     re-raised a worker's exception, is inside the message)."""
     head = f"{type(exc).__name__}: {exc}"
     tb = "".join(traceback.format_exception(exc))
-    text = head + "\n\n" + tb[-(MAX_ERROR_CHARS - len(head)):] if len(head) < MAX_ERROR_CHARS else head
-    return text[:MAX_ERROR_CHARS]
+    room = MAX_ERROR_CHARS - len(head) - 2
+    return (head + "\n\n" + tb[-room:]) if room > 0 else head[:MAX_ERROR_CHARS]
 
 
 def shutdown_iterator(it: Any) -> None:

@@ -63,7 +63,8 @@ class NvmlBackend:
                 mem.total / MB if mem is not None else None,
             ))
         if not self._handles:
-            self.notice = "NVIDIA driver loaded but no GPU visible: showing the simulated accelerator"
+            self.notice = ("NVIDIA driver loaded but no GPU visible: showing the simulated "
+                           "accelerator")
             return
         self.available = True
         self.notice = "GPU utilization from NVML: " + ", ".join(d.name for d in self._devices)

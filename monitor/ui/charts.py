@@ -30,6 +30,14 @@ def to_time(ts: pd.Series | list[float]) -> pd.Series:
     return s.dt.tz_convert(_LOCAL_TZ).dt.tz_localize(None)
 
 
+def set_x_range(fig: go.Figure, x_range: tuple[float, float] | None) -> go.Figure:
+    """Every chart spans the same window, so before and after line up across charts."""
+    if x_range is not None:
+        lo, hi = to_time(list(x_range))
+        fig.update_xaxes(range=[lo, hi])
+    return fig
+
+
 def _layout(fig: go.Figure, title: str, ytitle: str, height: int = 300) -> go.Figure:
     fig.update_layout(
         title={"text": title, "x": 0.01, "font": {"size": 14}},
@@ -60,7 +68,7 @@ def add_markers(fig: go.Figure, events: pd.DataFrame) -> go.Figure:
 
 def utilization_figure(
     busy: pd.DataFrame, gpu: pd.DataFrame | None = None, events: pd.DataFrame | None = None,
-    simulated: bool = True,
+    simulated: bool = True, x_range: tuple[float, float] | None = None,
 ) -> go.Figure:
     """The sawtooth chart: step-derived device busy (50 ms bins) and NVML utilization."""
     fig = go.Figure()
@@ -76,10 +84,14 @@ def utilization_figure(
                                      line={"color": COLORS["gpu"], "width": 1.5}))
     fig.update_yaxes(range=[-2, 105], ticksuffix="%")
     add_markers(fig, events)
-    return _layout(fig, "Device utilization: a sawtooth means the GPU is starved", "busy")
+    set_x_range(fig, x_range)
+    return _layout(fig, "Device utilization (a sawtooth = starved)", "busy")
 
 
-def wait_compute_figure(steps: pd.DataFrame, events: pd.DataFrame | None = None) -> go.Figure:
+def wait_compute_figure(
+    steps: pd.DataFrame, events: pd.DataFrame | None = None,
+    x_range: tuple[float, float] | None = None,
+) -> go.Figure:
     """Per step, stacked: compute (bottom) and data wait (top); their sum is the step time."""
     fig = go.Figure()
     if not steps.empty:
@@ -93,10 +105,14 @@ def wait_compute_figure(steps: pd.DataFrame, events: pd.DataFrame | None = None)
                                                           "width": 0.5}))
     fig.update_yaxes(rangemode="tozero")
     add_markers(fig, events)
+    set_x_range(fig, x_range)
     return _layout(fig, "Data wait vs compute per step", "ms per step")
 
 
-def throughput_figure(thr: pd.DataFrame, events: pd.DataFrame | None = None) -> go.Figure:
+def throughput_figure(
+    thr: pd.DataFrame, events: pd.DataFrame | None = None,
+    x_range: tuple[float, float] | None = None,
+) -> go.Figure:
     fig = go.Figure()
     t = downsample(thr, MAX_POINTS)
     fig.add_trace(go.Scatter(x=to_time(t["t"]), y=t["throughput"], name="samples/s",
@@ -104,10 +120,14 @@ def throughput_figure(thr: pd.DataFrame, events: pd.DataFrame | None = None) -> 
                                                  "shape": "hv"}))
     fig.update_yaxes(rangemode="tozero")
     add_markers(fig, events)
+    set_x_range(fig, x_range)
     return _layout(fig, "Throughput", "samples/s")
 
 
-def host_figure(host: pd.DataFrame, events: pd.DataFrame | None = None) -> go.Figure:
+def host_figure(
+    host: pd.DataFrame, events: pd.DataFrame | None = None,
+    x_range: tuple[float, float] | None = None,
+) -> go.Figure:
     """Host: CPU per core; memory and /dev/shm; the workload's DataLoader workers."""
     fig = make_subplots(rows=3, cols=1, shared_xaxes=True, vertical_spacing=0.06,
                         subplot_titles=("CPU per core (%)", "memory (MB)",
@@ -141,6 +161,7 @@ def host_figure(host: pd.DataFrame, events: pd.DataFrame | None = None) -> go.Fi
                       secondary_y=True)
     fig.update_yaxes(range=[0, 105], row=1, col=1)
     add_markers(fig, events)
+    set_x_range(fig, x_range)
     fig.update_layout(height=560, margin={"l": 50, "r": 10, "t": 40, "b": 30},
                       hovermode="x unified", uirevision="keep",
                       title={"text": "Host", "x": 0.01, "font": {"size": 14}})

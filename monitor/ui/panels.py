@@ -32,13 +32,16 @@ class View:
     end: float
 
 
-def load_view(store: Store, run_id: int, window_s: float | None, now: float | None = None) -> View | None:
+def load_view(
+    store: Store, run_id: int, window_s: float | None, now: float | None = None
+) -> View | None:
     run = store.run(run_id)
     if run is None:
         return None
     end = now if now is not None else time.time()
-    if run["status"] != "running" and isinstance(run["ended_at"], float) and not math.isnan(run["ended_at"]):
-        end = min(end, run["ended_at"])
+    ended = run["ended_at"]
+    if run["status"] != "running" and isinstance(ended, float) and not math.isnan(ended):
+        end = min(end, ended)
     start = max(run["started_at"], end - window_s) if window_s else run["started_at"]
     return View(
         run=run,
@@ -58,7 +61,7 @@ def kpi_steps(view: View) -> tuple[pd.DataFrame, str]:
         since = float(cfg["ts"].iloc[-1])
         after = steps[steps["ts"] - steps["wait_s"] >= since]
         if len(after) >= MIN_KPI_STEPS:
-            return after, f"since the last change ({view.end - since:.0f} s ago)"
+            return after, f"{view.end - since:.0f} s since the last change"
     return steps, f"last {KPI_SECONDS:.0f} s"
 
 
@@ -75,7 +78,7 @@ def render_kpis(summary: Summary, workers_now: str, caption: str) -> None:
     c[2].metric("Device busy (mean)", _pct(summary.device_busy_mean),
                 help="fraction of 50 ms bins covered by compute (step-derived)")
     c[3].metric("Workers", workers_now, help="configured num_workers / live worker processes")
-    st.caption(f"KPIs over the {caption}; {summary.steps} steps.")
+    st.caption(f"KPIs over the {caption} ({summary.steps} steps).")
 
 
 def render_verdict(summary: Summary) -> None:
@@ -88,16 +91,17 @@ def render_charts(view: View, simulated: bool) -> None:
     busy = analysis.busy_series(steps, start=view.start, end=view.end)
     bin_s = max(1.0, (view.end - view.start) / charts.MAX_POINTS)
     thr = analysis.throughput_series(steps, bin_s)
+    xr = (view.start, view.end)
     left, right = st.columns(2)
     with left:
-        st.plotly_chart(charts.utilization_figure(busy, view.gpu, view.events, simulated),
+        st.plotly_chart(charts.utilization_figure(busy, view.gpu, view.events, simulated, xr),
                         key="chart_util", config=PLOT_CONFIG)
-        st.plotly_chart(charts.throughput_figure(thr, view.events), key="chart_thr",
+        st.plotly_chart(charts.throughput_figure(thr, view.events, xr), key="chart_thr",
                         config=PLOT_CONFIG)
     with right:
-        st.plotly_chart(charts.wait_compute_figure(steps, view.events), key="chart_wait",
+        st.plotly_chart(charts.wait_compute_figure(steps, view.events, xr), key="chart_wait",
                         config=PLOT_CONFIG)
-    st.plotly_chart(charts.host_figure(view.host, view.events), key="chart_host",
+    st.plotly_chart(charts.host_figure(view.host, view.events, xr), key="chart_host",
                     config=PLOT_CONFIG)
 
 

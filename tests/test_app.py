@@ -1,0 +1,70 @@
+"""The page under Streamlit's AppTest: it renders, and a slider change reaches the session
+manager (which asks the running workload to rebuild its loader)."""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+ROOT = Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def app(db_path, no_leaks, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    from monitor.ui.resources import get_runtime
+
+    get_runtime.clear()
+    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=60)
+    yield at
+    rt = get_runtime()
+    rt.manager.close()
+    rt.collector.stop()
+    get_runtime.clear()
+
+
+def test_page_opens_on_the_starving_default_and_a_slider_reaches_the_manager(app, db_path):
+    from monitor.store import Store
+    from monitor.ui.resources import get_runtime
+
+    app.run()
+    assert not app.exception
+    manager = get_runtime().manager
+    assert manager.is_alive() and manager.config.preset == "starving"
+    assert manager.config.num_workers == 0
+    assert any("simulated accelerator" in i.value for i in app.info)
+    assert app.sidebar.slider(key="cfg_prefetch_factor").disabled  # no workers yet
+
+    app.sidebar.slider(key="cfg_num_workers").set_value(2).run()
+    assert not app.exception
+    assert manager.config.num_workers == 2 and manager.config.prefetch_factor == 2
+    assert not app.sidebar.slider(key="cfg_prefetch_factor").disabled
+    store = Store(db_path)
+    pending = store.pending_control(manager.run_id)
+    assert pending or store.events(manager.run_id)["label"].str.contains("num_workers").any()
+    # the workload applies it and records the marker
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        labels = store.events(manager.run_id)["label"].tolist()
+        if any("num_workers 0→2" in x for x in labels):
+            break
+        time.sleep(0.2)
+    assert any("num_workers 0→2" in x for x in labels), labels
+
+
+def test_stop_button_stops_the_run(app, db_path):
+    from monitor.store import Store
+    from monitor.ui.resources import get_runtime
+
+    app.run()
+    manager = get_runtime().manager
+    run = manager.run_id
+    app.sidebar.button(key="stop").click().run()
+    assert not manager.is_alive()
+    assert Store(db_path).run(run)["status"] == "stopped"
+    # a reload does not restart what the user stopped
+    app.run()
+    assert not manager.is_alive()

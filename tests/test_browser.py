@@ -1,0 +1,102 @@
+"""A real browser against a served dashboard: headless Chromium (Debian's) driven by
+Playwright. Opens the page, finds the verdict and a chart, moves num_workers, and sees the
+config marker. Screenshots land in artifacts/."""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import psutil
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
+ARTIFACTS = ROOT / "artifacts"
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def server(tmp_path):
+    if not Path(CHROMIUM).exists() and not shutil.which("chromium"):
+        pytest.skip("chromium is not installed (apt-get install -y chromium)")
+    port = free_port()
+    db = tmp_path / "monitor.db"
+    env = {**os.environ, "STARVATION_MONITOR_DB": str(db), "STARVATION_MONITOR_SIMULATE": "1"}
+    log = open(tmp_path / "server.log", "w")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "streamlit", "run", "app.py", "--server.port", str(port),
+         "--server.address", "127.0.0.1", "--server.headless", "true"],
+        cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            urllib.request.urlopen(url + "/_stcore/health", timeout=2)
+            break
+        except OSError:
+            time.sleep(0.3)
+    yield url, db, proc
+    tree = psutil.Process(proc.pid).children(recursive=True) if proc.poll() is None else []
+    proc.send_signal(signal.SIGTERM)  # closing the dashboard stops its workload
+    try:
+        proc.wait(30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+    _, alive = psutil.wait_procs(tree, timeout=20)
+    for p in alive:
+        p.kill()
+    assert not alive, f"closing the dashboard left processes: {alive}"
+    log.close()
+
+
+def test_page_shows_sawtooth_and_reacts_to_num_workers(server):
+    from playwright.sync_api import expect, sync_playwright
+
+    url, db, _ = server
+    ARTIFACTS.mkdir(exist_ok=True)
+    with sync_playwright() as p:
+        browser = p.chromium.launch(
+            executable_path=CHROMIUM,
+            args=["--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                  "--disable-component-update", "--no-first-run"])
+        page = browser.new_page(viewport={"width": 1500, "height": 1700})
+        page.goto(url)
+        verdict = page.get_by_text("Starving: the device waits for data")
+        expect(verdict).to_be_visible(timeout=90_000)
+        expect(page.locator(".js-plotly-plot").first).to_be_visible(timeout=30_000)
+        expect(page.get_by_text("Device utilization (a sawtooth").first).to_be_visible()
+        page.screenshot(path=str(ARTIFACTS / "browser-before.png"), full_page=True)
+
+        slider = page.locator('[data-testid="stSlider"]').filter(
+            has_text="num_workers").get_by_role("slider")
+        slider.focus()
+        page.keyboard.press("ArrowRight")
+        page.keyboard.press("ArrowRight")
+        expect(slider).to_have_value("2", timeout=15_000)
+        marker = page.locator("svg text").filter(has_text="num_workers 0→")
+        expect(marker.first).to_be_visible(timeout=60_000)
+        workers_kpi = page.locator('[data-testid="stMetric"]').filter(has_text="Workers")
+        expect(workers_kpi).to_contain_text("2", timeout=30_000)
+        time.sleep(8)  # let the charts show the after-state for the screenshot
+        page.screenshot(path=str(ARTIFACTS / "browser-after.png"), full_page=True)
+        browser.close()
+
+    from monitor.store import Store
+
+    store = Store(db)
+    run = int(store.runs()["id"].iloc[0])
+    labels = store.events(run)["label"].tolist()
+    assert any(label.startswith("num_workers 0→") for label in labels), labels
