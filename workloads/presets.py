@@ -29,7 +29,7 @@ PRESET_SPECS: dict[str, PresetSpec] = {
         "busy", (3, 64, 64), 24, 0.0, 20.0, 32, 4096),
     "healthy": PresetSpec(
         "cheap samples, long compute: the device is fed even with num_workers=0",
-        (3, 32, 32), 0, 0.0, 60.0, 32, 8192),
+        (3, 32, 32), 0, 0.0, 100.0, 32, 8192),
     "memory-heavy": PresetSpec(
         "large 3x512x512 float32 samples (3 MiB each): prefetch depth and pin_memory move "
         "memory", (3, 512, 512), 0, 0.0, 50.0, 16, 1024),

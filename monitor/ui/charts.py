@@ -162,7 +162,7 @@ def host_figure(
     fig.update_yaxes(range=[0, 105], row=1, col=1)
     add_markers(fig, events)
     set_x_range(fig, x_range)
-    fig.update_layout(height=560, margin={"l": 50, "r": 10, "t": 40, "b": 30},
+    fig.update_layout(height=480, margin={"l": 50, "r": 10, "t": 40, "b": 30},
                       hovermode="x unified", uirevision="keep",
                       title={"text": "Host", "x": 0.01, "font": {"size": 14}})
     return fig

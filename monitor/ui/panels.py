@@ -101,8 +101,8 @@ def render_charts(view: View, simulated: bool) -> None:
     with right:
         st.plotly_chart(charts.wait_compute_figure(steps, view.events, xr), key="chart_wait",
                         config=PLOT_CONFIG)
-    st.plotly_chart(charts.host_figure(view.host, view.events, xr), key="chart_host",
-                    config=PLOT_CONFIG)
+        st.plotly_chart(charts.host_figure(view.host, view.events, xr), key="chart_host",
+                        config=PLOT_CONFIG)
 
 
 def render_run_status(run: dict) -> None:
