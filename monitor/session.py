@@ -17,7 +17,6 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -58,18 +57,6 @@ def _wait(proc: subprocess.Popen, timeout: float) -> None:
         proc.wait(timeout)
     except subprocess.TimeoutExpired:
         pass
-
-
-@dataclass(frozen=True, slots=True)
-class RunState:
-    """What the page needs to know about the managed run right now."""
-
-    run_id: int | None
-    config: LoaderConfig
-    alive: bool
-    status: str | None
-    error: str | None
-    accelerator: str | None
 
 
 class SessionManager:
@@ -189,18 +176,6 @@ class SessionManager:
     def pid(self) -> int | None:
         with self._lock:
             return self._proc.pid if self._proc is not None else None
-
-    def state(self) -> RunState:
-        with self._lock:
-            run = self.store.run(self.run_id) if self.run_id is not None else None
-            return RunState(
-                run_id=self.run_id,
-                config=self.config,
-                alive=self.is_alive(),
-                status=run["status"] if run else None,
-                error=run["error"] if run else None,
-                accelerator=run["accelerator"] if run else None,
-            )
 
     # -- reaping -----------------------------------------------------------------------
     def _snapshot_children(self) -> None:

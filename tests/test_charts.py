@@ -59,7 +59,8 @@ def test_host_figure_per_core_and_workers():
     })
     fig = charts.host_figure(host, events_frame())
     names = [t.name for t in fig.data]
-    assert {"core 0", "core 1", "workers", "workers CPU %", "workers RSS MB"} <= set(names)
+    assert {"core 0", "core 1", "DataLoader workers", "workers CPU (%)",
+            "workers RSS (MB)", "/dev/shm used (MB)"} <= set(names)
     assert _all_scatter_svg(fig)
 
 

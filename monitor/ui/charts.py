@@ -14,6 +14,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from monitor.analysis import downsample
+from monitor.records import HostSample, label
 
 MAX_POINTS = 5000
 MAX_MARKERS = 12
@@ -146,19 +147,13 @@ def host_figure(
         for c in range(n):
             fig.add_trace(go.Scatter(x=x, y=h[f"core{c}"], name=f"core {c}", mode="lines",
                                      line={"width": 1}, legendgroup="cpu"), row=1, col=1)
-        fig.add_trace(go.Scatter(x=x, y=h["mem_used_mb"], name="memory used", mode="lines"),
-                      row=2, col=1)
-        fig.add_trace(go.Scatter(x=x, y=h["shm_used_mb"], name="/dev/shm", mode="lines"),
-                      row=2, col=1)
-        fig.add_trace(go.Scatter(x=x, y=h["proc_rss_mb"], name="main process RSS",
-                                 mode="lines"), row=2, col=1)
-        fig.add_trace(go.Scatter(x=x, y=h["workers_cpu_pct"], name="workers CPU %",
-                                 mode="lines"), row=3, col=1)
-        fig.add_trace(go.Scatter(x=x, y=h["workers_rss_mb"], name="workers RSS MB",
-                                 mode="lines"), row=3, col=1)
-        fig.add_trace(go.Scatter(x=x, y=h["workers"], name="workers", mode="lines",
-                                 line={"shape": "hv", "dash": "dot"}), row=3, col=1,
-                      secondary_y=True)
+        for name, row in (("mem_used_mb", 2), ("shm_used_mb", 2), ("proc_rss_mb", 2),
+                          ("workers_cpu_pct", 3), ("workers_rss_mb", 3)):
+            fig.add_trace(go.Scatter(x=x, y=h[name], name=label(HostSample, name),
+                                     mode="lines"), row=row, col=1)
+        fig.add_trace(go.Scatter(x=x, y=h["workers"], name=label(HostSample, "workers"),
+                                 mode="lines", line={"shape": "hv", "dash": "dot"}),
+                      row=3, col=1, secondary_y=True)
     fig.update_yaxes(range=[0, 105], row=1, col=1)
     add_markers(fig, events)
     set_x_range(fig, x_range)
