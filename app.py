@@ -34,8 +34,8 @@ if not rt.collector.gpu.available:
     st.caption(f"GPU telemetry: {rt.collector.gpu.notice}")
 
 top = st.columns([3, 2])
-window_name = top[0].segmented_control("Window", list(panels.WINDOWS), default="1 min",
-                                       key="window") or "1 min"
+window_name = top[0].segmented_control("Window", list(panels.WINDOWS), default="30 s",
+                                       key="window") or "30 s"
 runs = rt.store.runs(limit=30)
 run_ids = runs["id"].astype(int).tolist()
 labels = {int(r.id): f"run {r.id} · {r.name} · {r.status}" for r in runs.itertuples()}

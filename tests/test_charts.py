@@ -27,7 +27,8 @@ def test_utilization_figure_has_busy_and_nvml_traces_and_markers():
                         "util_pct": [10.0, 90.0, 20.0]})
     fig = charts.utilization_figure(busy_series(steps), gpu, events_frame(), simulated=False)
     names = [t.name for t in fig.data]
-    assert names[0].startswith("device busy") and "GPU 0 utilization (NVML)" in names
+    assert names[0].startswith("device busy, 50 ms bins") and "GPU 0 utilization (NVML)" in names
+    assert "device busy, 1 s mean" in names
     assert _all_scatter_svg(fig)
     labels = [a.text for a in fig.layout.annotations]
     assert "num_workers 0→2" in labels and len(fig.layout.shapes) == 2

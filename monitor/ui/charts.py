@@ -17,6 +17,7 @@ from monitor.analysis import downsample
 from monitor.records import HostSample, label
 
 MAX_POINTS = 5000
+MEAN_WINDOW_S = 1.0
 MAX_MARKERS = 12
 COLORS = {
     "busy": "#1f77b4", "gpu": "#d62728", "wait": "#ff7f0e", "compute": "#2ca02c",
@@ -39,12 +40,12 @@ def set_x_range(fig: go.Figure, x_range: tuple[float, float] | None) -> go.Figur
     return fig
 
 
-def _layout(fig: go.Figure, title: str, ytitle: str, height: int = 300) -> go.Figure:
+def _layout(fig: go.Figure, title: str, ytitle: str, height: int = 340) -> go.Figure:
     fig.update_layout(
         title={"text": title, "x": 0.01, "font": {"size": 14}},
-        height=height, margin={"l": 50, "r": 10, "t": 60, "b": 30},
-        legend={"orientation": "h", "y": 1.0, "yanchor": "bottom", "x": 1.0,
-                "xanchor": "right"},
+        height=height, margin={"l": 50, "r": 10, "t": 40, "b": 30},
+        legend={"orientation": "h", "y": -0.15, "yanchor": "top", "x": 0.0,
+                "xanchor": "left", "font": {"size": 11}},
         hovermode="x unified", uirevision="keep",
     )
     fig.update_yaxes(title_text=ytitle)
@@ -74,9 +75,18 @@ def utilization_figure(
     """The sawtooth chart: step-derived device busy (50 ms bins) and NVML utilization."""
     fig = go.Figure()
     b = downsample(busy, MAX_POINTS)
-    name = "device busy (step-derived" + (", simulated accelerator)" if simulated else ")")
-    fig.add_trace(go.Scatter(x=to_time(b["t"]), y=b["busy"] * 100, name=name, mode="lines",
-                             line={"color": COLORS["busy"], "width": 1, "shape": "hv"}))
+    name = "device busy, 50 ms bins" + (" (simulated accelerator)" if simulated else "")
+    x = to_time(b["t"])
+    fig.add_trace(go.Scatter(x=x, y=b["busy"] * 100, name=name, mode="lines",
+                             line={"color": COLORS["busy"], "width": 1, "shape": "hv"},
+                             opacity=0.45))
+    if len(busy) > 1:  # the sawtooth's running mean: where it sits is the starvation
+        bins = max(1, int(round(MEAN_WINDOW_S / max(float(busy["t"].diff().median()), 1e-9))))
+        mean = busy["busy"].rolling(bins, min_periods=1).mean()
+        m = downsample(pd.DataFrame({"t": busy["t"], "busy": mean}), MAX_POINTS)
+        fig.add_trace(go.Scatter(x=to_time(m["t"]), y=m["busy"] * 100,
+                                 name=f"device busy, {MEAN_WINDOW_S:g} s mean", mode="lines",
+                                 line={"color": COLORS["busy"], "width": 2.5}))
     if gpu is not None and not gpu.empty:
         for idx, g in gpu.groupby("gpu"):
             g = downsample(g[["ts", "util_pct"]].rename(columns={"ts": "t"}), MAX_POINTS)
