@@ -6,6 +6,7 @@ import os
 import streamlit as st
 
 from monitor.analysis import summarize
+from monitor.gpu import workload_gpu
 from monitor.ui import panels
 from monitor.ui.controls import render_controls
 from monitor.ui.resources import get_runtime
@@ -68,7 +69,14 @@ def live() -> None:
                                          if workers_live is not None else "")
     panels.render_verdict(summary)
     panels.render_kpis(summary, workers, caption)
-    panels.render_charts(view, simulated)
+    devices = rt.collector.gpu.devices()
+    default_gpu = workload_gpu(devices, view.run.get("device"))
+    gpu_pick = st.session_state.get("gpu_pick", default_gpu)
+    panels.render_charts(view, simulated, gpu_pick if devices else None)
+    if devices:
+        st.subheader("GPU (NVML)")
+        st.caption(rt.collector.gpu.notice)
+        panels.render_gpu_panel(view, devices, default_gpu)
 
 
 live()

@@ -8,7 +8,7 @@ import argparse
 import json
 import sys
 
-from monitor.config import PRESETS, ConfigError, LoaderConfig, max_workers
+from monitor.config import MODEL_SIZES, PRESETS, ConfigError, LoaderConfig, max_workers
 from monitor.store import ENV_VAR, Store, default_path
 
 
@@ -41,9 +41,12 @@ def _parser() -> argparse.ArgumentParser:
     m.add_argument("--persistent-workers", action="store_true",
                    help="keep workers alive between epochs (needs --num-workers >= 1)")
     m.add_argument("--step-time-ms", type=float, default=None,
-                   help="simulated accelerator: device time per step (default: the preset's)")
-    m.add_argument("--model-size", choices=("small", "medium", "large"), default="small",
-                   help="CUDA model width (ignored by the simulated accelerator)")
+                   help="device time per step: the simulated accelerator's, or the CUDA "
+                        "model's target with --model-size auto (default: the preset's)")
+    m.add_argument("--model-size", choices=MODEL_SIZES, default="auto",
+                   help="CUDA model: auto (default) repeats a width-64 net's pass to take about "
+                        "the step time; small/medium/large are fixed widths, one pass per step "
+                        "(ignored by the simulated accelerator)")
     m.add_argument("--seconds", type=float, default=10.0,
                    help="how long to measure after the first batch (default 10)")
     m.add_argument("--db", default=None,
@@ -82,6 +85,10 @@ def _measure(args: argparse.Namespace) -> int:
         print(f"  throughput        {s.throughput:.1f} samples/s over {s.steps} steps")
         print(f"  data-wait share   {s.data_wait_share:.1%}")
         print(f"  device busy mean  {s.device_busy_mean:.1%} (CV {s.device_busy_cv:.2f})")
+        if result.gpu_util_mean is not None:
+            cv = f"{result.gpu_util_cv:.2f}" if result.gpu_util_cv is not None else "–"
+            print(f"  GPU util (NVML)   {result.gpu_util_mean:.1f}% (CV {cv})"
+                  + (f" on GPU {result.gpu}" if result.gpu is not None else ""))
         print(f"  {s.verdict_text}")
         if result.error:
             print(f"  error: {result.error}")

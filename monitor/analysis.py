@@ -130,6 +130,46 @@ def summarize(steps: pd.DataFrame) -> Summary:
     )
 
 
+def series_stats(values: pd.Series) -> tuple[float | None, float | None]:
+    """(mean, coefficient of variation) of a series, None where undefined."""
+    v = pd.to_numeric(values, errors="coerce").dropna()
+    if v.empty:
+        return None, None
+    mean = float(v.mean())
+    return mean, (float(v.std(ddof=0)) / mean if mean > 0 else None)
+
+
+def nvml_vs_busy(util: pd.DataFrame, steps: pd.DataFrame) -> dict[str, float | None]:
+    """Compare NVML's utilization samples with the step-derived busy series.
+
+    Each NVML sample averages the period before its time stamp, so it is paired with device
+    busy over [ts - spacing, ts], spacing being the median gap between the driver's samples.
+    Returns the Pearson correlation of the pairs and the spacing in seconds.
+    """
+    u = util.dropna(subset=["util_pct"]).sort_values("ts")
+    if len(u) < 3 or steps.empty:
+        return {"correlation": None, "spacing_s": None, "pairs": 0}
+    spacing = float(u["ts"].diff().median())
+    if not spacing > 0:
+        return {"correlation": None, "spacing_s": None, "pairs": 0}
+    start, end = span(steps)
+    fine = busy_series(steps, 0.01, start, end)
+    cum = np.concatenate([[0.0], np.cumsum(fine["busy"].to_numpy() * 0.01)])
+    t = u["ts"].to_numpy()
+    keep = (t - spacing >= start) & (t <= end)
+    if keep.sum() < 3:
+        return {"correlation": None, "spacing_s": spacing, "pairs": int(keep.sum())}
+    hi = np.clip(((t[keep] - start) / 0.01).astype(int), 0, len(cum) - 1)
+    lo = np.clip(((t[keep] - spacing - start) / 0.01).astype(int), 0, len(cum) - 1)
+    busy = (cum[hi] - cum[lo]) / np.maximum((hi - lo) * 0.01, 1e-9)
+    nv = u["util_pct"].to_numpy()[keep] / 100.0
+    if np.std(busy) == 0 or np.std(nv) == 0:
+        corr = None
+    else:
+        corr = float(np.corrcoef(busy, nv)[0, 1])
+    return {"correlation": corr, "spacing_s": spacing, "pairs": int(keep.sum())}
+
+
 def steady_state(steps: pd.DataFrame, warmup_s: float) -> pd.DataFrame:
     """Steps after the first `warmup_s` seconds of the run (worker start-up, first batches)."""
     if steps.empty:

@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 from monitor.gpu import GpuBackend, open_backend
 from monitor.host import HostSampler
-from monitor.records import GpuSample, HostSample
+from monitor.records import GpuSample, GpuUtilSample, HostSample
 from monitor.store import Store
 
 
@@ -36,10 +36,13 @@ class Collector:
         self._thread: threading.Thread | None = None
         self._host_buf: list[HostSample] = []
         self._gpu_buf: list[GpuSample] = []
+        self._util_buf: list[GpuUtilSample] = []
+        self.last_pass_s: float | None = None  # cost of the last sampling pass
 
     def watch(self, pid: int | None, run_id: int | None) -> None:
         """Follow this workload's process tree (None: host only)."""
         self.host.watch(pid, run_id)
+        self.gpu.watch_pids({pid} if pid is not None else set())
 
     def start(self) -> Collector:
         if self._thread is None or not self._thread.is_alive():
@@ -56,19 +59,29 @@ class Collector:
         self.flush()
 
     def sample_once(self) -> None:
+        t0 = time.perf_counter()
         try:
             self._host_buf.append(self.host.sample())
-            self._gpu_buf.extend(self.gpu.sample())
         except Exception as exc:  # a bad reading is one lost row, not a dead loop
             self.errors += 1
-            self.last_error = f"{type(exc).__name__}: {exc}"
+            self.last_error = f"host: {type(exc).__name__}: {exc}"
+        try:
+            gpass = self.gpu.sample()
+            self._gpu_buf.extend(gpass.samples)
+            self._util_buf.extend(gpass.util)
+        except Exception as exc:
+            self.errors += 1
+            self.last_error = f"gpu: {type(exc).__name__}: {exc}"
+        self.last_pass_s = time.perf_counter() - t0
 
     def flush(self) -> None:
         host, self._host_buf = self._host_buf, []
         gpu, self._gpu_buf = self._gpu_buf, []
+        util, self._util_buf = self._util_buf, []
         try:
             self.store.insert(host)
             self.store.insert(gpu)
+            self.store.insert(util)
         except Exception as exc:
             self.errors += 1
             self.last_error = f"store write failed: {exc}"

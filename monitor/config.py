@@ -19,7 +19,7 @@ DEFAULT_PRESET = "starving"
 MAX_BATCH_SIZE = 4096
 MAX_PREFETCH_FACTOR = 64
 MAX_STEP_TIME_MS = 10_000.0
-MODEL_SIZES: tuple[str, ...] = ("small", "medium", "large")
+MODEL_SIZES: tuple[str, ...] = ("auto", "small", "medium", "large")
 
 
 class ConfigError(ValueError):
@@ -84,7 +84,7 @@ class LoaderConfig:
     pin_memory: bool = False
     persistent_workers: bool = False
     step_time_ms: float | None = None  # simulated accelerator; None: the preset's default
-    model_size: str = "small"  # CUDA model step
+    model_size: str = "auto"  # CUDA model: "auto" repeats a pass to take ~step_time_ms
 
     def __post_init__(self) -> None:
         if self.preset not in PRESETS:

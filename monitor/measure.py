@@ -5,9 +5,10 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from monitor.analysis import Summary, steady_state, summarize
+from monitor.analysis import Summary, series_stats, span, steady_state, summarize
 from monitor.collector import Collector
 from monitor.config import LoaderConfig
+from monitor.gpu import workload_gpu
 from monitor.session import SessionManager
 from monitor.store import Store
 
@@ -26,10 +27,15 @@ class Measurement:
     accelerator: str | None
     config: LoaderConfig
     summary: Summary
+    gpu: int | None = None  # NVML index the workload ran on
+    gpu_util_mean: float | None = None  # NVML utilization over the same window, 0..100
+    gpu_util_cv: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {"run_id": self.run_id, "status": self.status}
         d.update(self.summary.to_dict())
+        d.update({"gpu": self.gpu, "gpu_util_mean": self.gpu_util_mean,
+                  "gpu_util_cv": self.gpu_util_cv})
         d.update({"error": self.error, "accelerator": self.accelerator,
                   "config": self.config.to_dict()})
         return d
@@ -59,7 +65,17 @@ def measure(
             collector.stop()
     run = store.run(run_id) or {}
     steps = steady_state(store.steps(run_id), warmup_seconds(seconds))
+    gpu, mean, cv = None, None, None
+    if collector.gpu.available and not steps.empty:
+        gpu = workload_gpu(collector.gpu.devices(), run.get("device"))
+        start, end = span(steps)
+        util = store.gpu_util(start, end)
+        if gpu is not None:
+            util = util[util["gpu"] == gpu]
+        mean, cv = series_stats(util["util_pct"])
     return Measurement(
         run_id=run_id, status=run.get("status", "unknown"), error=run.get("error"),
         accelerator=run.get("accelerator"), config=config, summary=summarize(steps),
+        gpu=gpu, gpu_util_mean=mean, gpu_util_cv=cv,
     )
+

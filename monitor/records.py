@@ -49,22 +49,43 @@ class HostSample:
 
 
 @dataclass(frozen=True, slots=True)
-class GpuSample:
-    """One utilization reading of one GPU (NVML). `source` says which NVML call gave it."""
+class GpuUtilSample:
+    """One GPU utilization reading at the driver's own time stamp. `source`: "samples"
+    (nvmlDeviceGetSamples, every sample of the driver's buffer) or "rates"
+    (nvmlDeviceGetUtilizationRates, the fallback when the buffer is empty or unsupported)."""
 
     ts: float = col("time", "s")
     gpu: int = col("GPU index")
     util_pct: float | None = col("GPU utilization (NVML)", "%")
+    source: str = col("NVML source")
+
+
+@dataclass(frozen=True, slots=True)
+class GpuSample:
+    """Everything else about one GPU, once per sampling pass (NVML). Missing: None."""
+
+    ts: float = col("time", "s")
+    gpu: int = col("GPU index")
     mem_util_pct: float | None = col("memory-controller utilization (NVML)", "%")
     mem_used_mb: float | None = col("GPU memory used", "MB")
     mem_total_mb: float | None = col("GPU memory total", "MB")
-    source: str = col("NVML source")
+    sm_clock_mhz: float | None = col("SM clock", "MHz")
+    power_w: float | None = col("power", "W")
+    temp_c: float | None = col("temperature", "°C")
+    pcie_rx_mbps: float | None = col("PCIe rx", "MB/s")
+    pcie_tx_mbps: float | None = col("PCIe tx", "MB/s")
+    sm_active_pct: float | None = col("SM activity (GPM)", "%")
+    sm_occupancy_pct: float | None = col("SM occupancy (GPM)", "%")
+    proc_sm_pct: float | None = col("workload SM utilization (NVML, per process)", "%")
+    proc_mem_pct: float | None = col("workload memory utilization (NVML, per process)", "%")
+    lost: int = col("GPU lost (1) or present (0)")
 
 
 RECORD_TABLES: dict[str, type] = {
     "steps": StepRecord,
     "host_samples": HostSample,
     "gpu_samples": GpuSample,
+    "gpu_util": GpuUtilSample,
 }
 
 

@@ -32,6 +32,7 @@ CREATE TABLE IF NOT EXISTS runs (
     kind TEXT NOT NULL,
     config TEXT NOT NULL,
     accelerator TEXT,
+    device TEXT,
     status TEXT NOT NULL,
     error TEXT,
     pid INTEGER,
@@ -100,6 +101,8 @@ class Store:
                 "local disk (--db or $STARVATION_MONITOR_DB)"
             )
         conn.executescript(_SCHEMA)
+        if "device" not in {r[1] for r in conn.execute("PRAGMA table_info(runs)")}:
+            conn.execute("ALTER TABLE runs ADD COLUMN device TEXT")  # files from 0.1
         for table, rec in RECORD_TABLES.items():
             cols = ", ".join(f"{f.name} {sql_type(str(f.type))}" for f in fields(rec))
             conn.execute(f"CREATE TABLE IF NOT EXISTS {table} ({cols})")
@@ -110,6 +113,7 @@ class Store:
         conn.execute("CREATE INDEX IF NOT EXISTS steps_run ON steps(run_id, ts)")
         conn.execute("CREATE INDEX IF NOT EXISTS host_ts ON host_samples(ts)")
         conn.execute("CREATE INDEX IF NOT EXISTS gpu_ts ON gpu_samples(ts)")
+        conn.execute("CREATE INDEX IF NOT EXISTS gpu_util_ts ON gpu_util(ts)")
 
     # -- writes ------------------------------------------------------------------------
     def insert(self, records: Sequence[Any]) -> int:
@@ -137,12 +141,12 @@ class Store:
         return int(cur.lastrowid)
 
     def update_run(self, run_id: int, **values: Any) -> None:
-        allowed = {"pid", "accelerator", "config", "name"}
+        allowed = {"pid", "accelerator", "config", "name", "device"}
         bad = set(values) - allowed
         if bad:
             raise ValueError(f"cannot update run fields {sorted(bad)}")
         for k, v in values.items():
-            if k == "config" and not isinstance(v, str):
+            if k in ("config", "device") and not isinstance(v, str) and v is not None:
                 values[k] = json.dumps(v, sort_keys=True)
         sets = ", ".join(f"{k} = ?" for k in values)
         self._conn().execute(f"UPDATE runs SET {sets} WHERE id = ?", (*values.values(), run_id))
@@ -212,6 +216,8 @@ class Store:
             return None
         row = df.iloc[0].to_dict()
         row["config"] = json.loads(row["config"])
+        dev = row.get("device")
+        row["device"] = json.loads(dev) if isinstance(dev, str) else None
         return row
 
     def steps(
@@ -231,6 +237,12 @@ class Store:
     def gpu_samples(self, since: float, until: float | None = None) -> pd.DataFrame:
         return self._frame(
             "SELECT * FROM gpu_samples WHERE ts >= ? AND ts <= ? ORDER BY ts",
+            (since, until if until is not None else 1e18),
+        )
+
+    def gpu_util(self, since: float, until: float | None = None) -> pd.DataFrame:
+        return self._frame(
+            "SELECT * FROM gpu_util WHERE ts >= ? AND ts <= ? ORDER BY ts",
             (since, until if until is not None else 1e18),
         )
 

@@ -96,3 +96,21 @@ def test_downsample_keeps_mean_and_caps_points():
     assert len(d) <= 5000
     assert d["busy"].mean() == pytest.approx(0.5, abs=0.01)
     assert analysis.downsample(df.head(10), 5000) is not None
+
+
+def test_nvml_vs_busy_correlates_a_matching_sawtooth():
+    # a 0.5 s period: 0.25 s busy, 0.25 s waiting; NVML samples every 1/6 s
+    df = steps_frame([0.25] * 40, [0.25] * 40)
+    start, end = analysis.span(df)
+    ts = np.arange(start + 0.5, end, 1 / 6)
+    b = analysis.busy_series(df, 0.01, start, end)
+    cum = np.concatenate([[0], np.cumsum(b["busy"] * 0.01)])
+    idx = ((ts - start) / 0.01).astype(int)
+    true = (cum[idx] - cum[idx - int(round((1 / 6) / 0.01))]) / (1 / 6)
+    util = pd.DataFrame({"ts": ts, "util_pct": true * 100})
+    r = analysis.nvml_vs_busy(util, df)
+    assert r["spacing_s"] == pytest.approx(1 / 6, rel=0.01)
+    assert r["correlation"] > 0.9 and r["pairs"] > 50
+    shuffled = util.assign(util_pct=np.random.default_rng(0).permutation(util["util_pct"]))
+    assert abs(analysis.nvml_vs_busy(shuffled, df)["correlation"]) < 0.5
+    assert analysis.nvml_vs_busy(util.head(2), df)["correlation"] is None

@@ -68,3 +68,37 @@ def test_stop_button_stops_the_run(app, db_path):
     # a reload does not restart what the user stopped
     app.run()
     assert not manager.is_alive()
+
+
+def test_gpu_panel_with_nvml(db_path, no_leaks, monkeypatch):
+    """With NVML (a scripted stand-in here) the page shows the GPU panel, NVML's utilization
+    beside device busy, and a selector when there are two GPUs."""
+    from monitor import collector as collector_mod
+    from monitor.gpu.nvml import NvmlBackend
+    from monitor.ui.resources import get_runtime
+    from tests import fake_nvml as fk
+
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setattr(collector_mod, "open_backend", lambda: NvmlBackend(fk.make(
+        [fk.FakeGpu(util=90.0), fk.FakeGpu(name="Fake B", util=5.0, uuid="GPU-b")])))
+    get_runtime.clear()
+    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=60)
+    try:
+        at.run()
+        time.sleep(2.0)  # a couple of collector passes
+        at.run()
+        assert not at.exception
+        assert any(h.value == "GPU (NVML)" for h in at.subheader)
+        assert at.selectbox(key="gpu_pick").options == ["GPU 0: Fake H200", "GPU 1: Fake B"]
+        charts = [c.proto.spec for c in at.get("plotly_chart")]
+        assert any("utilization (NVML)" in spec for spec in charts)
+        assert any("GPU 0 utilization (NVML)" in spec for spec in charts)
+        at.selectbox(key="gpu_pick").set_value(1).run()
+        assert not at.exception
+        charts = [c.proto.spec for c in at.get("plotly_chart")]
+        assert any("GPU 1 utilization (NVML)" in spec for spec in charts)
+    finally:
+        rt = get_runtime()
+        rt.manager.close()
+        rt.collector.stop()
+        get_runtime.clear()

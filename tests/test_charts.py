@@ -1,6 +1,7 @@
 """Figures are built without Streamlit: SVG traces, point caps, config markers."""
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -70,3 +71,22 @@ def test_empty_frames_still_draw():
     assert isinstance(charts.wait_compute_figure(empty), go.Figure)
     assert isinstance(charts.utilization_figure(busy_series(empty)), go.Figure)
     assert isinstance(charts.host_figure(pd.DataFrame()), go.Figure)
+
+
+def test_gpu_figure_shows_util_beside_sm_activity_and_process_share():
+    from monitor.gpu.nvml import _blank
+    from monitor.records import GpuSample
+
+    util = pd.DataFrame({"ts": [1000.0, 1000.2, 1000.4], "gpu": [0, 0, 1],
+                         "util_pct": [100.0, 100.0, 5.0]})
+    rows = [GpuSample(**{**_blank(1000.0 + i * 0.25, 0), "sm_active_pct": 30.0,
+                         "proc_sm_pct": 25.0, "power_w": 300.0}) for i in range(3)]
+    samples = pd.DataFrame([dataclasses.asdict(r) for r in rows])
+    fig = charts.gpu_figure(samples, util, 0, events_frame(), (999.0, 1002.0))
+    names = [t.name for t in fig.data]
+    assert "utilization (NVML)" in names and "SM activity (GPM) (%)" in names
+    assert "workload SM utilization (NVML, per process) (%)" in names
+    assert "power (W)" in names and "temperature (°C)" not in names  # all missing: no trace
+    util_trace = next(t for t in fig.data if t.name == "utilization (NVML)")
+    assert list(util_trace.y) == [100.0, 100.0]  # only GPU 0
+    assert _all_scatter_svg(fig)

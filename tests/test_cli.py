@@ -67,3 +67,25 @@ def test_help_explains_every_flag(tmp_path):
     for flag in ("--preset", "--num-workers", "--batch-size", "--prefetch-factor",
                  "--pin-memory", "--persistent-workers", "--seconds", "--json", "--db"):
         assert flag in r.stdout
+
+
+@pytest.mark.slow
+def test_measure_reports_nvml_utilization_when_present(store, no_leaks):
+    """gpu_util_mean/cv come from NVML's samples over the measured window (here a scripted
+    NVML reporting a flat 80%), and are None without NVML."""
+    from monitor.collector import Collector
+    from monitor.config import LoaderConfig
+    from monitor.gpu.nvml import NvmlBackend
+    from monitor.measure import measure
+    from tests import fake_nvml as fk
+
+    cfg = LoaderConfig.build(preset="healthy", batch_size=8, step_time_ms=10.0)
+    col = Collector(store, gpu=NvmlBackend(fk.make([fk.FakeGpu(util=80.0)]))).start()
+    try:
+        m = measure(store, cfg, 2.0, collector=col)
+    finally:
+        col.stop()
+    d = m.to_dict()
+    assert d["gpu_util_mean"] == pytest.approx(80.0) and d["gpu_util_cv"] == pytest.approx(0.0)
+    plain = measure(store, cfg, 1.0).to_dict()
+    assert plain["gpu_util_mean"] is None and plain["gpu_util_cv"] is None

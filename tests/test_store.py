@@ -6,7 +6,8 @@ import subprocess
 import sys
 import textwrap
 
-from monitor.records import GpuSample, HostSample, StepRecord
+from monitor.gpu.nvml import _blank
+from monitor.records import GpuSample, GpuUtilSample, HostSample, StepRecord
 from monitor.store import Store
 
 
@@ -33,12 +34,15 @@ def test_steps_window_query_returns_frames(store):
 def test_host_and_gpu_samples_round_trip(store):
     store.insert([HostSample(1.0, None, 50.0, "[40.0, 60.0]", 1000.0, 2000.0, 900.0, 1.0,
                              None, None, None, None, None)])
-    store.insert([GpuSample(1.0, 0, 97.0, 20.0, 100.0, 1000.0, "samples"),
-                  GpuSample(1.0, 1, None, None, None, None, "rates")])
+    store.insert([GpuUtilSample(1.0, 0, 97.0, "samples"), GpuUtilSample(1.1, 1, None, "rates")])
+    store.insert([GpuSample(**{**_blank(1.0, 0), "power_w": 300.0}),
+                  GpuSample(**{**_blank(1.0, 1), "lost": 1})])
     h = store.host_samples(0.0)
     assert h["cpu_total_pct"].iloc[0] == 50.0 and h["proc_rss_mb"].isna().all()
+    u = store.gpu_util(0.0)
+    assert list(u["gpu"]) == [0, 1] and u["util_pct"].isna().tolist() == [False, True]
     g = store.gpu_samples(0.0)
-    assert list(g["gpu"]) == [0, 1] and g["util_pct"].isna().tolist() == [False, True]
+    assert g["power_w"].tolist()[0] == 300.0 and g["lost"].tolist() == [0, 1]
 
 
 def test_finish_run_first_writer_wins(store):
@@ -75,11 +79,18 @@ def test_older_file_gains_new_columns(tmp_path):
     path = tmp_path / "old.db"
     conn = sqlite3.connect(path)
     conn.execute("CREATE TABLE gpu_samples (ts REAL, gpu INTEGER, util_pct REAL)")
+    conn.execute("CREATE TABLE runs (id INTEGER PRIMARY KEY AUTOINCREMENT, name TEXT NOT NULL,"
+                 " kind TEXT NOT NULL, config TEXT NOT NULL, accelerator TEXT,"
+                 " status TEXT NOT NULL, error TEXT, pid INTEGER, started_at REAL NOT NULL,"
+                 " ended_at REAL)")
     conn.commit()
     conn.close()
     s = Store(path)
-    s.insert([GpuSample(1.0, 0, 50.0, 10.0, 1.0, 2.0, "rates")])
-    assert s.gpu_samples(0.0)["source"].iloc[0] == "rates"
+    s.insert([GpuSample(**{**_blank(1.0, 0), "temp_c": 40.0})])
+    assert s.gpu_samples(0.0)["temp_c"].iloc[0] == 40.0
+    run = s.create_run("x", "managed", {})
+    s.update_run(run, device={"uuid": "GPU-1"})
+    assert s.run(run)["device"] == {"uuid": "GPU-1"}
 
 
 def test_concurrent_writer_process_and_reader(store):

@@ -134,7 +134,8 @@ class Runner:
     def run(self) -> str:
         """Train until stopped; returns the stop reason."""
         torch.manual_seed(0)
-        self.store.update_run(self.run_id, accelerator=self.accel.description, pid=os.getpid())
+        self.store.update_run(self.run_id, accelerator=self.accel.description, pid=os.getpid(),
+                              device=self.accel.device_info())
         self.store.add_event(self.run_id, "config", "start", self.config.to_dict())
         epoch = 0
         try:

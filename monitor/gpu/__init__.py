@@ -1,7 +1,7 @@
 """GPU backends. `open_backend()` returns NVML when it works, else a NoGpu that says why."""
 from __future__ import annotations
 
-from monitor.gpu.base import GpuBackend, GpuDevice
+from monitor.gpu.base import GpuBackend, GpuDevice, GpuPass, resolve_device, workload_gpu
 from monitor.gpu.none import NoGpu
 
 
@@ -15,4 +15,5 @@ def open_backend(nvml_module: object | None = None) -> GpuBackend:
     return NoGpu(backend.notice)
 
 
-__all__ = ["GpuBackend", "GpuDevice", "NoGpu", "open_backend"]
+__all__ = ["GpuBackend", "GpuDevice", "GpuPass", "NoGpu", "open_backend", "resolve_device",
+           "workload_gpu"]

@@ -1,8 +1,7 @@
 """The backend used when there is no usable GPU: no samples, and a notice that says why."""
 from __future__ import annotations
 
-from monitor.gpu.base import GpuDevice
-from monitor.records import GpuSample
+from monitor.gpu.base import GpuDevice, GpuPass
 
 
 class NoGpu:
@@ -14,8 +13,11 @@ class NoGpu:
     def devices(self) -> list[GpuDevice]:
         return []
 
-    def sample(self) -> list[GpuSample]:
-        return []
+    def watch_pids(self, pids: set[int]) -> None:
+        pass
+
+    def sample(self) -> GpuPass:
+        return GpuPass()
 
     def close(self) -> None:
         pass

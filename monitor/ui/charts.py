@@ -14,7 +14,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from monitor.analysis import downsample
-from monitor.records import HostSample, label
+from monitor.records import GpuSample, HostSample, label
 
 MAX_POINTS = 5000
 MEAN_WINDOW_S = 1.0
@@ -87,12 +87,13 @@ def utilization_figure(
         fig.add_trace(go.Scatter(x=to_time(m["t"]), y=m["busy"] * 100,
                                  name=f"device busy, {MEAN_WINDOW_S:g} s mean", mode="lines",
                                  line={"color": COLORS["busy"], "width": 2.5}))
-    if gpu is not None and not gpu.empty:
+    if gpu is not None and not gpu.empty:  # the gpu_util frame: every driver sample
         for idx, g in gpu.groupby("gpu"):
             g = downsample(g[["ts", "util_pct"]].rename(columns={"ts": "t"}), MAX_POINTS)
             fig.add_trace(go.Scatter(x=to_time(g["t"]), y=g["util_pct"],
                                      name=f"GPU {idx} utilization (NVML)", mode="lines",
-                                     line={"color": COLORS["gpu"], "width": 1.5}))
+                                     line={"color": COLORS["gpu"], "width": 1.5,
+                                           "shape": "hv"}))
     fig.update_yaxes(range=[-2, 105], ticksuffix="%")
     add_markers(fig, events)
     set_x_range(fig, x_range)
@@ -170,4 +171,47 @@ def host_figure(
     fig.update_layout(height=480, margin={"l": 50, "r": 10, "t": 40, "b": 30},
                       hovermode="x unified", uirevision="keep",
                       title={"text": "Host", "x": 0.01, "font": {"size": 14}})
+    return fig
+
+
+def gpu_figure(
+    samples: pd.DataFrame, util: pd.DataFrame, gpu: int, events: pd.DataFrame | None = None,
+    x_range: tuple[float, float] | None = None,
+) -> go.Figure:
+    """One GPU from NVML: utilization beside GPM SM activity/occupancy and the workload's own
+    SM share; memory and PCIe; power, clock and temperature."""
+    fig = make_subplots(rows=3, cols=1, shared_xaxes=True, vertical_spacing=0.07,
+                        subplot_titles=(f"GPU {gpu}: utilization vs SM activity (%)",
+                                        "memory (MB) and PCIe (MB/s)",
+                                        "power (W), SM clock (MHz), temperature (°C)"),
+                        specs=[[{}], [{"secondary_y": True}], [{"secondary_y": True}]])
+    u = util[util["gpu"] == gpu] if not util.empty else util
+    if not u.empty:
+        u = downsample(u[["ts", "util_pct"]], MAX_POINTS, "ts")
+        fig.add_trace(go.Scatter(x=to_time(u["ts"]), y=u["util_pct"], mode="lines",
+                                 name="utilization (NVML)", line={"color": COLORS["gpu"]}),
+                      row=1, col=1)
+    s = samples[samples["gpu"] == gpu] if not samples.empty else samples
+    if not s.empty:
+        cols = [c for c in ("ts", "sm_active_pct", "sm_occupancy_pct", "proc_sm_pct",
+                            "mem_used_mb", "pcie_rx_mbps", "pcie_tx_mbps", "power_w",
+                            "sm_clock_mhz", "temp_c") if c in s.columns]
+        s = downsample(s[cols].astype(float), MAX_POINTS, "ts")
+        x = to_time(s["ts"])
+        for name, row, secondary in (
+            ("sm_active_pct", 1, False), ("sm_occupancy_pct", 1, False),
+            ("proc_sm_pct", 1, False), ("mem_used_mb", 2, False), ("pcie_rx_mbps", 2, True),
+            ("pcie_tx_mbps", 2, True), ("power_w", 3, False), ("temp_c", 3, False),
+            ("sm_clock_mhz", 3, True),
+        ):
+            if name in s.columns and s[name].notna().any():
+                fig.add_trace(go.Scatter(x=x, y=s[name], mode="lines",
+                                         name=label(GpuSample, name)),
+                              row=row, col=1, secondary_y=secondary)
+    fig.update_yaxes(range=[0, 105], row=1, col=1)
+    add_markers(fig, events)
+    set_x_range(fig, x_range)
+    fig.update_layout(height=520, margin={"l": 50, "r": 10, "t": 40, "b": 30},
+                      hovermode="x unified", uirevision="keep",
+                      legend={"font": {"size": 10}})
     return fig

@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import streamlit as st
 
-from monitor.config import PRESETS, ConfigError, LoaderConfig, max_workers, usable_cores
+from monitor.config import (
+    MODEL_SIZES,
+    PRESETS,
+    ConfigError,
+    LoaderConfig,
+    max_workers,
+    usable_cores,
+)
 from monitor.session import SessionManager
 from workloads.presets import PRESET_SPECS
 
@@ -87,8 +94,11 @@ def render_controls(manager: SessionManager, simulated: bool) -> None:
         sb.slider("step time (ms, simulated)", 0, 500, key=_key("step_time_ms"), **args,
                   help="how long the simulated device is busy per batch")
     else:
-        sb.selectbox("model size (CUDA)", ("small", "medium", "large"), key=_key("model_size"),
-                     **args)
+        sb.selectbox("model size (CUDA)", MODEL_SIZES, key=_key("model_size"), **args,
+                     help="auto: a width-64 conv net repeated to take about the step time "
+                          "below; small/medium/large: fixed widths, one pass per step")
+        sb.slider("step time target (ms, model size auto)", 0, 500, key=_key("step_time_ms"),
+                  disabled=st.session_state[_key("model_size")] != "auto", **args)
     if st.session_state.get("config_error"):
         sb.error(st.session_state["config_error"])
     c1, c2 = sb.columns(2)

@@ -27,7 +27,8 @@ class View:
     steps: pd.DataFrame
     events: pd.DataFrame
     host: pd.DataFrame
-    gpu: pd.DataFrame
+    gpu: pd.DataFrame  # per-pass GPU samples
+    gpu_util: pd.DataFrame  # every NVML utilization sample
     start: float
     end: float
 
@@ -49,6 +50,7 @@ def load_view(
         events=store.events(run_id, since=start),
         host=store.host_samples(start, end),
         gpu=store.gpu_samples(start, end),
+        gpu_util=store.gpu_util(start, end),
         start=start, end=end,
     )
 
@@ -86,15 +88,19 @@ def render_verdict(summary: Summary) -> None:
     box(summary.verdict_text, icon={"starving": "⚠️", "healthy": "✅"}.get(summary.verdict))
 
 
-def render_charts(view: View, simulated: bool) -> None:
+def render_charts(view: View, simulated: bool, gpu: int | None = None) -> None:
+    """The four live charts; `gpu`: the NVML device shown beside device busy."""
     steps = view.steps[view.steps["ts"] >= view.start]
     busy = analysis.busy_series(steps, start=view.start, end=view.end)
     bin_s = max(1.0, (view.end - view.start) / charts.MAX_POINTS)
     thr = analysis.throughput_series(steps, bin_s)
     xr = (view.start, view.end)
+    util = view.gpu_util
+    if gpu is not None and not util.empty:
+        util = util[util["gpu"] == gpu]
     left, right = st.columns(2)
     with left:
-        st.plotly_chart(charts.utilization_figure(busy, view.gpu, view.events, simulated, xr),
+        st.plotly_chart(charts.utilization_figure(busy, util, view.events, simulated, xr),
                         key="chart_util", config=PLOT_CONFIG)
         st.plotly_chart(charts.throughput_figure(thr, view.events, xr), key="chart_thr",
                         config=PLOT_CONFIG)
@@ -117,3 +123,25 @@ def render_run_status(run: dict) -> None:
     else:
         reason = f": {run['error']}" if isinstance(run["error"], str) and run["error"] else ""
         st.info(f"Run {run['id']} {status}{reason}. Press Start to run again.")
+
+
+def render_gpu_panel(view: View, devices: list, default: int | None) -> int | None:
+    """The GPU panel: a device selector (the workload's GPU first) and NVML's readings.
+    Returns the selected NVML index."""
+    if not devices:
+        return None
+    indices = [d.index for d in devices]
+    names = {d.index: f"GPU {d.index}: {d.name}" + (" (workload)" if d.index == default else "")
+             for d in devices}
+    if st.session_state.get("gpu_pick") not in indices:
+        st.session_state["gpu_pick"] = default if default in indices else indices[0]
+    pick = st.selectbox("GPU", indices, format_func=names.get, key="gpu_pick") \
+        if len(indices) > 1 else indices[0]
+    lost = view.gpu[(view.gpu["gpu"] == pick) & (view.gpu["lost"] == 1)] \
+        if "lost" in view.gpu.columns else view.gpu.iloc[0:0]
+    if not lost.empty:
+        st.error(f"GPU {pick} was lost during the run (NVML: GPU is lost); the others go on.")
+    st.plotly_chart(charts.gpu_figure(view.gpu, view.gpu_util, pick, view.events,
+                                      (view.start, view.end)), key="chart_gpu",
+                    config=PLOT_CONFIG)
+    return pick

@@ -1,0 +1,56 @@
+"""The accelerator step: simulated timing, and the torch model step run on the CPU (the same
+code that runs on CUDA, minus the synchronize)."""
+from __future__ import annotations
+
+import time
+
+import torch
+
+from workloads.accelerator import SimulatedAccelerator, TorchAccelerator, make_accelerator
+
+
+def batch(n=8, size=16):
+    return torch.rand(n, 3, size, size), torch.randint(0, 10, (n,))
+
+
+def timed(acc, b, n=5) -> float:
+    t = time.perf_counter()
+    for _ in range(n):
+        acc.step(b)
+    return (time.perf_counter() - t) / n
+
+
+def test_simulated_holds_the_device_for_the_step_time():
+    acc = SimulatedAccelerator(30.0)
+    assert 0.025 < timed(acc, batch()) < 0.2
+    acc.configure(5.0, "auto")
+    assert timed(acc, batch()) < 0.1
+    assert "simulated accelerator" in acc.description and acc.device_info() is None
+
+
+def test_auto_model_is_calibrated_to_the_step_time():
+    torch.set_num_threads(1)
+    acc = TorchAccelerator("auto", 60.0, device="cpu")
+    b = batch()
+    acc.step(b)  # calibrates
+    assert acc.repeats is not None and acc.repeats >= 1
+    per = timed(acc, b, 3)
+    assert 0.02 < per < 0.3, per  # generous: a noisy 2-core machine
+    assert "passes/step" in acc.description and acc.device_info() is None
+
+
+def test_fixed_model_sizes_run_one_pass_and_learn():
+    acc = TorchAccelerator("small", 0.0, device="cpu")
+    assert acc.repeats == 1
+    x, y = batch(32)
+    before = [p.detach().clone() for p in acc.model.parameters()]
+    acc.step((x, y))
+    assert any(not torch.equal(a, p) for a, p in zip(before, acc.model.parameters(),
+                                                      strict=True))
+    acc.configure(0.0, "medium")
+    assert acc.model_size == "medium" and acc.repeats == 1
+
+
+def test_make_accelerator_forced_simulated(monkeypatch):
+    monkeypatch.setenv("STARVATION_MONITOR_SIMULATE", "1")
+    assert isinstance(make_accelerator(10.0, "auto"), SimulatedAccelerator)
