@@ -6,7 +6,10 @@ import os
 import streamlit as st
 
 from monitor.analysis import summarize
+from monitor.config import LoaderConfig, max_workers
+from monitor.diagnosis import diagnose, features
 from monitor.gpu import workload_gpu
+from monitor.host import cpu_budget
 from monitor.ui import panels
 from monitor.ui.controls import render_controls
 from monitor.ui.resources import get_runtime
@@ -46,6 +49,11 @@ if run_ids:
                                 key="selected_run")
 
 
+def apply_advice(param: str, value: object) -> None:
+    """Move the live settings (and so the sliders) to the advice."""
+    manager.reconfigure(manager.config.replace(**{param: value}))
+
+
 @st.fragment(run_every=1.0)
 def live() -> None:
     """Refreshes about once a second; reads the store only."""
@@ -62,13 +70,18 @@ def live() -> None:
     panels.render_run_status(view.run)
     kpi_steps, caption = panels.kpi_steps(view)
     summary = summarize(kpi_steps)
+    config = LoaderConfig.from_dict(view.run["config"])
+    dg = diagnose(features(kpi_steps, view.host, config, cpu_budget(), simulated),
+                  max_workers())
     workers_live = view.host["workers"].dropna().iloc[-1] if (
         not view.host.empty and view.host["workers"].notna().any()) else None
     cfg = view.run["config"]
     workers = f"{cfg['num_workers']}" + (f" / {int(workers_live)} live"
                                          if workers_live is not None else "")
-    panels.render_verdict(summary)
+    panels.render_verdict(dg)
     panels.render_kpis(summary, workers, caption)
+    live_now = run_id == manager.run_id and manager.is_alive()
+    panels.render_explain(dg, apply_advice if live_now else None)
     devices = rt.collector.gpu.devices()
     default_gpu = workload_gpu(devices, view.run.get("device"))
     gpu_pick = st.session_state.get("gpu_pick", default_gpu)

@@ -9,6 +9,7 @@ import json
 import sys
 
 from monitor.config import MODEL_SIZES, PRESETS, ConfigError, LoaderConfig, max_workers
+from monitor.diagnosis import BUDGET_ENV
 from monitor.store import ENV_VAR, Store, default_path
 
 
@@ -47,6 +48,12 @@ def _parser() -> argparse.ArgumentParser:
                    help="CUDA model: auto (default) repeats a width-64 net's pass to take about "
                         "the step time; small/medium/large are fixed widths, one pass per step "
                         "(ignored by the simulated accelerator)")
+    m.add_argument("--epoch-samples", type=int, default=None,
+                   help="samples per epoch (default: the preset's); short epochs show the "
+                        "cost of restarting workers at every epoch")
+    m.add_argument("--memory-budget-mb", type=float, default=None,
+                   help="judge memory pressure against this budget instead of the machine's "
+                        f"memory (also ${BUDGET_ENV})")
     m.add_argument("--seconds", type=float, default=10.0,
                    help="how long to measure after the first batch (default 10)")
     m.add_argument("--db", default=None,
@@ -70,13 +77,13 @@ def _measure(args: argparse.Namespace) -> int:
             else preset_batch_size(args.preset),
             prefetch_factor=args.prefetch_factor, pin_memory=args.pin_memory,
             persistent_workers=args.persistent_workers, step_time_ms=args.step_time_ms,
-            model_size=args.model_size,
+            model_size=args.model_size, epoch_samples=args.epoch_samples,
         )
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     store = Store(args.db)
-    result = measure(store, config, args.seconds)
+    result = measure(store, config, args.seconds, memory_budget_mb=args.memory_budget_mb)
     s = result.summary
     if args.json:
         print(json.dumps(result.to_dict()))
@@ -89,7 +96,15 @@ def _measure(args: argparse.Namespace) -> int:
             cv = f"{result.gpu_util_cv:.2f}" if result.gpu_util_cv is not None else "–"
             print(f"  GPU util (NVML)   {result.gpu_util_mean:.1f}% (CV {cv})"
                   + (f" on GPU {result.gpu}" if result.gpu is not None else ""))
-        print(f"  {s.verdict_text}")
+        dg = result.diagnosis
+        if dg is not None:
+            print(f"  verdict: {dg.verdict}. {dg.headline}")
+            if dg.bound.get("text"):
+                print(f"  bound: {dg.bound['text']}")
+            for i, a in enumerate(dg.advice, 1):
+                print(f"  advice {i}: {a.reason}")
+        else:
+            print(f"  {s.verdict_text}")
         if result.error:
             print(f"  error: {result.error}")
     if result.status == "failed":

@@ -139,6 +139,59 @@ def series_stats(values: pd.Series) -> tuple[float | None, float | None]:
     return mean, (float(v.std(ddof=0)) / mean if mean > 0 else None)
 
 
+def idle_gaps(steps: pd.DataFrame, min_gap_s: float = 0.005) -> tuple[int, float | None]:
+    """(count, median seconds) of device-idle gaps between consecutive compute intervals
+    longer than `min_gap_s` (shorter ones are the loop's own overhead)."""
+    if len(steps) < 2:
+        return 0, None
+    s = steps.sort_values("ts")
+    ends = (s["ts"] + s["compute_s"]).to_numpy()[:-1]
+    gaps = s["ts"].to_numpy()[1:] - ends
+    gaps = gaps[gaps >= min_gap_s]
+    return int(len(gaps)), (float(np.median(gaps)) if len(gaps) else None)
+
+
+def sawtooth(busy: pd.DataFrame, bin_s: float = BUSY_BIN_S) -> tuple[float | None, float]:
+    """(dominant period in seconds, duty cycle) of the busy series.
+
+    The period is the lag of the highest autocorrelation peak after the first zero crossing
+    (None for a flat line or no repeating pattern, peak below 0.2); the duty cycle is the
+    busy mean."""
+    x = busy["busy"].to_numpy(dtype=float)
+    duty = float(x.mean()) if len(x) else float("nan")
+    if len(x) < 8 or x.std() < 0.05:
+        return None, duty
+    x = x - x.mean()
+    n = len(x)
+    f = np.fft.rfft(x, 2 * n)
+    ac = np.fft.irfft(f * np.conj(f))[: n // 2]
+    ac = ac / ac[0]
+    below = np.nonzero(ac < 0)[0]
+    if not len(below):
+        return None, duty
+    start = below[0]
+    lag = start + int(np.argmax(ac[start:]))
+    if ac[lag] < 0.2:
+        return None, duty
+    return lag * bin_s, duty
+
+
+def epoch_stalls(steps: pd.DataFrame) -> tuple[int, float, float | None]:
+    """(epoch starts seen, seconds lost at them, median time to first batch).
+
+    An epoch's first wait includes starting its workers and filling the prefetch queue; what
+    it costs beyond a typical step's wait is lost to every epoch."""
+    if steps.empty or "epoch" not in steps.columns:
+        return 0, 0.0, None
+    typical = float(steps["wait_s"].median())
+    first = steps.sort_values("ts").groupby("epoch")["wait_s"].first()
+    epochs = steps.groupby("epoch")["step"].min()
+    starts = first[epochs.index[epochs.index > steps["epoch"].min()]] if len(first) > 1 \
+        else first.iloc[0:0]  # the window's first epoch may have started before it
+    lost = float(np.clip(starts - typical, 0, None).sum())
+    return int(len(starts)), lost, (float(starts.median()) if len(starts) else None)
+
+
 def nvml_vs_busy(util: pd.DataFrame, steps: pd.DataFrame) -> dict[str, float | None]:
     """Compare NVML's utilization samples with the step-derived busy series.
 

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 from dataclasses import dataclass
 from typing import Any
 
+from monitor.host import usable_cores
 from workloads.presets import PRESET_SPECS
 
 PRESETS: tuple[str, ...] = tuple(PRESET_SPECS)
@@ -24,43 +24,6 @@ MODEL_SIZES: tuple[str, ...] = ("auto", "small", "medium", "large")
 
 class ConfigError(ValueError):
     """An invalid setting; the message says which one and what to do."""
-
-
-def _cgroup_cpu_limit(root: str = "/sys/fs/cgroup") -> float | None:
-    """CPUs granted by the cgroup's CPU quota (v2 cpu.max, else v1), or None when unlimited."""
-    try:
-        with open(os.path.join(root, "cpu.max")) as f:
-            quota, period = f.read().split()[:2]
-        if quota != "max":
-            return int(quota) / int(period)
-        return None
-    except (OSError, ValueError):
-        pass
-    try:
-        with open(os.path.join(root, "cpu", "cpu.cfs_quota_us")) as f:
-            quota_us = int(f.read())
-        with open(os.path.join(root, "cpu", "cpu.cfs_period_us")) as f:
-            period_us = int(f.read())
-        if quota_us > 0 and period_us > 0:
-            return quota_us / period_us
-    except (OSError, ValueError):
-        pass
-    return None
-
-
-def usable_cores(cgroup_root: str = "/sys/fs/cgroup") -> int:
-    """Cores this process may really use: CPU affinity, capped by the cgroup quota.
-
-    `os.cpu_count()` counts the host's cores, which overstates what a container may run.
-    """
-    try:
-        n = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        n = os.cpu_count() or 1
-    limit = _cgroup_cpu_limit(cgroup_root)
-    if limit is not None:
-        n = min(n, max(1, int(limit + 0.999)))
-    return max(1, n)
 
 
 def max_workers() -> int:
@@ -85,6 +48,7 @@ class LoaderConfig:
     persistent_workers: bool = False
     step_time_ms: float | None = None  # simulated accelerator; None: the preset's default
     model_size: str = "auto"  # CUDA model: "auto" repeats a pass to take ~step_time_ms
+    epoch_samples: int | None = None  # samples per epoch; None: the preset's
 
     def __post_init__(self) -> None:
         if self.preset not in PRESETS:
@@ -138,6 +102,13 @@ class LoaderConfig:
                     f"step_time_ms={self.step_time_ms} is out of range: use 0 to "
                     f"{MAX_STEP_TIME_MS:g} ms"
                 )
+        if self.epoch_samples is not None and (
+                isinstance(self.epoch_samples, bool) or not isinstance(self.epoch_samples, int)
+                or self.epoch_samples < self.batch_size):
+            raise ConfigError(
+                f"epoch_samples={self.epoch_samples!r} must be a whole number of samples, at "
+                f"least one batch ({self.batch_size}); leave it unset for the preset's epoch"
+            )
         if self.model_size not in MODEL_SIZES:
             raise ConfigError(
                 f"unknown model_size {self.model_size!r}: choose one of {', '.join(MODEL_SIZES)}"

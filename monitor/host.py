@@ -7,10 +7,12 @@ style rule 4), so tests can point the sampler at a stand-in.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
@@ -19,6 +21,84 @@ import psutil as _psutil
 from monitor.records import HostSample
 
 MB = 1024 * 1024
+USS_EVERY = 8
+
+
+@dataclass(frozen=True, slots=True)
+class CpuBudget:
+    """The CPUs a workload may really use: `os.cpu_count()` counts the host's cores, which
+    overstates what a container may run.
+
+    affinity: cores in this process's CPU affinity mask; quota: cores granted by the cgroup's
+    CPU quota (cpu.max, or cfs_quota_us/cfs_period_us on v1), None when unlimited; usable: the
+    whole cores that leaves; throttled: the share of CFS periods in which the cgroup was
+    throttled so far (None when unknown): high means the quota, not the cores, is the limit.
+    """
+
+    affinity: int
+    quota: float | None
+    usable: int
+    throttled: float | None
+    throttled_s: float | None
+
+
+def _read(path: str) -> str | None:
+    try:
+        with open(path) as f:
+            return f.read()
+    except OSError:
+        return None
+
+
+def _stat_fields(text: str | None) -> dict[str, int]:
+    out = {}
+    for line in (text or "").splitlines():
+        parts = line.split()
+        if len(parts) == 2 and parts[1].lstrip("-").isdigit():
+            out[parts[0]] = int(parts[1])
+    return out
+
+
+def cgroup_cpu_quota(root: str = "/sys/fs/cgroup") -> float | None:
+    """CPUs granted by the cgroup's CPU quota (v2 cpu.max, else v1), or None when unlimited."""
+    v2 = _read(os.path.join(root, "cpu.max"))
+    if v2 is not None:
+        try:
+            quota, period = v2.split()[:2]
+            return None if quota == "max" else int(quota) / int(period)
+        except ValueError:
+            return None
+    q = _read(os.path.join(root, "cpu", "cpu.cfs_quota_us"))
+    p = _read(os.path.join(root, "cpu", "cpu.cfs_period_us"))
+    try:
+        quota_us, period_us = int(q or ""), int(p or "")
+    except ValueError:
+        return None
+    return quota_us / period_us if quota_us > 0 and period_us > 0 else None
+
+
+def cpu_budget(root: str = "/sys/fs/cgroup", affinity: int | None = None) -> CpuBudget:
+    """Affinity, cgroup quota and throttling (v2 cpu.stat, else v1 cpu/cpu.stat)."""
+    if affinity is None:
+        try:
+            affinity = len(os.sched_getaffinity(0))
+        except (AttributeError, OSError):
+            affinity = os.cpu_count() or 1
+    quota = cgroup_cpu_quota(root)
+    usable = max(1, min(affinity, int(quota + 0.999)) if quota is not None else affinity)
+    stat = _stat_fields(_read(os.path.join(root, "cpu.stat")))
+    throttled_s = stat["throttled_usec"] / 1e6 if "throttled_usec" in stat else None
+    if not stat:
+        stat = _stat_fields(_read(os.path.join(root, "cpu", "cpu.stat")))
+        if "throttled_time" in stat:
+            throttled_s = stat["throttled_time"] / 1e9
+    periods, thr = stat.get("nr_periods"), stat.get("nr_throttled")
+    throttled = thr / periods if periods and thr is not None else None
+    return CpuBudget(affinity, quota, usable, throttled, throttled_s)
+
+
+def usable_cores(root: str = "/sys/fs/cgroup") -> int:
+    return cpu_budget(root).usable
 
 
 def _safe(fn: Callable[[], Any], default: Any = None) -> Any:
@@ -45,12 +125,15 @@ class HostSampler:
         self._pid: int | None = None
         self._run_id: int | None = None
         self._procs: dict[int, Any] = {}  # cpu_percent needs the same object between calls
+        self._passes = 0
+        self._uss: float | None = None
         psutil.cpu_percent(percpu=True)  # prime: the first call has nothing to compare with
 
     def watch(self, pid: int | None, run_id: int | None) -> None:
         with self._lock:
             self._pid, self._run_id = pid, run_id
             self._procs = {}
+            self._passes, self._uss = 0, None
 
     def _proc(self, pid: int) -> Any:
         p = self._procs.get(pid)
@@ -89,6 +172,10 @@ class HostSampler:
             proc_rss = _safe(lambda: main.memory_info().rss / MB) if main else None
             w_cpu = [_safe(lambda w=w: w.cpu_percent(None)) for w in workers]
             w_rss = [_safe(lambda w=w: w.memory_info().rss / MB) for w in workers]
+            if self._passes % USS_EVERY == 0:  # USS reads smaps: costly, so 1 pass in 8
+                uss = [_safe(lambda w=w: w.memory_full_info().uss / MB) for w in workers]
+                self._uss = sum(u for u in uss if u is not None) if main else None
+            self._passes += 1
             return HostSample(
                 ts=self.clock(),
                 run_id=self._run_id,
@@ -103,4 +190,5 @@ class HostSampler:
                 workers=len(workers) if main else None,
                 workers_cpu_pct=sum(c for c in w_cpu if c is not None) if main else None,
                 workers_rss_mb=sum(r for r in w_rss if r is not None) if main else None,
+                workers_uss_mb=self._uss if main else None,
             )

@@ -7,8 +7,10 @@ from typing import Any
 
 from monitor.analysis import Summary, series_stats, span, steady_state, summarize
 from monitor.collector import Collector
-from monitor.config import LoaderConfig
+from monitor.config import LoaderConfig, max_workers
+from monitor.diagnosis import Diagnosis, diagnose, features
 from monitor.gpu import workload_gpu
+from monitor.host import cpu_budget
 from monitor.session import SessionManager
 from monitor.store import Store
 
@@ -30,10 +32,18 @@ class Measurement:
     gpu: int | None = None  # NVML index the workload ran on
     gpu_util_mean: float | None = None  # NVML utilization over the same window, 0..100
     gpu_util_cv: float | None = None
+    diagnosis: Diagnosis | None = None
 
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {"run_id": self.run_id, "status": self.status}
         d.update(self.summary.to_dict())
+        if self.diagnosis is not None:
+            dg = self.diagnosis
+            d.update(verdict=dg.verdict, verdict_text=dg.headline,
+                     bound={"throughput": dg.bound.get("throughput"),
+                            "limit": dg.bound.get("limit"), "text": dg.bound.get("text"),
+                            "predicted_now": dg.bound.get("predicted_now")},
+                     advice=[a.to_dict() for a in dg.advice], evidence=dg.evidence)
         d.update({"gpu": self.gpu, "gpu_util_mean": self.gpu_util_mean,
                   "gpu_util_cv": self.gpu_util_cv})
         d.update({"error": self.error, "accelerator": self.accelerator,
@@ -43,7 +53,7 @@ class Measurement:
 
 def measure(
     store: Store, config: LoaderConfig, seconds: float, collector: Collector | None = None,
-    name: str | None = None,
+    name: str | None = None, memory_budget_mb: float | None = None,
 ) -> Measurement:
     """Run `config` for `seconds` (plus the time to the first batch), then stop and
     summarise the steady state. The run stays in the store."""
@@ -73,9 +83,16 @@ def measure(
         if gpu is not None:
             util = util[util["gpu"] == gpu]
         mean, cv = series_stats(util["util_pct"])
+    dg = None
+    if not steps.empty:
+        start, end = span(steps)
+        simulated = not (run.get("accelerator") or "").startswith("CUDA")
+        f = features(steps, store.host_samples(start, end), config, cpu_budget(), simulated,
+                     memory_budget_mb)
+        dg = diagnose(f, max_workers())
     return Measurement(
         run_id=run_id, status=run.get("status", "unknown"), error=run.get("error"),
         accelerator=run.get("accelerator"), config=config, summary=summarize(steps),
-        gpu=gpu, gpu_util_mean=mean, gpu_util_cv=cv,
+        gpu=gpu, gpu_util_mean=mean, gpu_util_cv=cv, diagnosis=dg,
     )
 

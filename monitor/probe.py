@@ -58,6 +58,7 @@ class Probe:
         self._last_control_id = 0
         self.step = 0
         self.config_seq = 0
+        self.copy_s: float | None = None  # set by a CUDA step: its host-to-device copy
         self.current_iterator: Iterator[Any] | None = None
 
     def wall(self, t: float) -> float:
@@ -85,8 +86,9 @@ class Probe:
             self._buffer.append(StepRecord(
                 run_id=self.run_id, step=self.step, epoch=epoch, ts=self.wall(t1),
                 wait_s=t1 - t0, compute_s=t2 - t1, samples=batch_len(batch),
-                config_seq=self.config_seq,
+                config_seq=self.config_seq, copy_s=self.copy_s,
             ))
+            self.copy_s = None
             self.step += 1
             if t2 - self._last_flush >= self.flush_interval:
                 self.flush()

@@ -9,9 +9,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+_REQUIRED: Any = object()
 
-def col(label: str, unit: str = "") -> Any:
-    return field(metadata={"label": label, "unit": unit})
+
+def col(label: str, unit: str = "", default: Any = _REQUIRED) -> Any:
+    meta = {"label": label, "unit": unit}
+    if default is _REQUIRED:
+        return field(metadata=meta)
+    return field(default=default, metadata=meta)
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,6 +32,7 @@ class StepRecord:
     compute_s: float = col("compute", "s")
     samples: int = col("samples in batch")
     config_seq: int = col("config generation")
+    copy_s: float | None = col("host-to-device copy (CUDA)", "s", default=None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +52,7 @@ class HostSample:
     workers: int | None = col("DataLoader workers")
     workers_cpu_pct: float | None = col("workers CPU", "%")
     workers_rss_mb: float | None = col("workers RSS", "MB")
+    workers_uss_mb: float | None = col("workers USS", "MB", default=None)
 
 
 @dataclass(frozen=True, slots=True)

@@ -3,14 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from monitor.config import (
-    ConfigError,
-    LoaderConfig,
-    _cgroup_cpu_limit,
-    describe_change,
-    max_workers,
-    usable_cores,
-)
+from monitor.config import ConfigError, LoaderConfig, describe_change, max_workers
+from monitor.host import usable_cores
 
 
 def test_defaults_are_the_starving_preset_without_workers():
@@ -64,16 +58,5 @@ def test_change_labels_name_each_changed_field():
     assert describe_change(None, a) == "start"
 
 
-def test_usable_cores_respects_cgroup_quota(tmp_path):
-    (tmp_path / "cpu.max").write_text("150000 100000\n")
-    assert _cgroup_cpu_limit(str(tmp_path)) == 1.5
-    assert usable_cores(str(tmp_path)) <= 2
-    (tmp_path / "cpu.max").write_text("max 100000\n")
-    assert _cgroup_cpu_limit(str(tmp_path)) is None
-    v1 = tmp_path / "v1"
-    (v1 / "cpu").mkdir(parents=True)
-    (v1 / "cpu" / "cpu.cfs_quota_us").write_text("100000")
-    (v1 / "cpu" / "cpu.cfs_period_us").write_text("100000")
-    assert _cgroup_cpu_limit(str(v1)) == 1.0
-    assert usable_cores(str(v1)) == 1
+def test_max_workers_is_twice_the_usable_cores():
     assert max_workers() == 2 * usable_cores()

@@ -68,3 +68,54 @@ def test_failing_field_degrades_to_none():
     rec = s.sample()
     assert rec.ts == 42.0 and rec.cpu_total_pct == 20.0
     assert rec.mem_used_mb is None and rec.shm_used_mb is None and rec.workers is None
+
+
+def _files(root, files: dict[str, str]):
+    for rel, text in files.items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return str(root)
+
+
+def test_cpu_budget_cgroup_v2_quota_and_throttling(tmp_path):
+    from monitor.host import cpu_budget
+
+    root = _files(tmp_path, {
+        "cpu.max": "150000 100000\n",
+        "cpu.stat": "usage_usec 9000000\nuser_usec 8000000\nsystem_usec 1000000\n"
+                    "nr_periods 200\nnr_throttled 50\nthrottled_usec 2500000\n",
+    })
+    b = cpu_budget(root, affinity=8)
+    assert (b.affinity, b.quota, b.usable) == (8, 1.5, 2)
+    assert b.throttled == 0.25 and b.throttled_s == 2.5
+
+
+def test_cpu_budget_cgroup_v2_unlimited(tmp_path):
+    from monitor.host import cpu_budget
+
+    root = _files(tmp_path, {"cpu.max": "max 100000\n", "cpu.stat": "usage_usec 1\n"})
+    b = cpu_budget(root, affinity=4)
+    assert (b.quota, b.usable, b.throttled) == (None, 4, None)
+
+
+def test_cpu_budget_cgroup_v1(tmp_path):
+    from monitor.host import cpu_budget
+
+    root = _files(tmp_path, {
+        "cpu/cpu.cfs_quota_us": "100000\n", "cpu/cpu.cfs_period_us": "100000\n",
+        "cpu/cpu.stat": "nr_periods 10\nnr_throttled 9\nthrottled_time 3000000000\n",
+    })
+    b = cpu_budget(root, affinity=16)
+    assert (b.quota, b.usable) == (1.0, 1)
+    assert b.throttled == 0.9 and b.throttled_s == 3.0
+    v1_unlimited = _files(tmp_path / "u", {"cpu/cpu.cfs_quota_us": "-1\n",
+                                          "cpu/cpu.cfs_period_us": "100000\n"})
+    assert cpu_budget(v1_unlimited, affinity=2).usable == 2
+
+
+def test_cpu_budget_without_cgroup_files_uses_affinity(tmp_path):
+    from monitor.host import cpu_budget
+
+    b = cpu_budget(str(tmp_path / "none"), affinity=3)
+    assert (b.usable, b.quota, b.throttled, b.throttled_s) == (3, None, None, None)

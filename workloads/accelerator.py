@@ -49,11 +49,13 @@ class SimulatedAccelerator:
     def device_info(self) -> dict[str, Any] | None:
         return None
 
-    def step(self, batch: Any) -> None:
+    def step(self, batch: Any) -> float | None:
+        """Returns the host-to-device copy time (None: there is no device memory here)."""
         x = _first_tensor(batch)
         if x is not None:  # touch the batch, as a host-to-device copy would read it
             float(x.reshape(-1)[:: max(1, x.numel() // 1024)].sum())
         time.sleep(self.step_time_s)
+        return None
 
 
 class ConvNet(nn.Module):
@@ -151,17 +153,28 @@ class TorchAccelerator:
         per = (time.perf_counter() - t0) / 3
         return max(1, round(self.step_time_ms / 1000.0 / max(per, 1e-6)))
 
-    def step(self, batch: Any) -> None:
+    def step(self, batch: Any) -> float | None:
+        """Copy, train, synchronize. Returns the host-to-device copy time: on CUDA measured
+        with events around the copies (pageable memory makes non_blocking copies
+        synchronous, which is what transfer-bound looks like), else None."""
         x = _first_tensor(batch)
         y = batch[1] if isinstance(batch, (list, tuple)) and len(batch) > 1 else None
-        x = x.to(self.device, non_blocking=True).float()
         y = (torch.as_tensor(y) if y is not None else torch.zeros(len(x), dtype=torch.long))
+        cuda = self.device.type == "cuda"
+        if cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(
+                enable_timing=True)
+            start.record()
+        x = x.to(self.device, non_blocking=True).float()
         y = y.to(self.device, non_blocking=True).long() % 10
+        if cuda:
+            end.record()
         if self.repeats is None:
             self.repeats = self._calibrate(x, y)
         for _ in range(self.repeats):
             self._train_pass(x, y)
         self._sync()
+        return start.elapsed_time(end) / 1000.0 if cuda else None
 
 
 def make_accelerator(step_time_ms: float, model_size: str, in_channels: int = 3):

@@ -15,6 +15,9 @@ class PresetSpec:
     step_time_ms: float  # default simulated accelerator step
     batch_size: int
     length: int  # samples per epoch
+    # Each DataLoader worker "opens its shard index" once when it starts (modelled storage
+    # latency, in worker_init_fn): what persistent_workers saves at every epoch start.
+    worker_init_s: float = 0.3
 
 
 PRESET_SPECS: dict[str, PresetSpec] = {

@@ -34,7 +34,7 @@ from monitor.config import ConfigError, LoaderConfig, describe_change
 from monitor.probe import Probe
 from monitor.store import Store
 from workloads.accelerator import make_accelerator
-from workloads.synthetic import PRESET_SPECS, make_dataset
+from workloads.synthetic import PRESET_SPECS, make_dataset, worker_init
 
 MAX_ERROR_CHARS = 4000
 
@@ -81,7 +81,11 @@ class Runner:
         return cfg.step_time_ms if cfg.step_time_ms is not None else self.spec.step_time_ms
 
     def _build_loader(self) -> DataLoader:
-        return DataLoader(self.dataset, shuffle=True, drop_last=True, **self.config.loader_kwargs())
+        self.dataset.length = self.config.epoch_samples
+        kw = self.config.loader_kwargs()
+        if self.config.num_workers > 0:
+            kw["worker_init_fn"] = worker_init
+        return DataLoader(self.dataset, shuffle=True, drop_last=True, **kw)
 
     def _close_loader(self) -> None:
         shutdown_iterator(self.probe.current_iterator)
@@ -143,7 +147,7 @@ class Runner:
             while self.stop_reason is None:
                 # One pass = one epoch; it ends early for a stop or a loader rebuild.
                 for batch in self.probe.iterate(self.loader, epoch, self._between_steps):
-                    self.accel.step(batch)
+                    self.probe.copy_s = self.accel.step(batch)
                 epoch += 1
                 if self.stop_reason is None and self.pending is not None:
                     self._close_loader()

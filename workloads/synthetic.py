@@ -38,12 +38,13 @@ class SyntheticImages(Dataset):
         self.spec = spec
         self.seed = seed
         self.fail_at = fail_at  # fault injection: the fail_at-th sample loaded raises
+        self.length: int | None = None  # epoch length override (LoaderConfig.epoch_samples)
         self._loaded = 0
         self.payload = _payload(spec.shape, seed)
         self.kernel = torch.full((spec.shape[0], 1, 3, 3), 1.0 / 9.0)
 
     def __len__(self) -> int:
-        return self.spec.length
+        return self.length if self.length is not None else self.spec.length
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
         if not 0 <= index < len(self):
@@ -69,6 +70,14 @@ class SyntheticImages(Dataset):
             x = F.conv2d(crop.unsqueeze(0), self.kernel, padding=1, groups=c).squeeze(0)
             x = (x - x.mean()) / (x.std() + 1e-6) * 0.25 + 0.5
         return x.contiguous(), index % 10
+
+
+def worker_init(worker_id: int) -> None:
+    """Each worker opens its shard index once (modelled as storage latency)."""
+    info = torch.utils.data.get_worker_info()
+    spec = getattr(info.dataset, "spec", None) if info is not None else None
+    if spec is not None and spec.worker_init_s:
+        time.sleep(spec.worker_init_s)
 
 
 def make_dataset(preset: str, seed: int = 0) -> SyntheticImages:

@@ -38,10 +38,11 @@ def _sync_from(config: LoaderConfig) -> None:
     st.session_state["_synced"] = config
 
 
-def _read() -> LoaderConfig:
+def _read(base: LoaderConfig) -> LoaderConfig:
+    """The widgets' values over `base` (which keeps settings the sidebar does not show)."""
     s = st.session_state
     nw = int(s[_key("num_workers")])
-    return LoaderConfig.build(
+    return base.replace(
         preset=s[_key("preset")], num_workers=nw, batch_size=int(s[_key("batch_size")]),
         prefetch_factor=int(s[_key("prefetch_factor")]) if nw > 0 else None,
         pin_memory=bool(s[_key("pin_memory")]),
@@ -52,7 +53,7 @@ def _read() -> LoaderConfig:
 
 def _on_change(manager: SessionManager) -> None:
     try:
-        cfg = _read()
+        cfg = _read(manager.config)
     except ConfigError as exc:
         st.session_state["config_error"] = str(exc)
         return
@@ -104,7 +105,7 @@ def render_controls(manager: SessionManager, simulated: bool) -> None:
     c1, c2 = sb.columns(2)
     if c1.button("Start", type="primary", disabled=manager.is_alive(), key="start"):
         try:
-            manager.start(_read())
+            manager.start(_read(manager.config))
         except ConfigError as exc:
             st.session_state["config_error"] = str(exc)
         st.rerun()

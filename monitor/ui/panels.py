@@ -3,19 +3,23 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import pandas as pd
 import streamlit as st
 
 from monitor import analysis
 from monitor.analysis import Summary
+from monitor.diagnosis import SLIDER_PARAMS, Diagnosis
 from monitor.store import Store
 from monitor.ui import charts
 
 WINDOWS = {"30 s": 30.0, "1 min": 60.0, "5 min": 300.0, "15 min": 900.0, "whole run": None}
 KPI_SECONDS = 10.0  # the KPI row reads the last 10 s, or less since the last config change
 MIN_KPI_STEPS = 5
+SETTLE_S = 1.0  # after a change: new workers start and fill their queues
 PLOT_CONFIG = {"displaylogo": False, "responsive": True}
 
 
@@ -56,14 +60,17 @@ def load_view(
 
 
 def kpi_steps(view: View) -> tuple[pd.DataFrame, str]:
-    """The steps the KPI row summarises, and a caption saying which."""
+    """The steps the KPI row and the diagnosis read, and a caption saying which: the last
+    10 s, or less when the settings changed since (skipping SETTLE_S of worker start-up)."""
     steps = view.steps[view.steps["ts"] >= view.end - KPI_SECONDS]
     cfg = view.events[view.events["kind"] == "config"]
     if not cfg.empty and len(cfg) > 1:
         since = float(cfg["ts"].iloc[-1])
-        after = steps[steps["ts"] - steps["wait_s"] >= since]
-        if len(after) >= MIN_KPI_STEPS:
-            return after, f"{view.end - since:.0f} s since the last change"
+        if since > view.end - KPI_SECONDS:
+            after = steps[steps["ts"] - steps["wait_s"] >= since + SETTLE_S]
+            if len(after) >= MIN_KPI_STEPS:
+                return after, f"{view.end - since:.0f} s since the last change"
+            return after.iloc[0:0], "settling after the last change"
     return steps, f"last {KPI_SECONDS:.0f} s"
 
 
@@ -83,9 +90,68 @@ def render_kpis(summary: Summary, workers_now: str, caption: str) -> None:
     st.caption(f"KPIs over the {caption} ({summary.steps} steps).")
 
 
-def render_verdict(summary: Summary) -> None:
-    box = {"starving": st.error, "healthy": st.success}.get(summary.verdict, st.info)
-    box(summary.verdict_text, icon={"starving": "⚠️", "healthy": "✅"}.get(summary.verdict))
+def render_verdict(dg: Diagnosis) -> None:
+    """The verdict banner: green when fed, amber for advice, red when starving."""
+    if dg.verdict == "healthy":
+        st.success(f"**healthy** · {dg.headline}", icon="✅")
+    elif dg.verdict == "no data":
+        st.info(dg.headline)
+    else:
+        st.error(f"**{dg.verdict}** · {dg.headline}", icon="⚠️")
+
+
+EVIDENCE = [  # (key, label, format)
+    ("data_wait_share", "data-wait share", "{:.1%}"),
+    ("throughput", "throughput (samples/s)", "{:,.0f}"),
+    ("busy_mean", "device busy, mean", "{:.1%}"),
+    ("busy_cv", "device busy, CV", "{:.2f}"),
+    ("idle_gaps", "idle gaps ≥ 5 ms", "{}"),
+    ("idle_gap_median_s", "idle gap, median (s)", "{:.3f}"),
+    ("period_s", "sawtooth period (s)", "{:.2f}"),
+    ("duty_cycle", "duty cycle", "{:.1%}"),
+    ("wait_per_step_s", "data wait per step (s)", "{:.3f}"),
+    ("compute_per_step_s", "compute per step (s)", "{:.3f}"),
+    ("epoch_starts", "epoch starts", "{}"),
+    ("epoch_stall_share", "time lost at epoch starts", "{:.1%}"),
+    ("first_batch_s", "time to first batch (s)", "{:.2f}"),
+    ("cpu_busy_fraction", "host CPU busy (of usable cores)", "{:.0%}"),
+    ("main_cpu_cores", "main process CPU (cores)", "{:.2f}"),
+    ("workers_cpu_cores", "workers CPU (cores)", "{:.2f}"),
+    ("cpu_per_sample_s", "loading CPU per sample (ms)", "ms"),
+    ("wall_per_sample_s", "loading wall per sample, one loader (ms)", "ms"),
+    ("loading_cpu_per_wall", "loading CPU / wall", "{:.2f}"),
+    ("usable_cores", "usable cores (affinity, cgroup quota)", "{}"),
+    ("cpu_throttled", "cgroup periods throttled", "{:.0%}"),
+    ("memory_fraction", "memory used (of budget)", "{:.0%}"),
+    ("worker_rss_mb", "RSS per worker (MB)", "{:,.0f}"),
+    ("worker_uss_mb", "USS per worker (MB)", "{:,.0f}"),
+    ("copy_share", "host-to-device copy / compute", "{:.0%}"),
+]
+
+
+def _fmt(v: Any, spec: str) -> str:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "–"
+    if spec == "ms":
+        return f"{v * 1000:.2f}"
+    return spec.format(v)
+
+
+def render_explain(dg: Diagnosis, on_apply: Callable[[str, Any], None] | None) -> None:
+    """The bound, the advice (with an Apply button for the first loader change), and the
+    evidence numbers behind the verdict."""
+    if dg.bound.get("text"):
+        st.markdown(f"**Bound:** {dg.bound['text']}")
+    for i, a in enumerate(dg.advice, 1):
+        st.markdown(f"{i}. {a.reason}")
+    first = next((a for a in dg.advice if a.param in SLIDER_PARAMS), None)
+    if first is not None and on_apply is not None and st.button(
+            f"Apply: {first.param} = {first.value}", key="apply_advice", type="primary"):
+        on_apply(first.param, first.value)
+        st.rerun()  # the whole page, so the sidebar's sliders move to the new settings
+    with st.expander("Explain: the numbers behind the verdict"):
+        rows = [(label, _fmt(dg.evidence.get(key), spec)) for key, label, spec in EVIDENCE]
+        st.table(pd.DataFrame(rows, columns=["measure", "value"]).set_index("measure"))
 
 
 def render_charts(view: View, simulated: bool, gpu: int | None = None) -> None:

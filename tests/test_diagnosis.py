@@ -1,0 +1,199 @@
+"""The bound model and the verdicts on constructed measurements (deterministic)."""
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pandas as pd
+import pytest
+
+from monitor.config import LoaderConfig
+from monitor.diagnosis import (
+    BoundModel,
+    Features,
+    best_workers,
+    diagnose,
+    features,
+    fit_bound,
+)
+from monitor.host import CpuBudget
+from tests.test_analysis import steps_frame
+
+BUDGET = CpuBudget(affinity=2, quota=None, usable=2, throttled=None, throttled_s=None)
+
+
+def feat(cfg: LoaderConfig | None = None, **kw) -> Features:
+    cfg = cfg or LoaderConfig.build()
+    base = dict(
+        config=cfg.to_dict(), simulated=True, steps=100, seconds=10.0, throughput=200.0,
+        data_wait_share=0.6, busy_mean=0.4, busy_cv=1.0, idle_gaps=50, idle_gap_median_s=0.09,
+        period_s=0.15, duty_cycle=0.4, epoch_starts=0, epoch_stall_s=0.0,
+        epoch_stall_share=0.0, first_batch_s=None, wait_per_step_s=0.09,
+        compute_per_step_s=0.06, copy_share=None, host_cpu_cores=1.0, main_cpu_cores=0.9,
+        workers_cpu_cores=None, workers_live=0, other_cpu_cores=0.05,
+        cpu_per_sample_s=0.0028, wall_per_sample_s=0.003, usable_cores=2, cpu_quota=None,
+        cpu_throttled=None, mem_total_mb=24000.0, mem_available_mb=20000.0,
+        memory_budget_mb=None, workload_mem_mb=500.0, worker_rss_mb=None, worker_uss_mb=None,
+    )
+    base.update(kw)
+    return Features(**base)
+
+
+# -- the bound model -----------------------------------------------------------------------
+
+def test_num_workers_0_alternates_loading_and_compute():
+    m = BoundModel(cpu_s=0.002, latency_s=0.0, device_s=0.06, batch_size=32,
+                   device_scales=False, overhead_s=0.001, cores=1.9)
+    thr, limit = m.predict(0)
+    assert thr == pytest.approx(32 / (32 * 0.002 + 0.06)) and limit == "main process"
+
+
+def test_workers_device_and_cores_bounds():
+    m = BoundModel(cpu_s=0.004, latency_s=0.0, device_s=0.06, batch_size=32,
+                   device_scales=False, overhead_s=0.001, cores=1.9)
+    assert m.predict(1) == (pytest.approx(250.0), "workers")
+    thr, limit = m.predict(8)
+    assert limit == "cores" and thr == pytest.approx(1.9 / 0.004)
+    fast = dataclasses.replace(m, cpu_s=0.0005)
+    assert fast.predict(2) == (pytest.approx(32 / 0.061), "device")
+
+
+def test_storage_latency_lets_workers_beyond_cores_help():
+    m = BoundModel(cpu_s=0.0004, latency_s=0.004, device_s=0.03, batch_size=32,
+                   device_scales=False, overhead_s=0.001, cores=1.9)
+    assert m.predict(4)[0] > 1.9 * m.predict(2)[0]
+    assert best_workers(m, 4) == 4
+
+
+def test_gpu_device_time_scales_with_batch_size():
+    m = BoundModel(cpu_s=1e-5, latency_s=0.0, device_s=0.02, batch_size=32,
+                   device_scales=True, overhead_s=0.0, cores=8)
+    assert m.predict(4, 64)[0] == pytest.approx(m.predict(4, 32)[0])
+    sim = dataclasses.replace(m, device_scales=False)
+    assert sim.predict(4, 64)[0] == pytest.approx(2 * sim.predict(4, 32)[0])
+
+
+def test_fit_separates_cpu_from_storage_and_contention():
+    io = fit_bound(feat(cpu_per_sample_s=0.0005, wall_per_sample_s=0.0045))
+    assert io.latency_s == pytest.approx(0.004) and io.cpu_s == 0.0005
+    cfg4 = LoaderConfig.build(num_workers=4)
+    # four CPU-bound workers on two cores: each sample's wall time is CPU time stretched 2x
+    crowded = fit_bound(feat(cfg4, cpu_per_sample_s=0.004, wall_per_sample_s=0.0082,
+                             main_cpu_cores=0.05, other_cpu_cores=0.0))
+    assert crowded.latency_s < 0.0005
+    assert fit_bound(feat(cpu_per_sample_s=None)) is None
+
+
+# -- verdicts -----------------------------------------------------------------------------
+
+def test_starving_advises_workers_with_a_prediction():
+    dg = diagnose(feat())
+    assert dg.verdict == "starving"
+    a = dg.advice[0]
+    assert a.param == "num_workers" and a.value == 2
+    assert a.predicted_throughput > 1.5 * 200
+    assert "predicted at num_workers=2" in dg.bound["text"]
+    assert dg.bound["limit"] == "main process"
+
+
+def test_healthy_below_threshold():
+    dg = diagnose(feat(data_wait_share=0.03))
+    assert dg.verdict == "healthy" and not dg.advice
+
+
+def test_cpu_bound_never_advises_more_workers():
+    cfg = LoaderConfig.build(num_workers=2)
+    dg = diagnose(feat(cfg, host_cpu_cores=1.95, workers_cpu_cores=1.9, main_cpu_cores=0.05,
+                       cpu_per_sample_s=0.0075, wall_per_sample_s=0.0079))
+    assert dg.verdict == "cpu-bound"
+    assert all(a.param != "num_workers" for a in dg.advice)
+    assert dg.bound["limit"] == "cores"
+
+
+def test_io_bound_advises_workers_beyond_cores():
+    dg = diagnose(feat(host_cpu_cores=0.3, main_cpu_cores=0.2, cpu_per_sample_s=0.0005,
+                       wall_per_sample_s=0.0045))
+    assert dg.verdict == "io-bound"
+    assert dg.advice[0].param == "num_workers" and dg.advice[0].value > 2
+
+
+def test_oversubscribed_advises_the_core_count():
+    cfg = LoaderConfig.build(num_workers=4)
+    dg = diagnose(feat(cfg, host_cpu_cores=2.0, workers_cpu_cores=1.95, main_cpu_cores=0.05,
+                       cpu_per_sample_s=0.009, wall_per_sample_s=0.019))
+    assert dg.verdict == "oversubscribed"
+    assert dg.advice[0].param == "num_workers" and dg.advice[0].value == 2
+
+
+def test_epoch_stall_advises_persistent_workers():
+    cfg = LoaderConfig.build(num_workers=2)
+    dg = diagnose(feat(cfg, epoch_starts=5, epoch_stall_s=2.0, epoch_stall_share=0.2,
+                       first_batch_s=0.45, workers_cpu_cores=0.6, main_cpu_cores=0.1))
+    assert dg.verdict == "epoch-stall"
+    assert dg.advice[0].param == "persistent_workers" and dg.advice[0].value is True
+    assert dg.advice[0].predicted_throughput == pytest.approx(200 * 10 / 8)
+    persistent = LoaderConfig.build(num_workers=2, persistent_workers=True)
+    assert diagnose(feat(persistent, epoch_starts=5, epoch_stall_s=2.0,
+                         epoch_stall_share=0.2)).verdict != "epoch-stall"
+
+
+def test_memory_pressure_under_a_budget():
+    cfg = LoaderConfig.build(num_workers=4, prefetch_factor=4)
+    dg = diagnose(feat(cfg, memory_budget_mb=1000.0, workload_mem_mb=950.0,
+                       worker_uss_mb=150.0, workers_cpu_cores=1.0))
+    assert dg.verdict == "memory-pressure"
+    params = [a.param for a in dg.advice]
+    assert params[:2] == ["prefetch_factor", "num_workers"]
+    assert dg.advice[1].value == 2 and "300 MB" in dg.advice[1].reason
+
+
+def test_transfer_bound_on_a_gpu_advises_pin_memory():
+    dg = diagnose(feat(simulated=False, copy_share=0.45))
+    assert dg.verdict == "transfer-bound" and dg.advice[0].param == "pin_memory"
+    pinned = LoaderConfig.build(pin_memory=True)
+    assert diagnose(feat(pinned, simulated=False, copy_share=0.45)).verdict != "transfer-bound"
+
+
+def test_no_data():
+    assert diagnose(feat(steps=0, data_wait_share=float("nan"))).verdict == "no data"
+
+
+# -- features from frames ---------------------------------------------------------------------
+
+def host_frame(t0: float, t1: float, proc: float, workers: float | None, n_workers: int,
+               total: float):
+    ts = [t0 + i * 0.25 for i in range(int((t1 - t0) / 0.25) + 1)]
+    return pd.DataFrame({
+        "ts": ts, "cpu_total_pct": total, "cpu_per_core": json.dumps([total, total]),
+        "proc_cpu_pct": proc, "workers_cpu_pct": workers, "workers": n_workers,
+        "proc_rss_mb": 400.0, "workers_rss_mb": 200.0 * n_workers,
+        "workers_uss_mb": 50.0 * n_workers, "shm_used_mb": 10.0, "mem_total_mb": 24000.0,
+        "mem_available_mb": 20000.0,
+    })
+
+
+def test_features_derive_loading_costs_from_frames():
+    steps = steps_frame([0.09] * 50, [0.06] * 50)
+    steps["epoch"] = 0
+    steps["step"] = range(50)
+    t0, t1 = float(steps["ts"].min() - 0.09), float(steps["ts"].max() + 0.06)
+    host = host_frame(t0, t1, proc=60.0, workers=None, n_workers=0, total=32.0)
+    f = features(steps, host, LoaderConfig.build(), BUDGET)
+    assert f.data_wait_share == pytest.approx(0.6)
+    assert f.wall_per_sample_s == pytest.approx(0.09 / 32)
+    assert f.cpu_per_sample_s == pytest.approx(0.6 * 7.5 / 1600, rel=0.02)
+    assert f.period_s == pytest.approx(0.15, abs=0.05)
+    assert f.idle_gaps == 49 and f.idle_gap_median_s == pytest.approx(0.09)
+    assert f.host_cpu_cores == pytest.approx(0.64)
+    assert f.workload_mem_mb == pytest.approx(400.0)
+    assert diagnose(f).verdict == "starving"
+
+
+def test_epoch_starts_are_measured():
+    waits = ([0.5] + [0.01] * 9) * 4
+    steps = steps_frame(waits, [0.05] * 40)
+    steps["epoch"] = [i // 10 for i in range(40)]
+    steps["step"] = range(40)
+    f = features(steps, pd.DataFrame(), LoaderConfig.build(num_workers=2), BUDGET)
+    assert f.epoch_starts == 3 and f.epoch_stall_s == pytest.approx(3 * 0.49)
+    assert f.first_batch_s == pytest.approx(0.5)
