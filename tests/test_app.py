@@ -102,3 +102,22 @@ def test_gpu_panel_with_nvml(db_path, no_leaks, monkeypatch):
         rt.manager.close()
         rt.collector.stop()
         get_runtime.clear()
+
+
+def test_apply_moves_the_sliders_to_the_advice(app):
+    from monitor.ui.resources import get_runtime
+
+    app.run()
+    manager = get_runtime().manager
+    assert manager.wait_for_steps(25, timeout=90)
+    time.sleep(1.5)  # host samples for the window
+    app.run()
+    assert not app.exception
+    assert any("starving" in e.value for e in app.error), [e.value for e in app.error]
+    apply = app.button(key="apply_advice")
+    assert apply.label.startswith("Apply: num_workers = ")
+    advised = int(apply.label.rsplit("=", 1)[1])
+    apply.click().run()
+    assert not app.exception
+    assert manager.config.num_workers == advised >= 1
+    assert app.sidebar.slider(key="cfg_num_workers").value == advised

@@ -29,7 +29,9 @@ def test_measure_json_last_line_has_the_summary(tmp_path, no_leaks):
                 "device_busy_cv", "steps", "verdict"):
         assert key in out
     assert out["steps"] > 5 and out["throughput"] > 0
-    assert 0 <= out["data_wait_share"] <= 1 and out["verdict"] in ("healthy", "starving")
+    assert 0 <= out["data_wait_share"] <= 1 and out["verdict"] == "healthy"
+    assert set(out["bound"]) >= {"throughput", "limit"} and out["bound"]["limit"] == "device"
+    assert isinstance(out["advice"], list)
     assert out["status"] == "stopped" and db.exists()
 
     from monitor.store import Store
