@@ -1,16 +1,59 @@
-"""Command line: python -m monitor {measure} ...
+"""Command line: python -m monitor {measure, sweep, tune} ...
 
 measure: run a managed workload without the UI, record it to the store, print a summary.
+sweep:   measure every configuration of a grid; print results, the best and the knee.
+tune:    adaptive search for a configuration near the grid's best, in a fraction of its time.
 """
 from __future__ import annotations
 
 import argparse
+import csv
 import json
+import signal
 import sys
+from typing import Any
 
 from monitor.config import MODEL_SIZES, PRESETS, ConfigError, LoaderConfig, max_workers
 from monitor.diagnosis import BUDGET_ENV
 from monitor.store import ENV_VAR, Store, default_path
+
+
+def _workload_options() -> argparse.ArgumentParser:
+    w = argparse.ArgumentParser(add_help=False)
+    w.add_argument("--preset", choices=PRESETS, default="starving",
+                   help="synthetic workload (default: starving)")
+    w.add_argument("--batch-size", type=int, default=None,
+                   help="samples per batch (default: the preset's)")
+    w.add_argument("--step-time-ms", type=float, default=None,
+                   help="device time per step: the simulated accelerator's, or the CUDA "
+                        "model's target with --model-size auto (default: the preset's)")
+    w.add_argument("--model-size", choices=MODEL_SIZES, default="auto",
+                   help="CUDA model: auto (default) repeats a width-64 net's pass to take about "
+                        "the step time; small/medium/large are fixed widths, one pass per step "
+                        "(ignored by the simulated accelerator)")
+    w.add_argument("--epoch-samples", type=int, default=None,
+                   help="samples per epoch (default: the preset's); short epochs show the "
+                        "cost of restarting workers at every epoch")
+    w.add_argument("--memory-budget-mb", type=float, default=None,
+                   help="judge memory against this budget instead of the machine's memory "
+                        f"(also ${BUDGET_ENV})")
+    w.add_argument("--db", default=None,
+                   help=f"SQLite store (default: ${ENV_VAR} or {default_path()})")
+    w.add_argument("--json", action="store_true",
+                   help="print one JSON object as the last line of stdout")
+    return w
+
+
+def _loader_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--num-workers", type=int, default=0,
+                   help=f"DataLoader worker processes; 0 loads in the main process "
+                        f"(this machine: up to {max_workers()} on the slider)")
+    p.add_argument("--prefetch-factor", type=int, default=None,
+                   help="batches loaded ahead per worker (needs --num-workers >= 1; default 2)")
+    p.add_argument("--pin-memory", action="store_true",
+                   help="copy batches into page-locked memory (faster host-to-GPU copies)")
+    p.add_argument("--persistent-workers", action="store_true",
+                   help="keep workers alive between epochs (needs --num-workers >= 1)")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -19,70 +62,79 @@ def _parser() -> argparse.ArgumentParser:
         description="Starvation Monitor: is the GPU starved by its input pipeline?",
     )
     sub = p.add_subparsers(dest="command", required=True)
+    common = _workload_options()
     m = sub.add_parser(
-        "measure",
+        "measure", parents=[common],
         help="run a managed workload for a while and print throughput and data-wait share",
         description=(
             "Run a synthetic workload with the given DataLoader settings, record it to the "
             "store as a run, and summarise its steady state (the first fifth of the run, at "
-            "most 2 s, is discarded as warm-up). Without CUDA the accelerator is simulated."
+            "most 2 s, is discarded as warm-up): throughput, data-wait share, device busy, "
+            "the verdict, the bound and advice. Without CUDA the accelerator is simulated."
         ),
     )
-    m.add_argument("--preset", choices=PRESETS, default="starving",
-                   help="synthetic workload (default: starving)")
-    m.add_argument("--num-workers", type=int, default=0,
-                   help=f"DataLoader worker processes; 0 loads in the main process "
-                        f"(this machine: up to {max_workers()} on the slider)")
-    m.add_argument("--batch-size", type=int, default=None,
-                   help="samples per batch (default: the preset's)")
-    m.add_argument("--prefetch-factor", type=int, default=None,
-                   help="batches loaded ahead per worker (needs --num-workers >= 1; default 2)")
-    m.add_argument("--pin-memory", action="store_true",
-                   help="copy batches into page-locked memory (faster host-to-GPU copies)")
-    m.add_argument("--persistent-workers", action="store_true",
-                   help="keep workers alive between epochs (needs --num-workers >= 1)")
-    m.add_argument("--step-time-ms", type=float, default=None,
-                   help="device time per step: the simulated accelerator's, or the CUDA "
-                        "model's target with --model-size auto (default: the preset's)")
-    m.add_argument("--model-size", choices=MODEL_SIZES, default="auto",
-                   help="CUDA model: auto (default) repeats a width-64 net's pass to take about "
-                        "the step time; small/medium/large are fixed widths, one pass per step "
-                        "(ignored by the simulated accelerator)")
-    m.add_argument("--epoch-samples", type=int, default=None,
-                   help="samples per epoch (default: the preset's); short epochs show the "
-                        "cost of restarting workers at every epoch")
-    m.add_argument("--memory-budget-mb", type=float, default=None,
-                   help="judge memory pressure against this budget instead of the machine's "
-                        f"memory (also ${BUDGET_ENV})")
+    _loader_options(m)
     m.add_argument("--seconds", type=float, default=10.0,
                    help="how long to measure after the first batch (default 10)")
-    m.add_argument("--db", default=None,
-                   help=f"SQLite store (default: ${ENV_VAR} or {default_path()})")
-    m.add_argument("--json", action="store_true",
-                   help="print one JSON object as the last line of stdout")
+    s = sub.add_parser(
+        "sweep", parents=[common],
+        help="measure every configuration of a grid and name the best and the knee",
+        description=(
+            "Run each configuration of the grid as its own run: warm-up discarded, the steady "
+            "state cut into windows, median and spread of throughput reported with data-wait "
+            "share, device busy and peak RSS. Configurations predicted not to fit in memory "
+            "are skipped with the reason. The knee is the cheapest configuration within 3%% "
+            "of the best. Ctrl-C stops after cleaning up; finished results are kept."
+        ),
+    )
+    _loader_options(s)
+    s.add_argument("--param", action="append", default=[], metavar="NAME=V1,V2,...",
+                   help="a swept setting, repeatable: num_workers=0,1,2,4 "
+                        "prefetch_factor=1,2,4 batch_size=32,64 pin_memory=off,on "
+                        "persistent_workers=off,on (default: num_workers=0,1,2,...,2x cores)")
+    s.add_argument("--seconds-per-config", type=float, default=8.0,
+                   help="measured seconds per configuration after its first batch (default 8)")
+    s.add_argument("--windows", type=int, default=3,
+                   help="windows the steady state is cut into for median and spread (3)")
+    s.add_argument("--csv", metavar="FILE", default=None, help="also write the results as CSV")
+    t = sub.add_parser(
+        "tune", parents=[common],
+        help="adaptive search: near the grid's best in a fraction of its time",
+        description=(
+            "Measure the starting settings, jump to the bound model's predicted knee, then "
+            "step num_workers (and prefetch_factor once) until no step gains 3%%. Each "
+            "configuration is a run in the store."
+        ),
+    )
+    _loader_options(t)
+    t.add_argument("--seconds-per-config", type=float, default=8.0,
+                   help="measured seconds per configuration (default 8)")
+    t.add_argument("--budget-seconds", type=float, default=None,
+                   help="stop trying new configurations after this long")
+    t.add_argument("--max-workers", type=int, default=None,
+                   help=f"largest num_workers to try (default {max_workers()}: 2x usable cores)")
     return p
 
 
-def _measure(args: argparse.Namespace) -> int:
-    from monitor.measure import measure
+def _config(args: argparse.Namespace) -> LoaderConfig:
     from workloads.presets import preset_batch_size
+
+    return LoaderConfig(
+        preset=args.preset, num_workers=args.num_workers,
+        batch_size=args.batch_size if args.batch_size is not None
+        else preset_batch_size(args.preset),
+        prefetch_factor=args.prefetch_factor, pin_memory=args.pin_memory,
+        persistent_workers=args.persistent_workers, step_time_ms=args.step_time_ms,
+        model_size=args.model_size, epoch_samples=args.epoch_samples,
+    )
+
+
+def _measure(args: argparse.Namespace, config: LoaderConfig, store: Store) -> int:
+    from monitor.measure import measure
 
     if args.seconds <= 0:
         print("error: --seconds must be positive, e.g. --seconds 10", file=sys.stderr)
         return 2
-    try:
-        config = LoaderConfig(
-            preset=args.preset, num_workers=args.num_workers,
-            batch_size=args.batch_size if args.batch_size is not None
-            else preset_batch_size(args.preset),
-            prefetch_factor=args.prefetch_factor, pin_memory=args.pin_memory,
-            persistent_workers=args.persistent_workers, step_time_ms=args.step_time_ms,
-            model_size=args.model_size, epoch_samples=args.epoch_samples,
-        )
-    except ConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    store = Store(args.db)
     result = measure(store, config, args.seconds, memory_budget_mb=args.memory_budget_mb)
     s = result.summary
     if args.json:
@@ -114,10 +166,139 @@ def _measure(args: argparse.Namespace) -> int:
     return 0
 
 
+def _runner(args: argparse.Namespace, store: Store) -> Any:
+    from monitor.collector import Collector
+    from monitor.session import SessionManager
+    from monitor.sweep import Runner
+
+    if args.seconds_per_config <= 0:
+        raise ConfigError("--seconds-per-config must be positive, e.g. 8")
+    collector = Collector(store).start()
+    manager = SessionManager(store, on_start=collector.watch)
+    return Runner(store, collector, manager, args.seconds_per_config,
+                  getattr(args, "windows", 3), args.memory_budget_mb)
+
+
+def _close(runner: Any) -> None:
+    runner.cancel.set()
+    runner.manager.close()
+    runner.collector.stop()
+
+
+def _print_results(results: list) -> None:
+    print(f"{'num_workers':>11} {'prefetch':>8} {'batch':>5} {'pin':>3} {'pers':>4}"
+          f"{'samples/s':>11} {'spread':>7} {'wait':>6} {'busy':>6} {'peak MB':>8}  status")
+    for r in results:
+        c = r.config
+        num = (f"{r.throughput:>11.1f} {r.throughput_spread or 0:>7.1%} "
+               f"{r.data_wait_share or 0:>6.2f} {r.device_busy_mean or 0:>6.2f} "
+               f"{r.peak_rss_mb or 0:>8.0f}") if r.throughput else f"{'':>43}"
+        print(f"{c.num_workers:>11} {c.prefetch_factor or '-':>8} {c.batch_size:>5} "
+              f"{'on' if c.pin_memory else 'off':>3} {'on' if c.persistent_workers else 'off':>4}"
+              f"{num}  {r.status}{': ' + r.reason if r.reason else ''}")
+
+
+def _sweep(args: argparse.Namespace, base: LoaderConfig, store: Store) -> int:
+    from monitor.sweep import find_knee, grid, parse_param
+
+    params: dict[str, list] = {}
+    try:
+        for text in args.param:
+            name, values = parse_param(text)
+            params[name] = values
+        if not params:
+            params["num_workers"] = list(range(0, max_workers() + 1))
+        configs = grid(base, params)
+    except (ValueError, ConfigError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    runner = _runner(args, store)
+    state = None
+    try:
+        print(f"sweeping {len(configs)} configurations, {args.seconds_per_config:g} s each",
+              file=sys.stderr)
+        state = runner.sweep(configs)
+    finally:
+        _close(runner)
+    results = state.results
+    knee = find_knee(results)
+    if args.csv:
+        with open(args.csv, "w", newline="") as f:
+            rows = [r.to_dict() for r in results]
+            flat = [{**row.pop("config"), **row} for row in rows]
+            writer = csv.DictWriter(f, fieldnames=list(flat[0]) if flat else ["status"])
+            writer.writeheader()
+            writer.writerows(flat)
+    out = {
+        "results": [r.to_dict() for r in results],
+        "best": _point(knee.best) if knee else None,
+        "knee": {**_point(knee.knee), "text": knee.text} if knee else None,
+        "seconds": state.seconds, "error": state.error,
+    }
+    if args.json:
+        print(json.dumps(out))
+    else:
+        _print_results(results)
+        print(f"knee: {knee.text}" if knee else "no configuration measured")
+    return 1 if state.error else 0
+
+
+def _point(r: Any) -> dict:
+    return {"config": r.to_dict()["config"], "throughput": r.throughput, "run_id": r.run_id,
+            "data_wait_share": r.data_wait_share, "peak_rss_mb": r.peak_rss_mb}
+
+
+def _tune(args: argparse.Namespace, base: LoaderConfig, store: Store) -> int:
+    runner = _runner(args, store)
+    try:
+        state = runner.tune(base, args.max_workers or max_workers(), args.budget_seconds)
+    finally:
+        _close(runner)
+    best = state.best
+    out = {"best": best["config"] if best else None,
+           "throughput": best["throughput"] if best else None,
+           "run_id": best["run_id"] if best else None,
+           "configs_tried": len(state.results), "seconds": state.seconds,
+           "tried": [r.to_dict() for r in state.results], "error": state.error}
+    if args.json:
+        print(json.dumps(out))
+    else:
+        _print_results(state.results)
+        if best:
+            c = best["config"]
+            print(f"best: num_workers={c['num_workers']} prefetch_factor={c['prefetch_factor']}"
+                  f" batch_size={c['batch_size']}: {best['throughput']:.1f} samples/s "
+                  f"({len(state.results)} configurations, {state.seconds:.0f} s)")
+    return 1 if state.error or not best else 0
+
+
+def _sigterm(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt  # unwinds through the finally blocks that stop workloads
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    if args.command == "measure":
-        return _measure(args)
+    signal.signal(signal.SIGTERM, _sigterm)
+    try:
+        config = _config(args)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    store = Store(args.db)
+    try:
+        if args.command == "measure":
+            return _measure(args, config, store)
+        if args.command == "sweep":
+            return _sweep(args, config, store)
+        if args.command == "tune":
+            return _tune(args, config, store)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted: workloads stopped, finished runs kept in the store",
+              file=sys.stderr)
+        return 130
     return 2
 
 

@@ -3,10 +3,13 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -91,3 +94,58 @@ def test_measure_reports_nvml_utilization_when_present(store, no_leaks):
     assert d["gpu_util_mean"] == pytest.approx(80.0) and d["gpu_util_cv"] == pytest.approx(0.0)
     plain = measure(store, cfg, 1.0).to_dict()
     assert plain["gpu_util_mean"] is None and plain["gpu_util_cv"] is None
+
+
+@pytest.mark.slow
+def test_short_real_sweep_json_and_csv(tmp_path, no_leaks):
+    db, out_csv = tmp_path / "s.db", tmp_path / "s.csv"
+    r = cli("sweep", "--preset", "healthy", "--step-time-ms", "10", "--batch-size", "8",
+            "--param", "num_workers=0,1", "--seconds-per-config", "2", "--windows", "2",
+            "--json", "--csv", str(out_csv), db=db)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert [x["config"]["num_workers"] for x in out["results"]] == [0, 1]
+    for x in out["results"]:
+        assert x["status"] == "ok" and x["throughput"] > 0 and x["peak_rss_mb"] > 0
+        assert x["throughput_spread"] is not None and 0 <= x["data_wait_share"] <= 1
+    assert out["best"]["throughput"] == max(x["throughput"] for x in out["results"])
+    assert "text" in out["knee"] and out["seconds"] > 0
+    assert out_csv.read_text().splitlines()[0].startswith("num_workers,")
+
+    from monitor.store import Store
+
+    runs = Store(db).runs()
+    assert len(runs) == 2 and set(runs["status"]) == {"stopped"}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_sweep_stopped_midway_leaves_nothing_behind(tmp_path, no_leaks, sig):
+    db = tmp_path / "s.db"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "STARVATION_MONITOR_SIMULATE": "1"}
+    p = subprocess.Popen([sys.executable, "-m", "monitor", "sweep", "--preset", "starving",
+                          "--param", "num_workers=0,2,1", "--seconds-per-config", "4",
+                          "--db", str(db)], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    from monitor.store import Store
+
+    store = None
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:  # until the second configuration is running
+        if db.exists():
+            store = store or Store(db)
+            runs = store.runs()
+            if len(runs) >= 2 and len(store.steps(int(runs["id"].iloc[0]))) >= 3:
+                break
+        time.sleep(0.3)
+    kids = psutil.Process(p.pid).children(recursive=True)
+    assert len(kids) >= 3  # the workload and its two workers
+    p.send_signal(sig)
+    _, err = p.communicate(timeout=60)
+    assert p.returncode == 130, err
+    assert "interrupted" in err
+    gone, alive = psutil.wait_procs(kids, timeout=20)
+    assert not alive
+    runs = store.runs()
+    assert len(runs) == 2 and "running" not in set(runs["status"])
+    assert store.integrity_ok()

@@ -25,6 +25,7 @@ import os
 import signal
 import sys
 import traceback
+import warnings
 from typing import Any
 
 import torch
@@ -162,6 +163,9 @@ class Runner:
 def main(store_path: str, run_id: int, config: dict[str, Any], parent_pid: int) -> None:
     """Process entry: run, then record how the run ended (see the NOTE above)."""
     signal.signal(signal.SIGTERM, _sigterm)
+    # More workers than cores is a setting we measure (io-bound loaders gain from it) and
+    # diagnose (oversubscribed), not one to warn about on every loader rebuild.
+    warnings.filterwarnings("ignore", message="This DataLoader will create")
     store = Store(store_path)
     try:
         cfg = LoaderConfig.from_dict(config)

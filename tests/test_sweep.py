@@ -1,0 +1,135 @@
+"""Sweep and autotune on synthetic response surfaces (deterministic), and the knee."""
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from monitor.config import LoaderConfig
+from monitor.sweep import (
+    ConfigResult,
+    SweepState,
+    autotune,
+    find_knee,
+    grid,
+    memory_fits,
+    parse_param,
+    run_sweep,
+)
+
+BASE = LoaderConfig.build(preset="starving")
+
+
+def surface(kind: str):
+    """Throughput as a function of the settings, like the presets on a 2-core machine."""
+    def thr(cfg: LoaderConfig) -> float:
+        n, pf = cfg.num_workers, cfg.prefetch_factor or 2
+        if kind == "starving":  # two workers feed the device; beyond, contention
+            base = {0: 190, 1: 300, 2: 470, 3: 465, 4: 440}.get(n, 400)
+        elif kind == "io-bound":  # workers beyond cores keep helping
+            base = {0: 165, 1: 200, 2: 390, 3: 580, 4: 760}.get(n, 780)
+        elif kind == "cpu-bound":  # plateau at the core count
+            base = {0: 130, 1: 150, 2: 240, 3: 236, 4: 225}.get(n, 220)
+        else:
+            raise ValueError(kind)
+        return base * (1.0 + 0.01 * (pf - 2))  # prefetch barely matters
+    return thr
+
+
+def fake_measure(kind: str, log: list):
+    thr = surface(kind)
+
+    def measure(cfg: LoaderConfig) -> ConfigResult:
+        log.append(cfg)
+        t = thr(cfg)
+        advised = {"starving": 2, "io-bound": 4, "cpu-bound": 2}[kind] if cfg.num_workers == 0 \
+            else None
+        return ConfigResult(cfg, run_id=len(log), throughput=t, throughput_spread=0.02,
+                            data_wait_share=max(0.0, 1 - t / 800), device_busy_mean=t / 800,
+                            peak_rss_mb=300 + 200 * cfg.num_workers, seconds=10.0,
+                            advised_workers=advised)
+    return measure
+
+
+def test_parse_param():
+    assert parse_param("num_workers=0,1,2,4") == ("num_workers", [0, 1, 2, 4])
+    assert parse_param("pin-memory=off,on") == ("pin_memory", [False, True])
+    assert parse_param("batch_size=32,32,64") == ("batch_size", [32, 64])
+    for bad in ("num_workers", "workers=1,2", "num_workers=a", "pin_memory=maybe"):
+        with pytest.raises(ValueError, match="--param"):
+            parse_param(bad)
+
+
+def test_grid_collapses_settings_that_do_not_apply():
+    configs = grid(BASE, {"num_workers": [0, 1, 2], "prefetch_factor": [1, 2, 4]})
+    assert len(configs) == 1 + 2 * 3
+    zero = [c for c in configs if c.num_workers == 0]
+    assert len(zero) == 1 and zero[0].prefetch_factor is None
+
+
+def test_knee_names_the_cheapest_near_the_best():
+    results = [ConfigResult(BASE.replace(num_workers=n), throughput=t, peak_rss_mb=300 + 210 * n)
+               for n, t in [(0, 190), (1, 300), (2, 470), (3, 480), (4, 490)]]
+    k = find_knee(results)
+    assert k.best.config.num_workers == 4 and k.knee.config.num_workers == 3
+    assert "num_workers=3" in k.text and "reaches 98%" in k.text
+    assert "+1 process" in k.text and "+210 MB" in k.text
+    solo = find_knee(results[:3])
+    assert solo.knee is solo.best and "nothing cheaper" in solo.text
+    assert find_knee([ConfigResult(BASE, status="skipped")]) is None
+
+
+def test_memory_prediction_skips_configs_that_would_not_fit():
+    seen = [ConfigResult(BASE.replace(num_workers=0), throughput=1, peak_rss_mb=400),
+            ConfigResult(BASE.replace(num_workers=2), throughput=1, peak_rss_mb=1000)]
+    assert memory_fits(BASE.replace(num_workers=3), seen, 2000) is None
+    why = memory_fits(BASE.replace(num_workers=8), seen, 2000)
+    assert why and "300 MB per worker" in why
+    assert memory_fits(BASE.replace(num_workers=8), [], 2000) is None
+
+
+def test_sweep_skips_and_cancels():
+    log: list = []
+    configs = grid(BASE, {"num_workers": [0, 1, 2, 3, 4]})
+    state = run_sweep(configs, fake_measure("starving", log), available_mb=1000)
+    assert [r.status for r in state.results] == ["ok", "ok", "ok", "skipped", "skipped"]
+    assert state.done and len(log) == 3
+    cancel = threading.Event()
+
+    def measure_then_cancel(cfg):
+        cancel.set()
+        return fake_measure("starving", [])(cfg)
+
+    state = run_sweep(configs, measure_then_cancel, cancel=cancel)
+    assert len(state.results) == 1 and state.done
+
+
+@pytest.mark.parametrize("kind", ["starving", "io-bound", "cpu-bound"])
+def test_autotune_finds_near_best_in_a_third_of_the_grid(kind):
+    configs = grid(BASE, {"num_workers": [0, 1, 2, 3, 4], "prefetch_factor": [1, 2, 4]})
+    thr = surface(kind)
+    best = max(thr(c) for c in configs)
+    log: list = []
+    state = autotune(BASE, fake_measure(kind, log), lambda r: r.advised_workers, 4)
+    assert state.best["throughput"] >= 0.95 * best
+    assert len(log) <= 0.35 * len(configs), [c.num_workers for c in log]
+    assert len(set(log)) == len(log)  # nothing measured twice
+
+
+def test_autotune_respects_the_time_budget():
+    t = [0.0]
+
+    def slow(cfg):
+        t[0] += 10.0
+        return fake_measure("io-bound", [])(cfg)
+
+    state = autotune(BASE, slow, lambda r: r.advised_workers, 4, budget_s=15.0,
+                     clock=lambda: t[0])
+    assert len(state.results) == 2 and state.best is not None
+
+
+def test_autotune_without_a_prediction_still_climbs():
+    log: list = []
+    state = autotune(BASE, fake_measure("starving", log), lambda r: None, 4)
+    assert state.best["config"]["num_workers"] == 2
+    assert isinstance(state, SweepState) and state.error is None
