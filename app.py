@@ -13,6 +13,7 @@ from monitor.host import cpu_budget
 from monitor.ui import panels
 from monitor.ui.controls import render_controls
 from monitor.ui.resources import get_runtime
+from monitor.ui.sweep_panel import render_sweep_controls, render_sweep_progress
 
 st.set_page_config(page_title="Starvation Monitor", page_icon="📉", layout="wide")
 
@@ -25,7 +26,8 @@ live_run = manager.run_id
 run_info = rt.store.run(live_run) if live_run is not None else None
 accel = (run_info or {}).get("accelerator") or ""
 simulated = not accel.startswith("CUDA")
-render_controls(manager, simulated)
+locked = rt.jobs.running()
+render_controls(manager, simulated, locked)
 
 st.title("Starvation Monitor")
 st.caption("Is the GPU starved by its input pipeline? Per-step data wait and compute, live.")
@@ -37,7 +39,8 @@ if simulated:
 if not rt.collector.gpu.available:
     st.caption(f"GPU telemetry: {rt.collector.gpu.notice}")
 
-top = st.columns([3, 2])
+live_tab, sweep_tab = st.tabs(["Live", "Sweep & tune"])
+top = live_tab.columns([3, 2])
 window_name = top[0].segmented_control("Window", list(panels.WINDOWS), default="30 s",
                                        key="window") or "30 s"
 runs = rt.store.runs(limit=30)
@@ -80,7 +83,7 @@ def live() -> None:
                                          if workers_live is not None else "")
     panels.render_verdict(dg)
     panels.render_kpis(summary, workers, caption)
-    live_now = run_id == manager.run_id and manager.is_alive()
+    live_now = run_id == manager.run_id and manager.is_alive() and not rt.jobs.running()
     panels.render_explain(dg, apply_advice if live_now else None)
     devices = rt.collector.gpu.devices()
     default_gpu = workload_gpu(devices, view.run.get("device"))
@@ -92,4 +95,13 @@ def live() -> None:
         panels.render_gpu_panel(view, devices, default_gpu)
 
 
-live()
+@st.fragment(run_every=1.0)
+def sweep_progress() -> None:
+    render_sweep_progress(rt.jobs, manager)
+
+
+with live_tab:
+    live()
+with sweep_tab:
+    render_sweep_controls(rt.jobs, manager)
+    sweep_progress()

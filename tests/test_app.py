@@ -121,3 +121,36 @@ def test_apply_moves_the_sliders_to_the_advice(app):
     assert not app.exception
     assert manager.config.num_workers == advised >= 1
     assert app.sidebar.slider(key="cfg_num_workers").value == advised
+
+
+def test_sweep_tab_runs_a_sweep_and_applies_the_knee(app, monkeypatch):
+    from monitor.ui.resources import get_runtime
+
+    app.run()
+    rt = get_runtime()
+    rt.manager.reconfigure(rt.manager.config.replace(step_time_ms=10.0, batch_size=8))
+    app.run()
+    app.multiselect(key="sw_nw").set_value([0, 1])
+    app.multiselect(key="sw_pf").set_value([2])
+    app.number_input(key="sw_secs").set_value(2.0)
+    app.button(key="sw_run").click().run()
+    assert not app.exception
+    assert rt.jobs.running() and app.sidebar.slider(key="cfg_num_workers").disabled
+    deadline = time.monotonic() + 120
+    while rt.jobs.running() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not rt.jobs.running()
+    app.run()
+    assert not app.exception
+    results = rt.jobs.state.results
+    assert [r.status for r in results] == ["ok", "ok"]
+    assert any(s.value.startswith("Knee:") for s in app.success)
+    assert any("Sweep" in c.proto.spec for c in app.get("plotly_chart"))
+    app.button(key="sw_apply_knee").click().run()
+    assert not app.exception
+    from monitor.sweep import find_knee
+
+    assert rt.manager.is_alive()
+    assert rt.manager.config.num_workers == find_knee(results).knee.config.num_workers
+    assert app.sidebar.slider(key="cfg_num_workers").value == rt.manager.config.num_workers
+    assert not app.sidebar.slider(key="cfg_num_workers").disabled

@@ -215,3 +215,40 @@ def gpu_figure(
                       hovermode="x unified", uirevision="keep",
                       legend={"font": {"size": 10}})
     return fig
+
+
+def sweep_figure(results: pd.DataFrame, x: str = "num_workers", series: str | None = None,
+                 knee: dict | None = None, best: dict | None = None) -> go.Figure:
+    """Throughput (left axis) and data-wait share (right axis) against a swept setting, one
+    line per value of a second setting; the knee and the best are marked."""
+    fig = make_subplots(specs=[[{"secondary_y": True}]])
+    ok = results[results["status"] == "ok"] if not results.empty else results
+    groups = [(None, ok)] if series is None or ok.empty else list(ok.groupby(series))
+    palette = ["#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2"]
+    for i, (key, g) in enumerate(groups):
+        g = g.sort_values(x)
+        name = f"{series}={key}" if series is not None else "throughput"
+        color = palette[i % len(palette)]
+        fig.add_trace(go.Scatter(x=g[x], y=g["throughput"], name=f"{name}: samples/s",
+                                 mode="lines+markers", line={"color": color},
+                                 error_y={"type": "data", "visible": True,
+                                          "array": (g["throughput_spread"].fillna(0)
+                                                    * g["throughput"] / 2)}),
+                      secondary_y=False)
+        fig.add_trace(go.Scatter(x=g[x], y=g["data_wait_share"] * 100,
+                                 name=f"{name}: data wait %", mode="lines+markers",
+                                 line={"color": color, "dash": "dot"}), secondary_y=True)
+    for point, label_text, symbol in ((best, "best", "star"), (knee, "knee", "diamond")):
+        if point and point.get("throughput"):
+            fig.add_trace(go.Scatter(x=[point["config"][x]], y=[point["throughput"]],
+                                     mode="markers+text", text=[label_text],
+                                     textposition="top center", name=label_text,
+                                     marker={"symbol": symbol, "size": 16, "color": "#d62728"}),
+                          secondary_y=False)
+    fig.update_yaxes(title_text="samples/s", rangemode="tozero", secondary_y=False)
+    fig.update_yaxes(title_text="data wait (%)", range=[0, 105], secondary_y=True)
+    fig.update_xaxes(title_text=x, dtick=1 if x == "num_workers" else None)
+    fig.update_layout(height=380, margin={"l": 50, "r": 50, "t": 40, "b": 40},
+                      title={"text": "Sweep", "x": 0.01, "font": {"size": 14}},
+                      legend={"font": {"size": 10}})
+    return fig

@@ -69,14 +69,19 @@ def _on_preset(manager: SessionManager) -> None:
     _on_change(manager)
 
 
-def render_controls(manager: SessionManager, simulated: bool) -> None:
-    """The sidebar. `simulated`: show the step-time slider rather than the model size."""
+def render_controls(manager: SessionManager, simulated: bool, locked: bool = False) -> None:
+    """The sidebar. `simulated`: show the step-time slider rather than the model size;
+    `locked`: a sweep or tune owns the workload, so nothing here may move it."""
     if st.session_state.get("_synced") != manager.config:
         _sync_from(manager.config)
     sb = st.sidebar
     sb.header("DataLoader")
-    args = {"on_change": _on_change, "args": (manager,)}
+    if locked:
+        sb.warning("A sweep or tune is running: the controls are locked until it ends "
+                   "(Stop it in the Sweep & tune tab).")
+    args = {"on_change": _on_change, "args": (manager,), "disabled": locked}
     sb.selectbox("Preset", PRESETS, key=_key("preset"), on_change=_on_preset, args=(manager,),
+                 disabled=locked,
                  help="; ".join(f"{n}: {s.description}" for n, s in PRESET_SPECS.items()))
     nw_max = max_workers()
     sb.slider("num_workers", 0, nw_max, key=_key("num_workers"), **args,
@@ -84,12 +89,14 @@ def render_controls(manager: SessionManager, simulated: bool) -> None:
                    f"{usable_cores()} usable cores (slider goes to 2x).")
     sb.select_slider("batch_size", BATCH_SIZES, key=_key("batch_size"), **args)
     no_workers = int(st.session_state[_key("num_workers")]) == 0
-    sb.slider("prefetch_factor", 1, 16, key=_key("prefetch_factor"), disabled=no_workers,
-              help="batches each worker loads ahead (needs num_workers >= 1)", **args)
+    sb.slider("prefetch_factor", 1, 16, key=_key("prefetch_factor"),
+              help="batches each worker loads ahead (needs num_workers >= 1)",
+              **{**args, "disabled": locked or no_workers})
     sb.toggle("pin_memory", key=_key("pin_memory"), **args,
               help="page-locked host memory for faster host-to-GPU copies")
-    sb.toggle("persistent_workers", key=_key("persistent_workers"), disabled=no_workers,
-              help="keep workers between epochs (needs num_workers >= 1)", **args)
+    sb.toggle("persistent_workers", key=_key("persistent_workers"),
+              help="keep workers between epochs (needs num_workers >= 1)",
+              **{**args, "disabled": locked or no_workers})
     sb.header("Accelerator")
     if simulated:
         sb.slider("step time (ms, simulated)", 0, 500, key=_key("step_time_ms"), **args,
@@ -99,16 +106,16 @@ def render_controls(manager: SessionManager, simulated: bool) -> None:
                      help="auto: a width-64 conv net repeated to take about the step time "
                           "below; small/medium/large: fixed widths, one pass per step")
         sb.slider("step time target (ms, model size auto)", 0, 500, key=_key("step_time_ms"),
-                  disabled=st.session_state[_key("model_size")] != "auto", **args)
+                  **{**args, "disabled": locked or st.session_state[_key("model_size")] != "auto"})
     if st.session_state.get("config_error"):
         sb.error(st.session_state["config_error"])
     c1, c2 = sb.columns(2)
-    if c1.button("Start", type="primary", disabled=manager.is_alive(), key="start"):
+    if c1.button("Start", type="primary", disabled=locked or manager.is_alive(), key="start"):
         try:
             manager.start(_read(manager.config))
         except ConfigError as exc:
             st.session_state["config_error"] = str(exc)
         st.rerun()
-    if c2.button("Stop", disabled=not manager.is_alive(), key="stop"):
+    if c2.button("Stop", disabled=locked or not manager.is_alive(), key="stop"):
         manager.stop()
         st.rerun()

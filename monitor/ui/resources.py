@@ -9,6 +9,7 @@ import streamlit as st
 
 from monitor.collector import Collector
 from monitor.config import DEFAULT_PRESET, LoaderConfig
+from monitor.jobs import JobHolder
 from monitor.session import SessionManager
 from monitor.store import Store
 from workloads.presets import preset_batch_size
@@ -19,6 +20,7 @@ class Runtime:
     store: Store
     collector: Collector
     manager: SessionManager
+    jobs: JobHolder
 
 
 def default_config() -> LoaderConfig:
@@ -33,5 +35,7 @@ def get_runtime() -> Runtime:
     store = Store()
     collector = Collector(store).start()
     manager = SessionManager(store, default_config(), on_start=collector.watch)
+    jobs = JobHolder(store, collector, manager)
     atexit.register(collector.stop)
-    return Runtime(store, collector, manager)
+    atexit.register(jobs.stop)  # runs first (LIFO): a sweep ends before the manager closes
+    return Runtime(store, collector, manager, jobs)
