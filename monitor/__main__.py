@@ -22,6 +22,10 @@ def _workload_options() -> argparse.ArgumentParser:
     w = argparse.ArgumentParser(add_help=False)
     w.add_argument("--preset", choices=PRESETS, default="starving",
                    help="synthetic workload (default: starving)")
+    w.add_argument("--workload", metavar="SPEC", default=None,
+                   help="your own dataset instead of a preset: path/to/file.py:callable or "
+                        "package.module:callable returning a Dataset (or a dict with "
+                        "'dataset', optional 'collate_fn', 'model_step', loader defaults)")
     w.add_argument("--batch-size", type=int, default=None,
                    help="samples per batch (default: the preset's)")
     w.add_argument("--step-time-ms", type=float, default=None,
@@ -45,9 +49,9 @@ def _workload_options() -> argparse.ArgumentParser:
 
 
 def _loader_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--num-workers", type=int, default=0,
-                   help=f"DataLoader worker processes; 0 loads in the main process "
-                        f"(this machine: up to {max_workers()} on the slider)")
+    p.add_argument("--num-workers", type=int, default=None,
+                   help=f"DataLoader worker processes; 0 (the default) loads in the main "
+                        f"process (this machine: up to {max_workers()} on the slider)")
     p.add_argument("--prefetch-factor", type=int, default=None,
                    help="batches loaded ahead per worker (needs --num-workers >= 1; default 2)")
     p.add_argument("--pin-memory", action="store_true",
@@ -106,6 +110,23 @@ def _parser() -> argparse.ArgumentParser:
             "configuration is a run in the store."
         ),
     )
+    r = sub.add_parser(
+        "run", help="run your own training script with the probe injected",
+        description=(
+            "Run a training script unmodified (python -m monitor run -- python train.py "
+            "ARGS): the probe times next() on the first DataLoader it iterates, records "
+            "epochs and worker PIDs, and applies loader changes requested from the page at "
+            "the next epoch. The script's output, exit code and signals pass through."
+        ),
+    )
+    r.add_argument("--name", default=None, help="run name (default: the script's file name)")
+    r.add_argument("--db", default=None,
+                   help=f"SQLite store (default: ${ENV_VAR} or {default_path()})")
+    r.add_argument("--json", action="store_true",
+                   help="after the script ends, print the summary (as measure --json) as the "
+                        "last line of stdout")
+    r.add_argument("cmd", nargs=argparse.REMAINDER, metavar="COMMAND",
+                   help="-- then the command, e.g. -- python train.py --epochs 3")
     _loader_options(t)
     t.add_argument("--seconds-per-config", type=float, default=8.0,
                    help="measured seconds per configuration (default 8)")
@@ -117,16 +138,37 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _config(args: argparse.Namespace) -> LoaderConfig:
+    """The settings from the flags; a user workload's own defaults fill what is not given."""
     from workloads.presets import preset_batch_size
 
-    return LoaderConfig(
-        preset=args.preset, num_workers=args.num_workers,
-        batch_size=args.batch_size if args.batch_size is not None
-        else preset_batch_size(args.preset),
-        prefetch_factor=args.prefetch_factor, pin_memory=args.pin_memory,
-        persistent_workers=args.persistent_workers, step_time_ms=args.step_time_ms,
-        model_size=args.model_size, epoch_samples=args.epoch_samples,
+    defaults: dict = {}
+    if args.workload:
+        from monitor.workload_spec import check
+
+        info = check(args.workload)
+        if not info.get("ok"):
+            raise ConfigError(f"workload {args.workload}: {info.get('error')}")
+        defaults = info.get("defaults") or {}
+        print(f"workload {args.workload}: {info.get('kind')} {info.get('dataset')}"
+              + (f", {info['length']} samples" if info.get("length") else ""), file=sys.stderr)
+
+    def pick(name: str, flag: object, fallback: object) -> object:
+        given = flag is not None and flag is not False  # 0 is a value; False is "not given"
+        return flag if given else defaults.get(name, fallback)
+
+    batch = pick("batch_size", args.batch_size,
+                 preset_batch_size(args.preset) if not args.workload else 32)
+    kwargs = dict(
+        num_workers=pick("num_workers", args.num_workers, 0), batch_size=batch,
+        prefetch_factor=pick("prefetch_factor", args.prefetch_factor, None),
+        pin_memory=bool(pick("pin_memory", args.pin_memory, False)),
+        persistent_workers=bool(pick("persistent_workers", args.persistent_workers, False)),
+        step_time_ms=args.step_time_ms, model_size=args.model_size,
+        epoch_samples=args.epoch_samples,
     )
+    if args.workload:
+        return LoaderConfig.build(workload=args.workload, **kwargs)
+    return LoaderConfig(preset=args.preset, **kwargs)
 
 
 def _measure(args: argparse.Namespace, config: LoaderConfig, store: Store) -> int:
@@ -278,6 +320,10 @@ def _sigterm(signum: int, frame: Any) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.command == "run":
+        from monitor.attached_run import run_attached
+
+        return run_attached(args)
     signal.signal(signal.SIGTERM, _sigterm)
     try:
         config = _config(args)

@@ -15,6 +15,8 @@ from monitor.host import usable_cores
 from workloads.presets import PRESET_SPECS
 
 PRESETS: tuple[str, ...] = tuple(PRESET_SPECS)
+CUSTOM = "custom"  # the preset name of a user's own workload
+USER_STEP_TIME_MS = 50.0  # simulated device step for a user dataset without model_step
 DEFAULT_PRESET = "starving"
 MAX_BATCH_SIZE = 4096
 MAX_PREFETCH_FACTOR = 64
@@ -49,9 +51,17 @@ class LoaderConfig:
     step_time_ms: float | None = None  # simulated accelerator; None: the preset's default
     model_size: str = "auto"  # CUDA model: "auto" repeats a pass to take ~step_time_ms
     epoch_samples: int | None = None  # samples per epoch; None: the preset's
+    workload: str | None = None  # a user's dataset, "path.py:callable" (preset "custom")
 
     def __post_init__(self) -> None:
-        if self.preset not in PRESETS:
+        if self.workload is not None:
+            if self.preset != CUSTOM:
+                raise ConfigError(f"a user workload runs as preset {CUSTOM!r}, not "
+                                  f"{self.preset!r}: use LoaderConfig.build(workload=...)")
+            if ":" not in self.workload:
+                raise ConfigError(f"workload {self.workload!r} is not PATH.py:CALLABLE or "
+                                  "package.module:CALLABLE")
+        elif self.preset not in PRESETS:
             raise ConfigError(
                 f"unknown preset {self.preset!r}: choose one of {', '.join(PRESETS)}"
             )
@@ -119,6 +129,8 @@ class LoaderConfig:
         """Like the constructor, but fills torch's default prefetch_factor (2) when workers
         are on and clears it (and persistent_workers) when they are off, as a slider UI needs,
         and makes the preset's default step time explicit."""
+        if kwargs.get("workload"):
+            kwargs["preset"] = CUSTOM
         if kwargs.get("step_time_ms") is None and kwargs.get("preset", DEFAULT_PRESET) in PRESETS:
             kwargs["step_time_ms"] = PRESET_SPECS[kwargs.get("preset", DEFAULT_PRESET)].step_time_ms
         nw = kwargs.get("num_workers", 0)

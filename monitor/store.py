@@ -14,9 +14,10 @@ import time
 from collections.abc import Iterable, Sequence
 from dataclasses import fields
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import pandas as pd
+if TYPE_CHECKING:  # pandas is imported on first read: a training script's probe only writes
+    import pandas as pd
 
 from monitor.records import RECORD_TABLES, as_row, columns, sql_type
 
@@ -205,6 +206,8 @@ class Store:
 
     # -- reads -------------------------------------------------------------------------
     def _frame(self, sql: str, params: Iterable[Any] = ()) -> pd.DataFrame:
+        import pandas as pd
+
         return pd.read_sql_query(sql, self._conn(), params=tuple(params))
 
     def runs(self, limit: int = 200) -> pd.DataFrame:

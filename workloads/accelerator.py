@@ -177,6 +177,31 @@ class TorchAccelerator:
         return start.elapsed_time(end) / 1000.0 if cuda else None
 
 
+class UserStep:
+    """A user workload's own `model_step(batch)`: the step is whatever it does (on CUDA it
+    should end with a synchronize for device time, as ours does)."""
+
+    kind = "user"
+
+    def __init__(self, fn: Any) -> None:
+        self.fn = fn
+
+    @property
+    def description(self) -> str:
+        cuda = " (CUDA available)" if torch.cuda.is_available() else ""
+        return f"your model_step {getattr(self.fn, '__name__', 'step')}(){cuda}"
+
+    def configure(self, step_time_ms: float, model_size: str) -> None:
+        pass
+
+    def device_info(self) -> dict[str, Any] | None:
+        return None
+
+    def step(self, batch: Any) -> float | None:
+        self.fn(batch)
+        return None
+
+
 def make_accelerator(step_time_ms: float, model_size: str, in_channels: int = 3):
     """CUDA when a device is present (and not overridden), else the simulated accelerator."""
     if os.environ.get(SIMULATE_ENV) != "1" and torch.cuda.is_available():

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing as mp
 import os
 import signal
 import sys
@@ -31,11 +32,12 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader
 
-from monitor.config import ConfigError, LoaderConfig, describe_change
+from monitor.config import USER_STEP_TIME_MS, ConfigError, LoaderConfig, describe_change
 from monitor.probe import Probe
 from monitor.store import Store
-from workloads.accelerator import make_accelerator
+from workloads.accelerator import SimulatedAccelerator, UserStep, make_accelerator
 from workloads.synthetic import PRESET_SPECS, make_dataset, worker_init
+from workloads.user import GuardedDataset, Workload, WorkloadError, load, pickling_problem
 
 MAX_ERROR_CHARS = 4000
 
@@ -46,7 +48,10 @@ def _sigterm(signum: int, frame: Any) -> None:
 
 def format_error(exc: BaseException) -> str:
     """'ValueError: message' plus the tail of the traceback (the worker's, when torch
-    re-raised a worker's exception, is inside the message)."""
+    re-raised a worker's exception, is inside the message). A WorkloadError's message is
+    already written for the user and stands alone."""
+    if isinstance(exc, WorkloadError):
+        return f"{exc}"[:MAX_ERROR_CHARS]
     head = f"{type(exc).__name__}: {exc}"
     tb = "".join(traceback.format_exception(exc))
     room = MAX_ERROR_CHARS - len(head) - 2
@@ -68,10 +73,24 @@ class Runner:
         self.run_id = run_id
         self.config = config
         self.parent_pid = parent_pid
-        self.spec = PRESET_SPECS[config.preset]
-        self.dataset = make_dataset(config.preset)
-        self.accel = make_accelerator(self._step_time(config), config.model_size,
-                                      self.spec.shape[0])
+        self.user: Workload | None = None
+        if config.workload:
+            self.user = load(config.workload)
+            ds = self.user.dataset
+            self.dataset = ds if self.user.iterable else GuardedDataset(ds)
+            self.spec = None
+            channels = 3
+        else:
+            self.spec = PRESET_SPECS[config.preset]
+            self.dataset = make_dataset(config.preset)
+            channels = self.spec.shape[0]
+        if self.user is not None and self.user.model_step is not None:
+            self.accel = UserStep(self.user.model_step)
+        else:
+            self.accel = make_accelerator(self._step_time(config), config.model_size, channels)
+            if self.user is not None and not isinstance(self.accel, SimulatedAccelerator):
+                # their batches are not our conv net's images: simulate the device instead
+                self.accel = SimulatedAccelerator(self._step_time(config))
         self.probe = Probe(store, run_id)
         self.loader: DataLoader | None = None
         self.pending: LoaderConfig | None = None
@@ -79,14 +98,28 @@ class Runner:
         self.stop_reason: str | None = None
 
     def _step_time(self, cfg: LoaderConfig) -> float:
-        return cfg.step_time_ms if cfg.step_time_ms is not None else self.spec.step_time_ms
+        if cfg.step_time_ms is not None:
+            return cfg.step_time_ms
+        return self.spec.step_time_ms if self.spec is not None else USER_STEP_TIME_MS
 
     def _build_loader(self) -> DataLoader:
-        self.dataset.length = self.config.epoch_samples
         kw = self.config.loader_kwargs()
+        if self.user is None:
+            self.dataset.length = self.config.epoch_samples
+            if self.config.num_workers > 0:
+                kw["worker_init_fn"] = worker_init
+            return DataLoader(self.dataset, shuffle=True, drop_last=True, **kw)
+        u = self.user
         if self.config.num_workers > 0:
-            kw["worker_init_fn"] = worker_init
-        return DataLoader(self.dataset, shuffle=True, drop_last=True, **kw)
+            ctx = u.multiprocessing_context or mp.get_start_method()
+            problem = pickling_problem(u, ctx if isinstance(ctx, str) else ctx.get_start_method())
+            if problem:
+                raise WorkloadError(problem)
+            if u.multiprocessing_context is not None:
+                kw["multiprocessing_context"] = u.multiprocessing_context
+        if not u.iterable and len(self.dataset) == 0:
+            raise WorkloadError(f"{u.spec}: the dataset is empty (len() is 0)")
+        return DataLoader(self.dataset, shuffle=not u.iterable, collate_fn=u.collate_fn, **kw)
 
     def _close_loader(self) -> None:
         shutdown_iterator(self.probe.current_iterator)

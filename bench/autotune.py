@@ -1,0 +1,62 @@
+"""Grid sweep vs autotune, back to back, on each preset.
+
+    python bench/autotune.py [--seconds 6] [--presets starving,io-bound,cpu-bound]
+
+The grid is num_workers 0..2x cores x prefetch_factor {1, 2, 4}. Prints per preset: the
+grid's best (configuration and samples/s), the autotuner's pick and its measured samples/s,
+their ratio, the grid's own measurement of the autotuner's pick, and the time ratio
+(autotune seconds / grid seconds). Figures only; nothing is asserted.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from monitor.collector import Collector
+from monitor.config import LoaderConfig, max_workers
+from monitor.session import SessionManager
+from monitor.store import Store
+from monitor.sweep import Runner, describe, find_knee, grid
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--seconds", type=float, default=6.0)
+    ap.add_argument("--presets", default="starving,io-bound,cpu-bound")
+    a = ap.parse_args()
+    store = Store(Path(tempfile.mkdtemp()) / "autotune.db")
+    collector = Collector(store).start()
+    manager = SessionManager(store, on_start=collector.watch)
+    top = max_workers()
+    try:
+        for preset in a.presets.split(","):
+            base = LoaderConfig.build(preset=preset)
+            configs = grid(base, {"num_workers": list(range(top + 1)),
+                                  "prefetch_factor": [1, 2, 4]})
+            runner = Runner(store, collector, manager, a.seconds)
+            g = runner.sweep(configs)
+            knee = find_knee(g.results)
+            t = runner.tune(base, top)
+            tb = t.best or {}
+            tuned = tb.get("throughput") or 0.0
+            picked = LoaderConfig.from_dict(tb["config"]) if tb else None
+            in_grid = next((r.throughput for r in g.results if r.config == picked), None)
+            print(f"{preset}: grid best {describe(knee.best.config)} "
+                  f"{knee.best.throughput:.1f} samples/s ({len(g.results)} configs, "
+                  f"{g.seconds:.0f} s)")
+            print(f"{preset}: autotune {describe(picked) if picked else '-'} {tuned:.1f} "
+                  f"samples/s ({len(t.results)} configs, {t.seconds:.0f} s); grid measured "
+                  f"that config at {in_grid or float('nan'):.1f}")
+            print(f"{preset}: ratio {tuned / knee.best.throughput:.3f}, time ratio "
+                  f"{t.seconds / g.seconds:.3f}", flush=True)
+    finally:
+        manager.close()
+        collector.stop()
+
+
+if __name__ == "__main__":
+    main()

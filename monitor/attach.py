@@ -1,0 +1,289 @@
+"""The probe inside a user's own training script.
+
+Two ways in, one recorder:
+- `python -m monitor run -- python train.py ARGS...` starts the script unmodified with
+  `monitor/_inject` first on PYTHONPATH; its `sitecustomize` calls `install()`, which patches
+  `DataLoader.__iter__` as soon as the script imports torch. The first DataLoader the script
+  iterates (the training loader in the usual loop) is timed; others pass through untouched.
+- `from monitor import watch; for batch in watch(loader): ...` does the same explicitly.
+
+Per step it records the data wait (blocked in `next()`) and the compute (from the batch's
+arrival to the next `next()`), per epoch (`iter()` call) the DataLoader's worker PIDs. At each
+epoch start it applies loader changes requested through the store's control table
+(num_workers, prefetch_factor, pin_memory, persistent_workers) and records when; settings a
+DataLoader fixes at construction (batch_size, sampler, ...) are refused with the reason.
+
+Only the standard library and monitor's store/records are imported here: the user's
+environment needs sqlite3, nothing else of ours.
+"""
+from __future__ import annotations
+
+import atexit
+import importlib.abc
+import importlib.machinery
+import os
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from monitor.probe import batch_len
+from monitor.records import StepRecord
+from monitor.store import Store
+
+RUN_ENV = "STARVATION_MONITOR_RUN_ID"
+DB_ENV = "STARVATION_MONITOR_DB"
+LIVE_SETTINGS = ("num_workers", "prefetch_factor", "pin_memory", "persistent_workers")
+FIXED_SETTINGS = ("batch_size", "drop_last", "sampler", "batch_sampler", "dataset",
+                  "collate_fn", "shuffle")
+FLUSH_S = 0.5
+
+
+def loader_settings(loader: Any) -> dict[str, Any]:
+    nw = int(getattr(loader, "num_workers", 0))
+    return {
+        "preset": "custom", "num_workers": nw,
+        "batch_size": getattr(loader, "batch_size", None) or 1,
+        "prefetch_factor": getattr(loader, "prefetch_factor", None) if nw > 0 else None,
+        "pin_memory": bool(getattr(loader, "pin_memory", False)),
+        "persistent_workers": bool(getattr(loader, "persistent_workers", False)),
+    }
+
+
+class Recorder:
+    """Steps of one run, written to the store in batches; thread-safe enough for one loop."""
+
+    def __init__(self, store: Store, run_id: int, script: str) -> None:
+        self.store, self.run_id, self.script = store, run_id, script
+        self.anchor_clock, self.anchor_wall = time.perf_counter(), time.time()
+        self.buf: list[StepRecord] = []
+        self.last_flush = self.anchor_clock
+        self.step = 0
+        self.epoch = -1
+        self.config_seq = 0
+        self.last_control = 0
+        self.loader_id: int | None = None
+        self.lock = threading.Lock()
+        atexit.register(self.flush)
+
+    def wall(self, t: float) -> float:
+        return self.anchor_wall + (t - self.anchor_clock)
+
+    def record(self, t_req: float, t_got: float, t_next: float, batch: Any) -> None:
+        with self.lock:
+            self.buf.append(StepRecord(
+                run_id=self.run_id, step=self.step, epoch=self.epoch, ts=self.wall(t_got),
+                wait_s=t_got - t_req, compute_s=t_next - t_got, samples=batch_len(batch),
+                config_seq=self.config_seq))
+            self.step += 1
+            if t_next - self.last_flush >= FLUSH_S:
+                self._flush()
+
+    def _flush(self) -> None:
+        if self.buf:
+            try:
+                self.store.insert(self.buf)
+            except Exception as exc:  # never break the user's training for our records
+                print(f"starvation-monitor: could not write steps: {exc}", file=sys.stderr)
+            self.buf = []
+        self.last_flush = time.perf_counter()
+
+    def flush(self) -> None:
+        with self.lock:
+            self._flush()
+
+    # -- epochs and control --------------------------------------------------------------
+    def start_epoch(self, loader: Any) -> None:
+        """At iter(loader): apply pending loader changes, count the epoch."""
+        self.flush()
+        self.epoch += 1
+        first = self.epoch == 0
+        if first:
+            settings = loader_settings(loader)
+            self.store.update_run(self.run_id, config={
+                **settings, "workload": f"attached:{self.script}"}, pid=os.getpid())
+            self.store.add_event(self.run_id, "config", "start", settings)
+        try:
+            reqs = self.store.pending_control(self.run_id, self.last_control)
+        except Exception:
+            reqs = []
+        for cid, kind, payload in reqs:
+            self.last_control = cid
+            if kind != "config" or not isinstance(payload, dict):
+                self.store.mark_control(cid, f"refused: attached runs take loader settings "
+                                             f"only, not {kind!r}")
+                continue
+            self.store.mark_control(cid, self.apply(loader, payload))
+
+    def apply(self, loader: Any, payload: dict[str, Any]) -> str:
+        before = loader_settings(loader)
+        fixed = [k for k in FIXED_SETTINGS if k in payload and payload[k] != before.get(k)]
+        if fixed:
+            return (f"refused: {', '.join(fixed)} cannot change after the DataLoader is built; "
+                    "change it in the script")
+        change = {k: payload[k] for k in LIVE_SETTINGS if k in payload
+                  and payload[k] != before.get(k)}
+        nw = change.get("num_workers", before["num_workers"])
+        if nw < 0:
+            return "refused: num_workers must be >= 0"
+        if nw == 0:
+            change.pop("prefetch_factor", None)
+            if change.get("persistent_workers") or before["persistent_workers"]:
+                change["persistent_workers"] = False
+        elif change.get("prefetch_factor", before["prefetch_factor"]) is None:
+            change["prefetch_factor"] = 2
+        if not change:
+            return "ok: nothing to change"
+        old_iter = getattr(loader, "_iterator", None)
+        if old_iter is not None:  # persistent workers of the old settings
+            getattr(old_iter, "_shutdown_workers", lambda: None)()
+            object.__setattr__(loader, "_iterator", None)
+        for k, v in change.items():
+            # DataLoader forbids setting persistent_workers after __init__ to protect a live
+            # persistent iterator; that iterator was shut down just above.
+            object.__setattr__(loader, k, v)
+        after = loader_settings(loader)
+        label = ", ".join(f"{k} {before[k]}→{after[k]}" for k in LIVE_SETTINGS
+                          if before[k] != after[k] and not (
+                              k == "prefetch_factor" and None in (before[k], after[k])))
+        self.config_seq += 1
+        self.store.add_event(self.run_id, "config", label or "settings", {
+            **after, "applied_at_epoch": self.epoch})
+        self.store.update_run(self.run_id, config={**after,
+                                                   "workload": f"attached:{self.script}"})
+        return f"ok: applied at epoch {self.epoch}"
+
+    def note_workers(self, it: Any) -> None:
+        pids = [getattr(w, "pid", None) for w in getattr(it, "_workers", []) or []]
+        pids = [p for p in pids if p]
+        if pids:
+            self.store.add_event(self.run_id, "epoch", f"epoch {self.epoch}",
+                                 {"worker_pids": pids})
+
+
+class TimedIterator:
+    """Wraps a DataLoader iterator: times each next() and the gap until the following one."""
+
+    def __init__(self, inner: Any, rec: Recorder, t_start: float) -> None:
+        self._inner, self._rec = inner, rec
+        self._t_req = t_start  # iter() counts in the epoch's first wait: workers start there
+        self._t_got: float | None = None
+        self._batch: Any = None
+
+    def __iter__(self) -> TimedIterator:
+        return self
+
+    def __next__(self) -> Any:
+        now = time.perf_counter()
+        if self._t_got is not None:
+            self._rec.record(self._t_req, self._t_got, now, self._batch)
+            self._t_req = now
+        try:
+            batch = next(self._inner)
+        except StopIteration:
+            self._t_got = None
+            self._rec.flush()
+            raise
+        self._t_got, self._batch = time.perf_counter(), batch
+        return batch
+
+    def __len__(self) -> int:
+        return len(self._inner)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+_recorder: Recorder | None = None
+_recorder_lock = threading.Lock()
+
+
+def recorder(name: str | None = None) -> Recorder:
+    """The process's recorder: the run named by the environment (under `monitor run`), else
+    a new attached run in the default store, finished when the process exits."""
+    global _recorder
+    with _recorder_lock:
+        if _recorder is None:
+            store = Store(os.environ.get(DB_ENV) or None)
+            script = os.path.basename(sys.argv[0] or "python")
+            env_run = os.environ.get(RUN_ENV)
+            if env_run:
+                run_id = int(env_run)
+            else:
+                run_id = store.create_run(name or script, "attached",
+                                          {"preset": "custom", "workload": f"attached:{script}"})
+                store.update_run(run_id, pid=os.getpid())
+                atexit.register(lambda: store.finish_run(run_id, "finished"))
+            _recorder = Recorder(store, run_id, script)
+        return _recorder
+
+
+def timed_iter(loader: Any, orig_iter: Any) -> Iterator[Any]:
+    rec = recorder()
+    if rec.loader_id is None:
+        rec.loader_id = id(loader)
+    if rec.loader_id != id(loader):
+        return orig_iter(loader)  # another loader (validation, say): not ours to time
+    t0 = time.perf_counter()
+    rec.start_epoch(loader)
+    it = orig_iter(loader)
+    rec.note_workers(it)
+    return TimedIterator(it, rec, t0)
+
+
+def watch(loader: Any, name: str | None = None) -> Iterator[Any]:
+    """`for batch in watch(loader): ...` times this epoch's steps into the store."""
+    rec = recorder(name)
+    rec.loader_id = id(loader)
+    cls = type(loader)
+    orig = getattr(cls, "_starvation_orig_iter", cls.__iter__)
+    return timed_iter(loader, orig)
+
+
+def _patch(module: Any) -> None:
+    dl = module.DataLoader
+    if getattr(dl, "_starvation_orig_iter", None) is not None:
+        return
+    orig = dl.__iter__
+
+    def __iter__(self: Any) -> Any:
+        try:
+            return timed_iter(self, orig)
+        except Exception as exc:  # our bug must not stop their training
+            print(f"starvation-monitor: probe disabled: {exc}", file=sys.stderr)
+            return orig(self)
+
+    dl._starvation_orig_iter = orig
+    dl.__iter__ = __iter__
+
+
+class _Finder(importlib.abc.MetaPathFinder):
+    """Patches torch.utils.data.dataloader right after the script imports it."""
+
+    target = "torch.utils.data.dataloader"
+
+    def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
+        if name != self.target:
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        if spec is None or spec.loader is None:
+            return None
+        loader = spec.loader
+        exec_module = loader.exec_module
+
+        def exec_and_patch(module: Any) -> None:
+            exec_module(module)
+            _patch(module)
+
+        loader.exec_module = exec_and_patch  # type: ignore[method-assign]
+        return spec
+
+
+def install() -> None:
+    """Patch DataLoader now if torch is loaded, else when the script imports it."""
+    mod = sys.modules.get(_Finder.target)
+    if mod is not None:
+        _patch(mod)
+    elif not any(isinstance(f, _Finder) for f in sys.meta_path):
+        sys.meta_path.insert(0, _Finder())

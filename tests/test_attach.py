@@ -1,0 +1,106 @@
+"""Attaching to an unmodified training script (`monitor run -- ...`) and the explicit
+`watch(loader)`: steps recorded per epoch, output and exit code passed through, a change
+requested during epoch 0 applied at epoch 1, and settings that cannot change refused."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from monitor.store import Store
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPTS = Path(__file__).resolve().parent / "scripts"
+pytestmark = pytest.mark.slow
+
+
+def start(db: Path, *script_args: str, json_out: bool = True) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    cmd = [sys.executable, "-m", "monitor", "run", "--db", str(db)]
+    cmd += ["--json"] if json_out else []
+    cmd += ["--", sys.executable, str(SCRIPTS / "two_epochs.py"), *script_args]
+    return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def wait_for(pred, timeout=90.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        v = pred()
+        if v:
+            return v
+        time.sleep(0.1)
+    return pred()
+
+
+def test_attached_script_is_recorded_and_its_exit_code_passes_through(tmp_path, no_leaks):
+    db = tmp_path / "a.db"
+    p = start(db, "3")
+    out, err = p.communicate(timeout=180)
+    assert p.returncode == 3, err
+    lines = out.strip().splitlines()
+    assert lines[0].startswith("epoch 0 done: 96 samples") and "epoch 1 done" in lines[1]
+    summary = json.loads(lines[-1])
+    for key in ("run_id", "throughput", "data_wait_share", "device_busy_mean",
+                "device_busy_cv", "steps", "verdict"):
+        assert key in summary
+    store = Store(db)
+    run = store.run(summary["run_id"])
+    assert run["kind"] == "attached" and run["status"] == "failed"
+    assert run["error"] == "the script ended with exit code 3"
+    steps = store.steps(summary["run_id"])
+    assert sorted(steps["epoch"].unique()) == [0, 1]
+    assert len(steps) == 24  # 12 batches of 8 per epoch; the validation loader is not timed
+    per_step = steps["wait_s"].iloc[1:].median()
+    assert 0.02 < per_step < 0.5  # 8 samples x 4 ms of loading
+    assert steps["compute_s"].median() >= 0.009  # the script's 10 ms step
+    assert run["config"]["batch_size"] == 8
+
+
+def test_change_requested_in_epoch_0_lands_at_epoch_1(tmp_path, no_leaks):
+    db = tmp_path / "a.db"
+    p = start(db, "0", "1.5", json_out=False)
+    store = Store(db) if wait_for(db.exists) else None
+    run_id = wait_for(lambda: len(store.runs()) and int(store.runs()["id"].iloc[0]))
+    assert wait_for(lambda: len(store.steps(run_id)) >= 3)
+    ok = store.request_control(run_id, "config", {"num_workers": 2})
+    bad = store.request_control(run_id, "config", {"batch_size": 64})
+    out, err = p.communicate(timeout=180)
+    assert p.returncode == 0, err
+    assert "epoch 0 done: 96 samples, num_workers=0" in out
+    assert "epoch 1 done: 96 samples, num_workers=2" in out
+    applied, result = store.control_result(ok)
+    assert applied and result == "ok: applied at epoch 1"
+    assert store.control_result(bad)[1].startswith("refused: batch_size cannot change")
+    ev = store.events(run_id)
+    change = ev[ev["label"].str.contains("num_workers 0→2")]
+    assert len(change) == 1 and json.loads(change["data"].iloc[0])["applied_at_epoch"] == 1
+    steps = store.steps(run_id)
+    assert set(steps[steps["epoch"] == 1]["config_seq"]) == {1}
+    assert set(steps[steps["epoch"] == 0]["config_seq"]) == {0}
+    assert store.run(run_id)["status"] == "finished"
+
+
+def test_no_command_is_a_clear_error(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "monitor", "run", "--db", str(tmp_path / "x.db")],
+                       cwd=ROOT, capture_output=True, text=True, timeout=60,
+                       env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert r.returncode == 2 and "give the command after --" in r.stderr
+
+
+def test_explicit_watch_records_its_own_run(tmp_path, no_leaks):
+    db = tmp_path / "w.db"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "STARVATION_MONITOR_DB": str(db)}
+    r = subprocess.run([sys.executable, str(SCRIPTS / "uses_watch.py")], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "done" in r.stdout, r.stderr
+    store = Store(db)
+    runs = store.runs()
+    assert list(runs["name"]) == ["explicit"] and runs["status"].iloc[0] == "finished"
+    steps = store.steps(int(runs["id"].iloc[0]))
+    assert len(steps) == 16 and sorted(steps["epoch"].unique()) == [0, 1]
