@@ -19,7 +19,8 @@ $(VENV)/.dev: requirements-dev.txt $(VENV)/.runtime
 	touch $@
 
 run: $(VENV)/.runtime
-	$(PY) -m streamlit run app.py --server.address 127.0.0.1 --server.port $(PORT)
+	$(PY) -m streamlit run app.py --server.address 127.0.0.1 --server.port $(PORT) \
+		$(if $(WORKLOAD),-- --workload $(WORKLOAD))
 
 test: $(VENV)/.dev
 	$(PY) -m ruff check .

@@ -19,7 +19,7 @@ st.set_page_config(page_title="Starvation Monitor", page_icon="📉", layout="wi
 
 rt = get_runtime()
 manager = rt.manager
-if os.environ.get("STARVATION_MONITOR_AUTOSTART", "1") != "0":
+if os.environ.get("STARVATION_MONITOR_AUTOSTART", "1") != "0" and not rt.workload_error:
     manager.ensure_started()  # the default workload starves visibly the moment the page opens
 
 live_run = manager.run_id
@@ -27,7 +27,7 @@ run_info = rt.store.run(live_run) if live_run is not None else None
 accel = (run_info or {}).get("accelerator") or ""
 simulated = not accel.startswith("CUDA")
 locked = rt.jobs.running()
-render_controls(manager, simulated, locked)
+render_controls(manager, simulated, locked, rt.workload)
 
 st.title("Starvation Monitor")
 st.caption("Is the GPU starved by its input pipeline? Per-step data wait and compute, live.")
@@ -36,6 +36,9 @@ if simulated:
             "device for a set time per step while the host waits, as a real "
             "`torch.cuda.synchronize()` would. Device busy is derived from step timings.",
             icon="ℹ️")
+if rt.workload_error:
+    st.error(f"{rt.workload_error}\n\nFix it and restart the dashboard; the presets work "
+             "meanwhile.", icon="🛑")
 if not rt.collector.gpu.available:
     st.caption(f"GPU telemetry: {rt.collector.gpu.notice}")
 
@@ -71,6 +74,8 @@ def live() -> None:
         st.warning(f"Run {run_id} is not in the store.")
         return
     panels.render_run_status(view.run)
+    if view.run["kind"] == "attached" and view.run["status"] == "running":
+        panels.render_attached_controls(rt.store, view.run)
     kpi_steps, caption = panels.kpi_steps(view)
     summary = summarize(kpi_steps)
     config = LoaderConfig.from_dict(view.run["config"])

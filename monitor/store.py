@@ -198,6 +198,10 @@ class Store:
             (time.time(), result, control_id),
         )
 
+    def control_requests(self, run_id: int, limit: int = 10) -> pd.DataFrame:
+        return self._frame("SELECT * FROM control WHERE run_id = ? ORDER BY id DESC LIMIT ?",
+                           (run_id, limit))
+
     def control_result(self, control_id: int) -> tuple[float | None, str | None]:
         row = self._conn().execute(
             "SELECT applied_at, result FROM control WHERE id = ?", (control_id,)

@@ -154,3 +154,72 @@ def test_sweep_tab_runs_a_sweep_and_applies_the_knee(app, monkeypatch):
     assert rt.manager.config.num_workers == find_knee(results).knee.config.num_workers
     assert app.sidebar.slider(key="cfg_num_workers").value == rt.manager.config.num_workers
     assert not app.sidebar.slider(key="cfg_num_workers").disabled
+
+
+def test_workload_named_at_launch_drives_the_page(db_path, no_leaks, monkeypatch):
+    from monitor.ui.resources import get_runtime
+
+    spec = f"{ROOT}/tests/workloads/good.py:make_dict"
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setenv("STARVATION_MONITOR_WORKLOAD", spec)
+    get_runtime.clear()
+    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=90)
+    try:
+        at.run()
+        assert not at.exception
+        rt = get_runtime()
+        assert rt.workload["ok"] and rt.manager.config.workload == spec
+        assert rt.manager.config.batch_size == 16 and rt.manager.config.num_workers == 1
+        assert at.sidebar.selectbox(key="cfg_preset").value == "custom"
+        assert any("Squares" in c.value for c in at.sidebar.caption)
+        assert rt.manager.wait_for_steps(3, timeout=90)
+        at.sidebar.slider(key="cfg_num_workers").set_value(2).run()
+        assert rt.manager.config.workload == spec and rt.manager.config.num_workers == 2
+    finally:
+        rt = get_runtime()
+        rt.manager.close()
+        rt.collector.stop()
+        get_runtime.clear()
+
+
+def test_broken_workload_is_shown_not_crashed(db_path, no_leaks, monkeypatch):
+    from monitor.ui.resources import get_runtime
+
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setenv("STARVATION_MONITOR_WORKLOAD",
+                       f"{ROOT}/tests/workloads/broken.py:raises_in_factory")
+    get_runtime.clear()
+    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=90)
+    try:
+        at.run()
+        assert not at.exception
+        text = " ".join(e.value for e in at.error)
+        assert "KeyError: 'missing_column'" in text and "restart the dashboard" in text
+        assert not get_runtime().manager.is_alive()  # nothing started behind the error
+    finally:
+        rt = get_runtime()
+        rt.manager.close()
+        rt.collector.stop()
+        get_runtime.clear()
+
+
+def test_attached_run_can_be_retuned_from_the_page(app, db_path):
+    from monitor.records import StepRecord
+    from monitor.store import Store
+
+    store = Store(db_path)
+    run = store.create_run("train.py", "attached", {
+        "preset": "custom", "workload": "attached:train.py", "num_workers": 0,
+        "batch_size": 8, "prefetch_factor": None, "pin_memory": False,
+        "persistent_workers": False})
+    now = time.time()
+    store.insert([StepRecord(run, i, 0, now - 5 + i * 0.1, 0.06, 0.04, 8, 0)
+                  for i in range(40)])
+    app.run()
+    app.selectbox(key="selected_run").set_value(run).run()
+    assert not app.exception
+    app.number_input(key=f"att_nw_{run}").set_value(2)
+    app.button(key=f"att_req_{run}").click().run()
+    assert not app.exception
+    (cid, kind, payload), = store.pending_control(run)
+    assert kind == "config" and payload["num_workers"] == 2 and payload["prefetch_factor"] == 2

@@ -5,8 +5,10 @@ from __future__ import annotations
 import streamlit as st
 
 from monitor.config import (
+    CUSTOM,
     MODEL_SIZES,
     PRESETS,
+    USER_STEP_TIME_MS,
     ConfigError,
     LoaderConfig,
     max_workers,
@@ -24,13 +26,17 @@ def _key(name: str) -> str:
     return f"cfg_{name}"
 
 
+def _default_step_ms(preset: str) -> float:
+    spec = PRESET_SPECS.get(preset)
+    return spec.step_time_ms if spec is not None else USER_STEP_TIME_MS
+
+
 def _sync_from(config: LoaderConfig) -> None:
     """Point this browser's widgets at the manager's config (another tab may have moved it)."""
-    spec = PRESET_SPECS[config.preset]
     values = config.to_dict()
     values["prefetch_factor"] = config.prefetch_factor or 2
     values["step_time_ms"] = int(config.step_time_ms if config.step_time_ms is not None
-                                 else spec.step_time_ms)
+                                 else _default_step_ms(config.preset))
     if values["batch_size"] not in BATCH_SIZES:
         values["batch_size"] = min(BATCH_SIZES, key=lambda b: abs(b - config.batch_size))
     for k in KEYS:
@@ -42,8 +48,10 @@ def _read(base: LoaderConfig) -> LoaderConfig:
     """The widgets' values over `base` (which keeps settings the sidebar does not show)."""
     s = st.session_state
     nw = int(s[_key("num_workers")])
+    preset = s[_key("preset")]
+    workload = s.get("_workload_spec") if preset == CUSTOM else None
     return base.replace(
-        preset=s[_key("preset")], num_workers=nw, batch_size=int(s[_key("batch_size")]),
+        preset=preset, workload=workload, num_workers=nw, batch_size=int(s[_key("batch_size")]),
         prefetch_factor=int(s[_key("prefetch_factor")]) if nw > 0 else None,
         pin_memory=bool(s[_key("pin_memory")]),
         persistent_workers=bool(s[_key("persistent_workers")]) and nw > 0,
@@ -63,15 +71,19 @@ def _on_change(manager: SessionManager) -> None:
 
 
 def _on_preset(manager: SessionManager) -> None:
-    spec = PRESET_SPECS[st.session_state[_key("preset")]]
-    st.session_state[_key("batch_size")] = spec.batch_size
-    st.session_state[_key("step_time_ms")] = int(spec.step_time_ms)
+    spec = PRESET_SPECS.get(st.session_state[_key("preset")])
+    if spec is not None:
+        st.session_state[_key("batch_size")] = spec.batch_size
+        st.session_state[_key("step_time_ms")] = int(spec.step_time_ms)
     _on_change(manager)
 
 
-def render_controls(manager: SessionManager, simulated: bool, locked: bool = False) -> None:
+def render_controls(manager: SessionManager, simulated: bool, locked: bool = False,
+                    workload: dict | None = None) -> None:
     """The sidebar. `simulated`: show the step-time slider rather than the model size;
-    `locked`: a sweep or tune owns the workload, so nothing here may move it."""
+    `locked`: a sweep or tune owns the workload, so nothing here may move it; `workload`: the
+    user's dataset named at launch (offered as the first "preset")."""
+    st.session_state["_workload_spec"] = workload["spec"] if workload else None
     if st.session_state.get("_synced") != manager.config:
         _sync_from(manager.config)
     sb = st.sidebar
@@ -80,9 +92,16 @@ def render_controls(manager: SessionManager, simulated: bool, locked: bool = Fal
         sb.warning("A sweep or tune is running: the controls are locked until it ends "
                    "(Stop it in the Sweep & tune tab).")
     args = {"on_change": _on_change, "args": (manager,), "disabled": locked}
-    sb.selectbox("Preset", PRESETS, key=_key("preset"), on_change=_on_preset, args=(manager,),
-                 disabled=locked,
+    options = ([CUSTOM] if workload else []) + list(PRESETS)
+    label = {CUSTOM: f"your workload: {workload['spec']}" if workload else CUSTOM}
+    sb.selectbox("Workload", options, key=_key("preset"), on_change=_on_preset,
+                 args=(manager,), disabled=locked, format_func=lambda p: label.get(p, p),
                  help="; ".join(f"{n}: {s.description}" for n, s in PRESET_SPECS.items()))
+    if workload and st.session_state[_key("preset")] == CUSTOM:
+        sb.caption(f"{workload.get('kind')} {workload.get('dataset')}"
+                   + (f", {workload['length']:,} samples" if workload.get("length") else "")
+                   + (f"; model_step {workload['model_step']}()"
+                      if workload.get("model_step") else "; device simulated"))
     nw_max = max_workers()
     sb.slider("num_workers", 0, nw_max, key=_key("num_workers"), **args,
               help=f"worker processes; 0 loads in the training process. This machine has "

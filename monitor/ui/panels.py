@@ -48,11 +48,14 @@ def load_view(
     if run["status"] != "running" and isinstance(ended, float) and not math.isnan(ended):
         end = min(end, ended)
     start = max(run["started_at"], end - window_s) if window_s else run["started_at"]
+    host = store.host_samples(start, end)
+    if not host.empty and (host["run_id"] == run_id).any():
+        host = host[host["run_id"] == run_id]  # another collector may sample another run
     return View(
         run=run,
         steps=store.steps(run_id, since=start - 5.0, until=end),
         events=store.events(run_id, since=start),
-        host=store.host_samples(start, end),
+        host=host,
         gpu=store.gpu_samples(start, end),
         gpu_util=store.gpu_util(start, end),
         start=start, end=end,
@@ -211,3 +214,31 @@ def render_gpu_panel(view: View, devices: list, default: int | None) -> int | No
                                       (view.start, view.end)), key="chart_gpu",
                     config=PLOT_CONFIG)
     return pick
+
+
+def render_attached_controls(store: Store, run: dict) -> None:
+    """Loader changes for an attached script: requested through the store, applied by its
+    probe at the script's next iter(loader), i.e. the next epoch."""
+    cfg = run["config"] or {}
+    with st.expander("Change the attached script's loader (applies at its next epoch)",
+                     expanded=False):
+        c = st.columns(4)
+        nw = c[0].number_input("num_workers", 0, 64, int(cfg.get("num_workers") or 0),
+                               key=f"att_nw_{run['id']}")
+        pf = c[1].number_input("prefetch_factor", 1, 64, int(cfg.get("prefetch_factor") or 2),
+                               key=f"att_pf_{run['id']}", disabled=nw == 0)
+        pin = c[2].toggle("pin_memory", bool(cfg.get("pin_memory")), key=f"att_pin_{run['id']}")
+        pers = c[3].toggle("persistent_workers", bool(cfg.get("persistent_workers")),
+                           key=f"att_pers_{run['id']}", disabled=nw == 0)
+        st.caption("batch_size, sampler and dataset are fixed when the script builds its "
+                   "DataLoader: change those in the script.")
+        if st.button("Request", key=f"att_req_{run['id']}"):
+            payload = {"num_workers": int(nw), "pin_memory": bool(pin),
+                       "prefetch_factor": int(pf) if nw else None,
+                       "persistent_workers": bool(pers) and nw > 0}
+            store.request_control(int(run["id"]), "config", payload)
+        reqs = store.control_requests(int(run["id"]))
+        if not reqs.empty:
+            reqs = reqs.assign(state=reqs["result"].fillna("waiting for the next epoch"))
+            st.dataframe(reqs[["id", "payload", "state"]], hide_index=True,
+                         key=f"att_table_{run['id']}")
