@@ -200,6 +200,11 @@ class SweepState:
         with self.lock:
             return list(self.results), self.current, self.done
 
+    def finish(self) -> None:
+        self.current = None
+        self.finished = time.monotonic()
+        self.done = True
+
     @property
     def seconds(self) -> float:
         return (self.finished or time.monotonic()) - self.started
@@ -227,9 +232,7 @@ def run_sweep(
     except Exception as exc:  # reported on the page / CLI, never a dead thread
         state.error = f"{type(exc).__name__}: {exc}"
     finally:
-        state.current = None
-        state.finished = time.monotonic()
-        state.done = True
+        state.finish()
     return state
 
 
@@ -301,9 +304,7 @@ def autotune(
     except Exception as exc:
         state.error = f"{type(exc).__name__}: {exc}"
     finally:
-        state.current = None
-        state.finished = time.monotonic()
-        state.done = True
+        state.finish()
     return state
 
 
