@@ -11,8 +11,9 @@ fewer worker processes, then fewer prefetched batches, then smaller batches.
 
 Autotune is an adaptive search seeded by the bound model: measure the starting point, jump to
 the bound model's predicted knee, then take single steps of num_workers (and one of
-prefetch_factor) until no neighbour gains more than PLATEAU; it stops early on the time
-budget. It usually needs three or four configurations where a grid needs ten or more.
+prefetch_factor) until no neighbour gains more than PLATEAU; no step up where the diagnosis
+found the cores saturated; it stops early on the time budget. It usually needs three or
+four configurations where a grid needs ten or more.
 """
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ from monitor.config import LoaderConfig
 KNEE_TOLERANCE = 0.03  # "within 3% of the best"
 PLATEAU = 0.03  # a step that gains less than this ends the search
 MEMORY_HEADROOM = 0.85  # skip a configuration predicted to use more of the memory than this
+CORES_BOUND = ("cpu-bound", "oversubscribed")  # verdicts where loader changes cannot help
 SWEEP_PARAMS = ("num_workers", "prefetch_factor", "batch_size", "pin_memory",
                 "persistent_workers")
 
@@ -48,6 +50,7 @@ class ConfigResult:
     reason: str | None = None
     seconds: float = 0.0
     advised_workers: int | None = None  # the diagnosis's num_workers advice, if any
+    verdict: str | None = None  # the diagnosis's verdict
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -269,6 +272,10 @@ def autotune(
     def score(r: ConfigResult | None) -> float:
         return r.throughput if r is not None and r.status == "ok" and r.throughput else -1.0
 
+    def cores_bound(r: ConfigResult) -> bool:
+        # the diagnosis saw the cores saturated: more workers or prefetch cannot help
+        return r.verdict in CORES_BOUND
+
     try:
         best = run(base)
         seed = predict(best) if best is not None and best.status == "ok" else None
@@ -281,7 +288,7 @@ def autotune(
             improved = False
             n = best.config.num_workers
             for m in (n + 1, n - 1):
-                if not 0 <= m <= max_workers:
+                if not 0 <= m <= max_workers or (m > n and cores_bound(best)):
                     continue
                 cand = best.config.replace(num_workers=m)
                 if cand in tried:
@@ -293,7 +300,7 @@ def autotune(
                 if m == n + 1 and score(r) >= 0:
                     break  # going up did not pay: the plateau starts here
         if best is not None and best.config.num_workers > 0 and (best.data_wait_share or 0) \
-                > 0.05 and not out_of_time():
+                > 0.05 and not cores_bound(best) and not out_of_time():
             pf = best.config.prefetch_factor or 2
             r = run(best.config.replace(prefetch_factor=pf * 2))
             if score(r) > (1 + PLATEAU) * score(best):
@@ -324,7 +331,7 @@ def result_from_measurement(m: Any, cfg: LoaderConfig, seconds: float) -> Config
         device_busy_mean=None if math.isnan(s.device_busy_mean) else s.device_busy_mean,
         peak_rss_mb=m.peak_rss_mb, status=status,
         reason=(m.error or "").splitlines()[0] if m.error else None, seconds=seconds,
-        advised_workers=advised,
+        advised_workers=advised, verdict=m.diagnosis.verdict if m.diagnosis else None,
     )
 
 

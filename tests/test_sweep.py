@@ -1,6 +1,7 @@
 """Sweep and autotune on synthetic response surfaces (deterministic), and the knee."""
 from __future__ import annotations
 
+import dataclasses
 import threading
 
 import pytest
@@ -44,10 +45,11 @@ def fake_measure(kind: str, log: list):
         t = thr(cfg)
         advised = {"starving": 2, "io-bound": 4, "cpu-bound": 2}[kind] if cfg.num_workers == 0 \
             else None
+        verdict = "cpu-bound" if kind == "cpu-bound" and cfg.num_workers >= 2 else "starving"
         return ConfigResult(cfg, run_id=len(log), throughput=t, throughput_spread=0.02,
                             data_wait_share=max(0.0, 1 - t / 800), device_busy_mean=t / 800,
                             peak_rss_mb=300 + 200 * cfg.num_workers, seconds=10.0,
-                            advised_workers=advised)
+                            advised_workers=advised, verdict=verdict)
     return measure
 
 
@@ -133,3 +135,16 @@ def test_autotune_without_a_prediction_still_climbs():
     state = autotune(BASE, fake_measure("starving", log), lambda r: None, 4)
     assert state.best["config"]["num_workers"] == 2
     assert isinstance(state, SweepState) and state.error is None
+
+
+def test_autotune_does_not_climb_when_the_cores_are_saturated():
+    log: list = []
+
+    def noisy(cfg):  # 3 and 4 workers look better by noise alone
+        r = fake_measure("cpu-bound", log)(cfg)
+        bump = {3: 1.05, 4: 1.1}.get(cfg.num_workers, 1.0)
+        return dataclasses.replace(r, throughput=r.throughput * bump)
+
+    state = autotune(BASE, noisy, lambda r: r.advised_workers, 4)
+    assert [c.num_workers for c in log] == [0, 2, 1]
+    assert state.best["config"]["num_workers"] == 2
