@@ -31,7 +31,7 @@ render_controls(manager, simulated, locked, rt.workload)
 
 st.title("Starvation Monitor")
 st.caption("Is the GPU starved by its input pipeline? Per-step data wait and compute, live.")
-if simulated:
+if simulated and live_run is not None:
     st.info("No CUDA device: the workload runs on a **simulated accelerator** that holds the "
             "device for a set time per step while the host waits, as a real "
             "`torch.cuda.synchronize()` would. Device busy is derived from step timings.",

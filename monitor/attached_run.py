@@ -30,11 +30,14 @@ WARMUP_S = 2.0
 
 
 def summary(store: Store, run_id: int) -> dict[str, Any]:
-    """The same keys as `measure --json`, over the run after its first WARMUP_S seconds."""
+    """The same keys as `measure --json`, over the steps of the script's final loader
+    settings (changes from the page start a new generation), after WARMUP_S seconds."""
     run = store.run(run_id) or {}
-    steps = steady_state(store.steps(run_id), WARMUP_S)
-    if steps.empty:
-        steps = store.steps(run_id)
+    steps = store.steps(run_id)
+    if not steps.empty:
+        steps = steps[steps["config_seq"] == steps["config_seq"].max()]
+    settled = steady_state(steps, WARMUP_S)
+    steps = settled if len(settled) >= 3 else steps
     out: dict[str, Any] = {"run_id": run_id, "status": run.get("status")}
     out.update(summarize(steps).to_dict())
     cfg = dict(run.get("config") or {})

@@ -187,6 +187,9 @@ def render_run_status(run: dict) -> None:
         st.error(f"Run {run['id']} failed: {first}")
         with st.expander("Error details"):
             st.code(run["error"] or "", language=None)
+    elif status == "running" and run["kind"] == "attached":
+        st.caption(f"Run {run['id']}: your script {run['name']} (pid {run['pid']}), attached; "
+                   "compute is whatever its step does")
     elif status == "running":
         st.caption(f"Run {run['id']} ({run['name']}) running on: {run['accelerator'] or '…'}")
     else:
