@@ -42,6 +42,9 @@ MEMORY_PRESSURE = 0.85
 EPOCH_STALL_SHARE = 0.10
 # Host-to-device copy time over compute above which the copy, not the model, is the step.
 TRANSFER_SHARE = 0.30
+# CPU taken by processes outside the workload above which the verdict names them: half a
+# core is more than the sampling noise of the host total minus the workload's own.
+OTHER_LOAD_CORES = 0.5
 # Advise a change only when it is predicted to gain at least this much (noise on a shared
 # host is about ±5%).
 MIN_GAIN = 1.10
@@ -412,8 +415,14 @@ def diagnose(f: Features, max_workers: int | None = None) -> Diagnosis:
             "memory and contention" + (f" (predicted {pred:,.0f} samples/s)" if pred else ""))
     elif saturated:
         verdict = "cpu-bound"
+        other = f.other_cpu_cores or 0.0
         headline = (f"CPU-bound: the {cores} usable cores are {cpu_busy:.0%} busy and the "
                     f"device still waits {share:.0%} of the time; more workers will not help.")
+        if other >= OTHER_LOAD_CORES:
+            headline += f" {other:.1f} of those cores go to other processes, not the loader."
+            add("host", "free cores", None, f"other processes take {other:.1f} of the {cores} "
+                "usable cores (another job, a browser, a notebook): stop or move them, or "
+                "give this job more cores")
         add("dataset", "cheaper transforms", None, "the cores are saturated by per-sample "
             "work: cache decoded samples, move augmentation to the GPU (e.g. DALI, "
             "torchvision.transforms.v2 on tensors), or store pre-processed data")

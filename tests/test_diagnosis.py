@@ -197,3 +197,10 @@ def test_epoch_starts_are_measured():
     f = features(steps, pd.DataFrame(), LoaderConfig.build(num_workers=2), BUDGET)
     assert f.epoch_starts == 3 and f.epoch_stall_s == pytest.approx(3 * 0.49)
     assert f.first_batch_s == pytest.approx(0.5)
+
+
+def test_cpu_bound_by_other_processes_says_so():
+    cfg = LoaderConfig.build(num_workers=0)
+    dg = diagnose(feat(cfg, host_cpu_cores=1.95, main_cpu_cores=0.6, other_cpu_cores=1.35))
+    assert dg.verdict == "cpu-bound" and "other processes" in dg.headline
+    assert dg.advice[0].param == "host" and "1.4 of the 2" in dg.advice[0].reason
