@@ -48,7 +48,7 @@ class LoaderConfig:
     prefetch_factor: int | None = None
     pin_memory: bool = False
     persistent_workers: bool = False
-    step_time_ms: float | None = None  # simulated accelerator; None: the preset's default
+    step_time_ms: float | None = None  # device step; None: the preset's (or calibrated) one
     model_size: str = "auto"  # CUDA model: "auto" repeats a pass to take ~step_time_ms
     epoch_samples: int | None = None  # samples per epoch; None: the preset's
     workload: str | None = None  # a user's dataset, "path.py:callable" (preset "custom")
@@ -131,8 +131,9 @@ class LoaderConfig:
         and makes the preset's default step time explicit."""
         if kwargs.get("workload"):
             kwargs["preset"] = CUSTOM
-        if kwargs.get("step_time_ms") is None and kwargs.get("preset", DEFAULT_PRESET) in PRESETS:
-            kwargs["step_time_ms"] = PRESET_SPECS[kwargs.get("preset", DEFAULT_PRESET)].step_time_ms
+        spec = PRESET_SPECS.get(kwargs.get("preset", DEFAULT_PRESET))
+        if kwargs.get("step_time_ms") is None and spec is not None and spec.step_ratio is None:
+            kwargs["step_time_ms"] = spec.step_time_ms  # calibrated presets keep None: auto
         nw = kwargs.get("num_workers", 0)
         if isinstance(nw, int) and nw == 0:
             kwargs["prefetch_factor"] = None

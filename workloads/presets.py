@@ -18,12 +18,16 @@ class PresetSpec:
     # Each DataLoader worker "opens its shard index" once when it starts (modelled storage
     # latency, in worker_init_fn): what persistent_workers saves at every epoch start.
     worker_init_s: float = 0.3
+    # When set, the default step is this ratio of the loading time per batch, measured by the
+    # workload at start: the preset then starves the same way on a fast or a slow CPU.
+    step_ratio: float | None = None
 
 
 PRESET_SPECS: dict[str, PresetSpec] = {
     "starving": PresetSpec(
-        "CPU work per batch ~1.1-2x the accelerator step (it varies with the host): one "
-        "loader process cannot keep up, two can", (3, 64, 64), 8, 0.0, 60.0, 32, 4096),
+        "CPU work per batch 1.25x the accelerator step (the step is calibrated to 0.8x "
+        "the loading time measured at start): one loader process cannot keep up, two can",
+        (3, 64, 64), 8, 0.0, 60.0, 32, 4096, step_ratio=0.8),
     "io-bound": PresetSpec(
         "4 ms of storage latency per sample and little CPU: workers beyond the core count "
         "keep helping", (3, 64, 64), 1, 0.004, 30.0, 32, 4096),

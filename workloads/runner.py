@@ -25,6 +25,7 @@ import multiprocessing as mp
 import os
 import signal
 import sys
+import time
 import traceback
 import warnings
 from typing import Any
@@ -58,6 +59,17 @@ def format_error(exc: BaseException) -> str:
     return (head + "\n\n" + tb[-room:]) if room > 0 else head[:MAX_ERROR_CHARS]
 
 
+def calibrate(dataset: Any, n: int = 64) -> float:
+    """Seconds of loading per sample in this process (after two warm-up samples)."""
+    size = len(dataset)
+    for i in range(2):
+        dataset[i % size]
+    t = time.perf_counter()
+    for i in range(n):
+        dataset[(7919 * i) % size]
+    return (time.perf_counter() - t) / n
+
+
 def shutdown_iterator(it: Any) -> None:
     """Stop a DataLoader iterator's worker processes now rather than at garbage collection."""
     shutdown = getattr(it, "_shutdown_workers", None)
@@ -74,6 +86,7 @@ class Runner:
         self.config = config
         self.parent_pid = parent_pid
         self.user: Workload | None = None
+        self.sample_cost_s: float | None = None
         if config.workload:
             self.user = load(config.workload)
             ds = self.user.dataset
@@ -100,7 +113,13 @@ class Runner:
     def _step_time(self, cfg: LoaderConfig) -> float:
         if cfg.step_time_ms is not None:
             return cfg.step_time_ms
-        return self.spec.step_time_ms if self.spec is not None else USER_STEP_TIME_MS
+        if self.spec is None:
+            return USER_STEP_TIME_MS
+        if self.spec.step_ratio is not None:
+            if self.sample_cost_s is None:
+                self.sample_cost_s = calibrate(self.dataset)
+            return self.spec.step_ratio * self.sample_cost_s * cfg.batch_size * 1000.0
+        return self.spec.step_time_ms
 
     def _build_loader(self) -> DataLoader:
         kw = self.config.loader_kwargs()

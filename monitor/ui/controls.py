@@ -42,6 +42,7 @@ def _sync_from(config: LoaderConfig) -> None:
     for k in KEYS:
         st.session_state[_key(k)] = values[k]
     st.session_state["_synced"] = config
+    st.session_state["_step_synced"] = values["step_time_ms"]
 
 
 def _read(base: LoaderConfig) -> LoaderConfig:
@@ -50,12 +51,15 @@ def _read(base: LoaderConfig) -> LoaderConfig:
     nw = int(s[_key("num_workers")])
     preset = s[_key("preset")]
     workload = s.get("_workload_spec") if preset == CUSTOM else None
+    step: float | None = float(s[_key("step_time_ms")])
+    if step == s.get("_step_synced"):  # not moved: keep the run's (None = calibrated) step
+        step = base.step_time_ms if preset == base.preset else None
     return base.replace(
         preset=preset, workload=workload, num_workers=nw, batch_size=int(s[_key("batch_size")]),
         prefetch_factor=int(s[_key("prefetch_factor")]) if nw > 0 else None,
         pin_memory=bool(s[_key("pin_memory")]),
         persistent_workers=bool(s[_key("persistent_workers")]) and nw > 0,
-        step_time_ms=float(s[_key("step_time_ms")]), model_size=s[_key("model_size")],
+        step_time_ms=step, model_size=s[_key("model_size")],
     )
 
 
@@ -75,6 +79,7 @@ def _on_preset(manager: SessionManager) -> None:
     if spec is not None:
         st.session_state[_key("batch_size")] = spec.batch_size
         st.session_state[_key("step_time_ms")] = int(spec.step_time_ms)
+        st.session_state["_step_synced"] = int(spec.step_time_ms)
     _on_change(manager)
 
 
@@ -119,7 +124,9 @@ def render_controls(manager: SessionManager, simulated: bool, locked: bool = Fal
     sb.header("Accelerator")
     if simulated:
         sb.slider("step time (ms, simulated)", 0, 500, key=_key("step_time_ms"), **args,
-                  help="how long the simulated device is busy per batch")
+                  help="how long the simulated device is busy per batch; the starving preset "
+                       "calibrates it to 0.8x its measured loading time until you move this "
+                       "(the run line above the charts shows the value in use)")
     else:
         sb.selectbox("model size (CUDA)", MODEL_SIZES, key=_key("model_size"), **args,
                      help="auto: a width-64 conv net repeated to take about the step time "
