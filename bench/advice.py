@@ -19,6 +19,7 @@ from monitor.config import LoaderConfig
 from monitor.diagnosis import SLIDER_PARAMS
 from monitor.measure import measure
 from monitor.store import Store
+from monitor.sweep import step_time_of
 
 
 def main() -> None:
@@ -40,7 +41,10 @@ def main() -> None:
             others = "; ".join(str(x.value) for x in dg.advice) or "none"
             print(row + f"{'(no loader change)':<22}{'':>10}{'':>9}{'':>7}{'':>9}  {others}")
             continue
-        after = measure(store, cfg.replace(**{adv.param: adv.value}), a.seconds)
+        # a calibrated step (starving) is pinned to what the first run used: same device
+        step = cfg.step_time_ms or step_time_of(store, before.run_id)
+        after = measure(store, cfg.replace(step_time_ms=step, **{adv.param: adv.value}),
+                        a.seconds)
         ratio = after.summary.throughput / before.summary.throughput
         err = (adv.predicted_throughput / after.summary.throughput - 1
                if adv.predicted_throughput else float("nan"))

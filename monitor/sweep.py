@@ -335,6 +335,12 @@ def result_from_measurement(m: Any, cfg: LoaderConfig, seconds: float) -> Config
     )
 
 
+def step_time_of(store: Any, run_id: int) -> float | None:
+    """The device step a run used, in ms (the median compute of its steps)."""
+    steps = store.steps(run_id)
+    return round(float(steps["compute_s"].median()) * 1000, 1) if len(steps) else None
+
+
 class Runner:
     """Binds sweeps and tunes to a store, a collector and a session manager (the page's, so
     the live workload stops while they run; or a CLI's own)."""
@@ -345,15 +351,23 @@ class Runner:
         self.seconds, self.windows = seconds, windows
         self.memory_budget_mb = memory_budget_mb
         self.cancel = threading.Event()
+        self.pinned_step_ms: float | None = None
 
     def measure(self, cfg: LoaderConfig) -> ConfigResult:
+        """One configuration as its own run. A calibrated step (step_time_ms None) is pinned
+        to what the first run calibrated, so every configuration meets the same device."""
         from monitor.measure import measure
 
         t = time.monotonic()
-        m = measure(self.store, cfg, self.seconds, self.collector, manager=self.manager,
+        run_cfg = cfg
+        if cfg.step_time_ms is None and self.pinned_step_ms is not None:
+            run_cfg = cfg.replace(step_time_ms=self.pinned_step_ms)
+        m = measure(self.store, run_cfg, self.seconds, self.collector, manager=self.manager,
                     windows=self.windows, cancel=self.cancel,
                     name=f"{cfg.preset} nw={cfg.num_workers} pf={cfg.prefetch_factor} "
                          f"bs={cfg.batch_size}", memory_budget_mb=self.memory_budget_mb)
+        if cfg.step_time_ms is None and self.pinned_step_ms is None:
+            self.pinned_step_ms = step_time_of(self.store, m.run_id)
         return result_from_measurement(m, cfg, time.monotonic() - t)
 
     def available_mb(self) -> float | None:
