@@ -145,3 +145,18 @@ def render_controls(manager: SessionManager, simulated: bool, locked: bool = Fal
     if c2.button("Stop", disabled=locked or not manager.is_alive(), key="stop"):
         manager.stop()
         st.rerun()
+    _reconcile(manager, locked)
+
+
+def _reconcile(manager: SessionManager, locked: bool) -> None:
+    """Apply widget values whose on_change never ran. A widget event that lands while a
+    fragment is re-running can reach the script without its callback (seen under load); the
+    next full run then carries values that differ from what this browser last synced."""
+    if locked or st.session_state.get("_synced") != manager.config:
+        return
+    try:
+        cfg = _read(manager.config)
+    except ConfigError:
+        return
+    if cfg != manager.config:
+        _on_change(manager)
