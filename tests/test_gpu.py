@@ -32,7 +32,7 @@ def us(t: float) -> int:
 
 
 def test_no_library_is_a_notice_not_a_crash(monkeypatch):
-    monkeypatch.setitem(sys.modules, "pynvml", None)  # import pynvml -> ImportError
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # importing it raises ImportError
     b = open_backend()
     assert isinstance(b, NoGpu) and not b.available
     assert "nvidia-ml-py" in b.notice
