@@ -25,6 +25,9 @@ DEFAULT_PATH = Path("runs") / "monitor.db"
 ENV_VAR = "STARVATION_MONITOR_DB"
 
 RUN_STATUSES = ("running", "finished", "stopped", "failed")
+# A calibrated preset step is reused for this long, so runs compared one after another (the
+# CLI, a sweep, the page's restarts) meet the same simulated device.
+CALIBRATION_MAX_AGE_S = 6 * 3600
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
@@ -56,6 +59,11 @@ CREATE TABLE IF NOT EXISTS control (
     payload TEXT,
     applied_at REAL,
     result TEXT
+);
+CREATE TABLE IF NOT EXISTS calibration (
+    key TEXT PRIMARY KEY,
+    value REAL NOT NULL,
+    ts REAL NOT NULL
 );
 CREATE INDEX IF NOT EXISTS events_run ON events(run_id, ts);
 CREATE INDEX IF NOT EXISTS control_run ON control(run_id, id);
@@ -174,6 +182,15 @@ class Store:
             (run_id, ts if ts is not None else time.time(), kind, label,
              json.dumps(data, sort_keys=True) if data is not None else None),
         )
+
+    def calibration(self, key: str, max_age_s: float = CALIBRATION_MAX_AGE_S) -> float | None:
+        row = self._conn().execute("SELECT value, ts FROM calibration WHERE key = ?",
+                                   (key,)).fetchone()
+        return float(row[0]) if row and time.time() - row[1] <= max_age_s else None
+
+    def set_calibration(self, key: str, value: float) -> None:
+        self._conn().execute("INSERT OR REPLACE INTO calibration (key, value, ts) "
+                             "VALUES (?, ?, ?)", (key, value, time.time()))
 
     # -- control: page/CLI -> workload ---------------------------------------------------
     def request_control(self, run_id: int, kind: str, payload: dict[str, Any] | None = None) -> int:

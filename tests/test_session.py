@@ -154,3 +154,17 @@ time.sleep(120)
     assert "exited" in (store.run(run)["error"] or "")
     assert wait_until(lambda: not workload.is_running() or
                       workload.status() == psutil.STATUS_ZOMBIE, timeout=15)
+
+
+def test_calibrated_preset_meets_the_same_device_in_later_runs(store, no_leaks):
+    m = SessionManager(store, LoaderConfig.build(preset="starving", batch_size=8))
+    try:
+        first = m.start()
+        assert m.wait_for_steps(2, timeout=90)
+        second = m.start(LoaderConfig.build(preset="starving", batch_size=8, num_workers=1))
+        assert m.wait_for_steps(2, timeout=90)
+        a, b = store.run(first)["accelerator"], store.run(second)["accelerator"]
+        assert "holds the device for" in a and a == b
+        assert store.calibration("sample_cost_s:starving") is not None
+    finally:
+        m.close()

@@ -114,3 +114,10 @@ def test_concurrent_writer_process_and_reader(store):
     assert p.wait() == 0
     assert len(store.steps(run)) == 200
     assert store.integrity_ok()
+
+
+def test_calibration_is_kept_and_ages_out(store):
+    assert store.calibration("sample_cost_s:starving") is None
+    store.set_calibration("sample_cost_s:starving", 0.0031)
+    assert store.calibration("sample_cost_s:starving") == 0.0031
+    assert store.calibration("sample_cost_s:starving", max_age_s=-1) is None

@@ -117,7 +117,11 @@ class Runner:
             return USER_STEP_TIME_MS
         if self.spec.step_ratio is not None:
             if self.sample_cost_s is None:
-                self.sample_cost_s = calibrate(self.dataset)
+                key = f"sample_cost_s:{cfg.preset}"
+                self.sample_cost_s = self.store.calibration(key)
+                if self.sample_cost_s is None:
+                    self.sample_cost_s = calibrate(self.dataset)
+                    self.store.set_calibration(key, self.sample_cost_s)
             return self.spec.step_ratio * self.sample_cost_s * cfg.batch_size * 1000.0
         return self.spec.step_time_ms
 
