@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import types
 from dataclasses import dataclass, field
-from typing import Any
 
 NVML_ERROR_NOT_SUPPORTED = 3
 NVML_ERROR_NO_PERMISSION = 4
@@ -134,7 +133,3 @@ def make(gpus: list[FakeGpu], init_error: int | None = None) -> types.SimpleName
         c_nvmlGpmMetricsGet_t=GpmMetricsGet, calls=calls,
     )
     return ns
-
-
-def fake_any(**kw: Any) -> types.SimpleNamespace:
-    return make([FakeGpu(**kw)])

@@ -45,7 +45,3 @@ PRESET_SPECS: dict[str, PresetSpec] = {
 
 def preset_batch_size(preset: str) -> int:
     return PRESET_SPECS[preset].batch_size
-
-
-def preset_step_time_ms(preset: str) -> float:
-    return PRESET_SPECS[preset].step_time_ms

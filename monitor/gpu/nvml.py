@@ -149,9 +149,6 @@ class NvmlBackend:
     def devices(self) -> list[GpuDevice]:
         return [d.info for d in self._devs]
 
-    def lost(self) -> list[int]:
-        return [d.info.index for d in self._devs if d.lost]
-
     def watch_pids(self, pids: set[int]) -> None:
         """PIDs whose per-process SM utilization is recorded (the workload's)."""
         self._pids = set(pids)
