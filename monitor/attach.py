@@ -178,7 +178,7 @@ class TimedIterator:
         now = time.perf_counter()
         if self._t_got is not None:
             self._rec.record(self._t_req, self._t_got, now, self._batch)
-            self._t_req = now
+            self._t_req = time.perf_counter()  # a flush in record() is neither wait nor step
         try:
             batch = next(self._inner)
         except StopIteration:
