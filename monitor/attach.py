@@ -28,8 +28,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from monitor.probe import batch_len
-from monitor.records import StepRecord
+from monitor.probe import Probe
 from monitor.store import Store
 
 RUN_ENV = "STARVATION_MONITOR_RUN_ID"
@@ -52,46 +51,39 @@ def loader_settings(loader: Any) -> dict[str, Any]:
 
 
 class Recorder:
-    """Steps of one run, written to the store in batches; thread-safe enough for one loop."""
+    """One run's epochs and control in a user's process; the steps themselves go through a
+    Probe (the same records and batching as the managed workload)."""
 
     def __init__(self, store: Store, run_id: int, script: str) -> None:
         self.store, self.run_id, self.script = store, run_id, script
-        self.anchor_clock, self.anchor_wall = time.perf_counter(), time.time()
-        self.buf: list[StepRecord] = []
-        self.last_flush = self.anchor_clock
-        self.step = 0
+        self.probe = Probe(store, run_id, flush_interval=FLUSH_S)
         self.epoch = -1
-        self.config_seq = 0
         self.last_control = 0
         self.loader_id: int | None = None
         self.lock = threading.Lock()
         atexit.register(self.flush)
 
-    def wall(self, t: float) -> float:
-        return self.anchor_wall + (t - self.anchor_clock)
+    @property
+    def config_seq(self) -> int:
+        return self.probe.config_seq
 
     def record(self, t_req: float, t_got: float, t_next: float, batch: Any) -> None:
         with self.lock:
-            self.buf.append(StepRecord(
-                run_id=self.run_id, step=self.step, epoch=self.epoch, ts=self.wall(t_got),
-                wait_s=t_got - t_req, compute_s=t_next - t_got, samples=batch_len(batch),
-                config_seq=self.config_seq))
-            self.step += 1
-            if t_next - self.last_flush >= FLUSH_S:
-                self._flush()
-
-    def _flush(self) -> None:
-        if self.buf:
             try:
-                self.store.insert(self.buf)
+                self.probe.record(self.epoch, t_req, t_got, t_next, batch)
             except Exception as exc:  # never break the user's training for our records
-                print(f"starvation-monitor: could not write steps: {exc}", file=sys.stderr)
-            self.buf = []
-        self.last_flush = time.perf_counter()
+                self._dropped(exc)
 
     def flush(self) -> None:
         with self.lock:
-            self._flush()
+            try:
+                self.probe.flush()
+            except Exception as exc:
+                self._dropped(exc)
+
+    def _dropped(self, exc: Exception) -> None:
+        print(f"starvation-monitor: could not write steps: {exc}", file=sys.stderr)
+        self.probe.discard()
 
     # -- epochs and control --------------------------------------------------------------
     def start_epoch(self, loader: Any) -> None:
@@ -147,7 +139,7 @@ class Recorder:
         label = ", ".join(f"{k} {before[k]}→{after[k]}" for k in LIVE_SETTINGS
                           if before[k] != after[k] and not (
                               k == "prefetch_factor" and None in (before[k], after[k])))
-        self.config_seq += 1
+        self.probe.config_seq += 1
         self.store.add_event(self.run_id, "config", label or "settings", {
             **after, "applied_at_epoch": self.epoch})
         self.store.update_run(self.run_id, config={**after,

@@ -49,10 +49,7 @@ def summary(store: Store, run_id: int) -> dict[str, Any]:
             host = store.host_samples(start, end)
             host = host[host["run_id"] == run_id] if not host.empty else host
             dg = diagnose(features(steps, host, config, cpu_budget()), max_workers())
-            out.update(verdict=dg.verdict, verdict_text=dg.headline,
-                       bound={"throughput": dg.bound.get("throughput"),
-                              "limit": dg.bound.get("limit"), "text": dg.bound.get("text")},
-                       advice=[a.to_dict() for a in dg.advice])
+            out.update(dg.summary_fields())
         except Exception as exc:  # a summary without diagnosis beats none
             out["diagnosis_error"] = f"{type(exc).__name__}: {exc}"
     out.update(error=run.get("error"), config=cfg, epochs=int(steps["epoch"].nunique())

@@ -300,6 +300,13 @@ class Diagnosis:
         return {"verdict": self.verdict, "headline": self.headline, "evidence": self.evidence,
                 "bound": self.bound, "advice": [a.to_dict() for a in self.advice]}
 
+    def summary_fields(self) -> dict[str, Any]:
+        """The keys `measure --json` and `run --json` carry for the diagnosis."""
+        return {"verdict": self.verdict, "verdict_text": self.headline,
+                "bound": {k: self.bound.get(k) for k in ("throughput", "limit", "text",
+                                                         "predicted_now")},
+                "advice": [a.to_dict() for a in self.advice], "evidence": self.evidence}
+
 
 def _gain(new: float, now: float) -> str:
     return f"{(new / now - 1) * 100:+.0f}%" if now > 0 else ""

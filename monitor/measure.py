@@ -66,12 +66,7 @@ class Measurement:
         d.update(self.summary.to_dict())
         d.update(throughput_spread=self.throughput_spread, peak_rss_mb=self.peak_rss_mb)
         if self.diagnosis is not None:
-            dg = self.diagnosis
-            d.update(verdict=dg.verdict, verdict_text=dg.headline,
-                     bound={"throughput": dg.bound.get("throughput"),
-                            "limit": dg.bound.get("limit"), "text": dg.bound.get("text"),
-                            "predicted_now": dg.bound.get("predicted_now")},
-                     advice=[a.to_dict() for a in dg.advice], evidence=dg.evidence)
+            d.update(self.diagnosis.summary_fields())
         d.update({"gpu": self.gpu, "gpu_util_mean": self.gpu_util_mean,
                   "gpu_util_cv": self.gpu_util_cv})
         d.update({"error": self.error, "accelerator": self.accelerator,

@@ -82,24 +82,33 @@ class Probe:
                 return
             t1 = self.clock()
             yield batch
-            t2 = self.clock()
-            self._buffer.append(StepRecord(
-                run_id=self.run_id, step=self.step, epoch=epoch, ts=self.wall(t1),
-                wait_s=t1 - t0, compute_s=t2 - t1, samples=batch_len(batch),
-                config_seq=self.config_seq, copy_s=self.copy_s,
-            ))
-            self.copy_s = None
-            self.step += 1
-            if t2 - self._last_flush >= self.flush_interval:
-                self.flush()
+            self.record(epoch, t0, t1, self.clock(), batch)
             if between is not None and between():
                 return
             t0 = self.clock()
+
+    def record(self, epoch: int, t_req: float, t_got: float, t_next: float, batch: Any) -> None:
+        """One step: asked for the batch at t_req, got it at t_got, asked for the next at
+        t_next (this probe's clock). Writes the buffer when flush_interval has passed."""
+        self._buffer.append(StepRecord(
+            run_id=self.run_id, step=self.step, epoch=epoch, ts=self.wall(t_got),
+            wait_s=t_got - t_req, compute_s=t_next - t_got, samples=batch_len(batch),
+            config_seq=self.config_seq, copy_s=self.copy_s,
+        ))
+        self.copy_s = None
+        self.step += 1
+        if t_next - self._last_flush >= self.flush_interval:
+            self.flush()
 
     def flush(self) -> None:
         if self._buffer:
             self.store.insert(self._buffer)
             self._buffer = []
+        self._last_flush = self.clock()
+
+    def discard(self) -> None:
+        """Drop unwritten records (after a write failed: the run goes on without them)."""
+        self._buffer = []
         self._last_flush = self.clock()
 
     def control_due(self) -> bool:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -85,6 +86,16 @@ def test_config_for_a_workload():
 
 # -- real runs ------------------------------------------------------------------------------
 
+@contextmanager
+def managed(store, **settings):
+    """A session manager for these settings, closed (and its workload reaped) after."""
+    m = SessionManager(store, LoaderConfig.build(**settings))
+    try:
+        yield m
+    finally:
+        m.close()
+
+
 def wait_status(store, run, timeout=90):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -97,9 +108,7 @@ def wait_status(store, run, timeout=90):
 
 @pytest.mark.slow
 def test_user_dataset_runs_and_reconfigures(store, no_leaks):
-    m = SessionManager(store, LoaderConfig.build(workload=GOOD, batch_size=16,
-                                                 step_time_ms=5.0))
-    try:
+    with managed(store, workload=GOOD, batch_size=16, step_time_ms=5.0) as m:
         run = m.start()
         assert m.wait_for_steps(5, timeout=90), store.run(run)
         assert store.run(run)["accelerator"].startswith("simulated accelerator")
@@ -109,57 +118,39 @@ def test_user_dataset_runs_and_reconfigures(store, no_leaks):
             time.sleep(0.1)
         assert store.control_result(cid)[1] == "ok"
         assert store.steps(run)["samples"].iloc[-1] == 16
-    finally:
-        m.close()
 
 
 @pytest.mark.slow
 def test_user_model_step_and_collate(store, no_leaks):
-    m = SessionManager(store, LoaderConfig.build(workload=f"{HERE}/good.py:make_dict",
-                                                 batch_size=16, num_workers=1))
-    try:
+    with managed(store, workload=f"{HERE}/good.py:make_dict", batch_size=16, num_workers=1) as m:
         run = m.start()
         assert m.wait_for_steps(5, timeout=90), store.run(run)
         assert "your model_step step()" in store.run(run)["accelerator"]
         assert store.steps(run)["compute_s"].median() >= 0.009  # its sleep(0.01)
-    finally:
-        m.close()
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("workers", [0, 2])
 def test_dataset_raising_names_index_and_worker(store, no_leaks, workers):
-    m = SessionManager(store, LoaderConfig.build(workload=f"{BROKEN}:raises_in_getitem",
-                                                 num_workers=workers))
-    try:
+    with managed(store, workload=f"{BROKEN}:raises_in_getitem", num_workers=workers) as m:
         r = wait_status(store, m.start())
         assert r["status"] == "failed"
         assert "corrupt record" in r["error"] and "for sample index" in r["error"]
         assert ("in worker" in r["error"]) == (workers > 0)
         assert "the main process" in r["error"] or workers > 0
-    finally:
-        m.close()
 
 
 @pytest.mark.slow
 def test_unpicklable_dataset_with_spawned_workers_says_why(store, no_leaks):
-    m = SessionManager(store, LoaderConfig.build(workload=f"{BROKEN}:unpicklable",
-                                                 num_workers=1))
-    try:
+    with managed(store, workload=f"{BROKEN}:unpicklable", num_workers=1) as m:
         r = wait_status(store, m.start())
         assert r["status"] == "failed"
         assert "cannot be pickled for worker processes started with 'spawn'" in r["error"]
         assert "lambda" in r["error"]
-    finally:
-        m.close()
 
 
 @pytest.mark.slow
 def test_iterable_dataset_runs(store, no_leaks):
-    m = SessionManager(store, LoaderConfig.build(workload=f"{HERE}/iterable.py:make",
-                                                 num_workers=2, step_time_ms=2.0))
-    try:
+    with managed(store, workload=f"{HERE}/iterable.py:make", num_workers=2, step_time_ms=2.0) as m:
         m.start()
         assert m.wait_for_steps(10, timeout=90)
-    finally:
-        m.close()
