@@ -5,11 +5,9 @@ import os
 
 import streamlit as st
 
-from monitor.analysis import summarize
-from monitor.config import LoaderConfig, max_workers
-from monitor.diagnosis import diagnose, features
+from monitor.assess import assess
+from monitor.diagnosis import SIMULATED
 from monitor.gpu import workload_gpu
-from monitor.host import cpu_budget
 from monitor.ui import panels
 from monitor.ui.controls import render_controls
 from monitor.ui.resources import get_runtime
@@ -24,10 +22,9 @@ if os.environ.get("STARVATION_MONITOR_AUTOSTART", "1") != "0" and not rt.workloa
 
 live_run = manager.run_id
 run_info = rt.store.run(live_run) if live_run is not None else None
-accel = (run_info or {}).get("accelerator") or ""
-simulated = not accel.startswith("CUDA")
-locked = rt.jobs.running()
-render_controls(manager, simulated, locked, rt.workload)
+# the live workload's accelerator, as it recorded it (None until it has started)
+simulated = (run_info or {}).get("accelerator_kind") in (SIMULATED, None)
+render_controls(rt, simulated)
 
 st.title("Starvation Monitor")
 st.caption("Is the GPU starved by its input pipeline? Per-step data wait and compute, live.")
@@ -39,8 +36,9 @@ if simulated and live_run is not None:
 if rt.workload_error:
     st.error(f"{rt.workload_error}\n\nFix it and restart the dashboard; the presets work "
              "meanwhile.", icon="🛑")
-if not rt.collector.gpu.available:
-    st.caption(f"GPU telemetry: {rt.collector.gpu.notice}")
+gpu_available, gpu_notice, devices = rt.store.gpu_inventory()
+if not gpu_available:
+    st.caption(f"GPU telemetry: {gpu_notice}")
 
 live_tab, sweep_tab = st.tabs(["Live", "Sweep & tune"])
 top = live_tab.columns([3, 2])
@@ -49,6 +47,12 @@ window_name = top[0].segmented_control("Window", list(panels.WINDOWS), default="
 runs = rt.store.runs(limit=30)
 run_ids = runs["id"].astype(int).tolist()
 labels = {int(r.id): f"run {r.id} · {r.name} · {r.status}" for r in runs.itertuples()}
+# The run selector follows the live run (a preset change or Start makes a new one) until the
+# user picks another run.
+following = st.session_state.get("selected_run") in (None, st.session_state.get("_live_seen"))
+if following and live_run in run_ids:
+    st.session_state["selected_run"] = live_run
+st.session_state["_live_seen"] = live_run
 selected = None
 if run_ids:
     selected = top[1].selectbox("Run", run_ids, index=0, format_func=labels.get,
@@ -63,12 +67,11 @@ def apply_advice(param: str, value: object) -> None:
 @st.fragment(run_every=1.0)
 def live() -> None:
     """Refreshes about once a second; reads the store only."""
-    run_id = selected if selected is not None else manager.run_id
+    # a run started since this page ran (another tab, a job) is followed too
+    run_id = manager.run_id if (following or selected is None) and manager.run_id else selected
     if run_id is None:
         st.info("No run yet: press Start in the sidebar.")
         return
-    if manager.run_id is not None and run_id < manager.run_id and selected == run_ids[0]:
-        run_id = manager.run_id  # a run started after this page loaded
     view = panels.load_view(rt.store, run_id, panels.WINDOWS[window_name])
     if view is None:
         st.warning(f"Run {run_id} is not in the store.")
@@ -76,37 +79,34 @@ def live() -> None:
     panels.render_run_status(view.run)
     if view.run["kind"] == "attached" and view.run["status"] == "running":
         panels.render_attached_controls(rt.store, view.run)
-    kpi_steps, caption = panels.kpi_steps(view)
-    summary = summarize(kpi_steps)
-    config = LoaderConfig.from_dict(view.run["config"])
-    dg = diagnose(features(kpi_steps, view.host, config, cpu_budget(), simulated),
-                  max_workers())
+    window = panels.assessed_window(rt.store, view)
+    a = assess(window, rt.context())
     workers_live = view.host["workers"].dropna().iloc[-1] if (
         not view.host.empty and view.host["workers"].notna().any()) else None
-    cfg = view.run["config"]
-    workers = f"{cfg['num_workers']}" + (f" / {int(workers_live)} live"
-                                         if workers_live is not None else "")
-    panels.render_verdict(dg)
-    panels.render_kpis(summary, workers, caption)
+    nw = (view.run["config"] or {}).get("num_workers")
+    workers = ("–" if nw is None else f"{nw}") + (
+        f" / {int(workers_live)} live" if workers_live is not None else "")
+    panels.render_verdict(a)
+    panels.render_kpis(a, workers, window.caption)
     live_now = run_id == manager.run_id and manager.is_alive() and not rt.jobs.running()
-    panels.render_explain(dg, apply_advice if live_now else None)
-    devices = rt.collector.gpu.devices()
+    panels.render_explain(a, apply_advice if live_now else None)
+    simulated_run = window.accelerator == SIMULATED
     default_gpu = workload_gpu(devices, view.run.get("device"))
     gpu_pick = st.session_state.get("gpu_pick", default_gpu)
-    panels.render_charts(view, simulated, gpu_pick if devices else None)
+    panels.render_charts(view, simulated_run, gpu_pick if devices else None)
     if devices:
         st.subheader("GPU (NVML)")
-        st.caption(rt.collector.gpu.notice)
+        st.caption(gpu_notice)
         panels.render_gpu_panel(view, devices, default_gpu)
 
 
 @st.fragment(run_every=1.0)
 def sweep_progress() -> None:
-    render_sweep_progress(rt.jobs, manager)
+    render_sweep_progress(rt)
 
 
 with live_tab:
     live()
 with sweep_tab:
-    render_sweep_controls(rt.jobs, manager)
+    render_sweep_controls(rt)
     sweep_progress()

@@ -19,11 +19,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from monitor.collector import Collector
-from monitor.config import LoaderConfig, max_workers
-from monitor.session import SessionManager
-from monitor.store import Store
-from monitor.sweep import Runner, describe, find_knee, grid
+from monitor.config import LoaderConfig
+from monitor.runtime import Runtime
+from monitor.tuning.experiment import Experiments
+from monitor.tuning.search import describe, find_knee, grid
 
 
 def main() -> None:
@@ -32,16 +31,14 @@ def main() -> None:
     ap.add_argument("--presets", default="starving,io-bound,cpu-bound")
     ap.add_argument("--verify", type=int, default=2)
     a = ap.parse_args()
-    store = Store(Path(tempfile.mkdtemp()) / "autotune.db")
-    collector = Collector(store).start()
-    manager = SessionManager(store, on_start=collector.watch)
-    top = max_workers()
+    rt = Runtime(Path(tempfile.mkdtemp()) / "autotune.db").start()
+    top = rt.max_workers
     try:
         for preset in a.presets.split(","):
             base = LoaderConfig.build(preset=preset)
             configs = grid(base, {"num_workers": list(range(top + 1)),
                                   "prefetch_factor": [1, 2, 4]})
-            runner = Runner(store, collector, manager, a.seconds)
+            runner = Experiments(rt, a.seconds)
             g = runner.sweep(configs)
             knee = find_knee(g.results)
             t = runner.tune(base, top)
@@ -68,8 +65,7 @@ def main() -> None:
                   f"{verified:.3f} (head to head), time ratio {t.seconds / g.seconds:.3f}",
                   flush=True)
     finally:
-        manager.close()
-        collector.stop()
+        rt.close()
 
 
 if __name__ == "__main__":

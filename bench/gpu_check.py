@@ -21,12 +21,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from monitor.analysis import busy_series, nvml_vs_busy, series_stats, span, steady_state
-from monitor.collector import Collector
+from monitor.analysis import busy_series, nvml_vs_busy, series_stats, span
+from monitor.assess import steady_window
 from monitor.config import LoaderConfig
 from monitor.gpu import open_backend, workload_gpu
-from monitor.measure import measure, warmup_seconds
-from monitor.store import Store
+from monitor.measure import measure
+from monitor.runtime import Runtime
 
 
 def pass_cost_us(gpu, n: int = 40) -> float:
@@ -64,17 +64,17 @@ def main() -> int:
     print(gpu.notice)
     for d in gpu.devices():
         print(f"  GPU {d.index}: {d.name} uuid={d.uuid} pci={d.pci} GPM={d.gpm}")
-    store = Store(Path(tempfile.mkdtemp()) / "gpu_check.db")
-    col = Collector(store, gpu=gpu, interval=0.25).start()
+    rt = Runtime(Path(tempfile.mkdtemp()) / "gpu_check.db", gpu=gpu).start()
+    store = rt.store
     try:
         for preset in a.presets.split(","):
-            m = measure(store, LoaderConfig.build(preset=preset, num_workers=0), a.seconds,
-                        collector=col)
-            if not (m.accelerator or "").startswith("CUDA") and not a.dry_run:
+            m = measure(rt, LoaderConfig.build(preset=preset, num_workers=0), a.seconds)
+            kind = (store.run(m.run_id) or {}).get("accelerator_kind")
+            if kind != "cuda" and not a.dry_run:
                 print(f"{preset}: the workload did not run on CUDA ({m.accelerator}); "
                       f"status {m.status} {m.error or ''}")
                 return 2
-            steps = steady_state(store.steps(m.run_id), warmup_seconds(a.seconds))
+            steps = steady_window(store, m.run_id).steps
             start, end = span(steps)
             dev = workload_gpu(gpu.devices(), (store.run(m.run_id) or {}).get("device"))
             util = store.gpu_util(start, end)
@@ -96,7 +96,7 @@ def main() -> int:
         print(f"\nsampling pass cost: {pass_cost_us(gpu):.0f} us median over 40 passes "
               f"({len(gpu.devices())} GPU(s); PCIe read at most once a second)")
     finally:
-        col.stop()
+        rt.close()
         gpu.close()
     return 0
 

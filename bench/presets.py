@@ -17,7 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from monitor.config import LoaderConfig
 from monitor.measure import measure
-from monitor.store import Store
+from monitor.runtime import Runtime
 
 CASES = [
     ("starving", 0), ("starving", 2),
@@ -35,33 +35,41 @@ def main() -> None:
     ap.add_argument("--only", default=None, help="comma-separated presets")
     ap.add_argument("--db", default=None)
     a = ap.parse_args()
-    store = Store(a.db or Path(tempfile.mkdtemp()) / "bench.db")
+    rt = Runtime(a.db or Path(tempfile.mkdtemp()) / "bench.db").start()
     only = set(a.only.split(",")) if a.only else None
     base: dict[str, float] = {}
     print(f"{'preset':<13}{'workers':>8}{'samples/s':>11}{'wait share':>12}{'busy mean':>11}"
           f"{'busy CV':>9}{'vs w=0':>8}  verdict")
+    try:
+        _cases(rt, a, only, base)
+    finally:
+        rt.close()
+
+
+def _cases(rt: Runtime, a: argparse.Namespace, only: set | None, base: dict) -> None:
     for preset, nw in CASES:
         if only and preset not in only:
             continue
         rows = []
         for _ in range(a.repeat):
             cfg = LoaderConfig.build(preset=preset, num_workers=nw)
-            rows.append(measure(store, cfg, a.seconds).summary)
-        thr = statistics.median(r.throughput for r in rows)
-        share = statistics.median(r.data_wait_share for r in rows)
+            m = measure(rt, cfg, a.seconds)
+            rows.append(m.assessment)
+        thr = statistics.median(r.summary.throughput for r in rows)
+        share = statistics.median(r.summary.data_wait_share for r in rows)
         if nw == 0:
             base[preset] = thr
         ratio = thr / base[preset] if preset in base else float("nan")
         print(f"{preset:<13}{nw:>8}{thr:>11.1f}{share:>12.3f}"
-              f"{statistics.median(r.device_busy_mean for r in rows):>11.3f}"
-              f"{statistics.median(r.device_busy_cv for r in rows):>9.2f}{ratio:>8.2f}  "
+              f"{statistics.median(r.summary.device_busy_mean for r in rows):>11.3f}"
+              f"{statistics.median(r.summary.device_busy_cv for r in rows):>9.2f}{ratio:>8.2f}  "
               f"{rows[0].verdict}{_spread(rows)}", flush=True)
 
 
 def _spread(rows: list) -> str:
     if len(rows) < 2:
         return ""
-    return "  (shares: " + ", ".join(f"{r.data_wait_share:.2f}" for r in rows) + ")"
+    return "  (shares: " + ", ".join(f"{r.summary.data_wait_share:.2f}" for r in rows) + ")"
 
 
 if __name__ == "__main__":

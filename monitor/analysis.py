@@ -1,4 +1,4 @@
-"""Pure functions over the store's frames: shares, busy series, throughput, the verdict.
+"""Pure functions over the store's frames: shares, busy series, throughput, sawtooth.
 
 Definitions (DESIGN.md): data wait, compute, data-wait share = Σwait / Σ(wait + compute),
 device busy = the fraction of each 50 ms bin covered by compute intervals, throughput =
@@ -13,10 +13,6 @@ import numpy as np
 import pandas as pd
 
 BUSY_BIN_S = 0.05
-# The device waits on data for at least this share of step time: starving. 10% is where the
-# PyTorch profiler's and Lightning's own "dataloader bottleneck" hints start to fire, and
-# below it a loader change rarely buys more than the run-to-run noise on a shared host.
-STARVING_SHARE = 0.10
 
 
 def data_wait_share(steps: pd.DataFrame) -> float:
@@ -85,48 +81,32 @@ def throughput_series(steps: pd.DataFrame, bin_s: float = 1.0) -> pd.DataFrame:
 
 @dataclass(frozen=True, slots=True)
 class Summary:
-    """What `measure --json` prints and the KPI row shows."""
+    """The window's headline figures (DESIGN.md definitions), over `window_s` seconds: from
+    the first step's wait start to the last step's compute end."""
 
     steps: int
-    seconds: float
+    window_s: float
     throughput: float
     data_wait_share: float
     device_busy_mean: float
     device_busy_cv: float
-    verdict: str
-    verdict_text: str
 
     def to_dict(self) -> dict:
         d = asdict(self)
         return {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in d.items()}
 
 
-def verdict(share: float) -> tuple[str, str]:
-    """('starving' | 'healthy' | 'no data', one line with the evidence)."""
-    if math.isnan(share):
-        return "no data", "No steps recorded yet in this window."
-    if share >= STARVING_SHARE:
-        return ("starving", f"Starving: the device waits for data {share:.0%} of step time "
-                f"(threshold {STARVING_SHARE:.0%}). The input pipeline is the bottleneck.")
-    return ("healthy", f"Healthy: data wait is {share:.0%} of step time "
-            f"(below {STARVING_SHARE:.0%}); the device is fed.")
-
-
 def summarize(steps: pd.DataFrame) -> Summary:
     if steps.empty:
-        v, text = verdict(float("nan"))
         nan = float("nan")
-        return Summary(0, 0.0, nan, nan, nan, nan, v, text)
+        return Summary(0, 0.0, nan, nan, nan, nan)
     start, end = span(steps)
     busy = busy_series(steps, start=start, end=end)["busy"]
     mean = float(busy.mean())
     cv = float(busy.std(ddof=0) / mean) if mean > 0 else float("nan")
-    share = data_wait_share(steps)
-    v, text = verdict(share)
     return Summary(
-        steps=len(steps), seconds=end - start, throughput=throughput(steps),
-        data_wait_share=share, device_busy_mean=mean, device_busy_cv=cv, verdict=v,
-        verdict_text=text,
+        steps=len(steps), window_s=end - start, throughput=throughput(steps),
+        data_wait_share=data_wait_share(steps), device_busy_mean=mean, device_busy_cv=cv,
     )
 
 

@@ -28,12 +28,12 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+from monitor.config import ATTACHED_PREFIX, ConfigError, LoaderConfig, describe_change
 from monitor.probe import Probe
 from monitor.store import Store
 
 RUN_ENV = "STARVATION_MONITOR_RUN_ID"
 DB_ENV = "STARVATION_MONITOR_DB"
-LIVE_SETTINGS = ("num_workers", "prefetch_factor", "pin_memory", "persistent_workers")
 FIXED_SETTINGS = ("batch_size", "drop_last", "sampler", "batch_sampler", "dataset",
                   "collate_fn", "shuffle")
 FLUSH_S = 0.5
@@ -48,6 +48,19 @@ def loader_settings(loader: Any) -> dict[str, Any]:
         "pin_memory": bool(getattr(loader, "pin_memory", False)),
         "persistent_workers": bool(getattr(loader, "persistent_workers", False)),
     }
+
+
+def accelerator_kind() -> str:
+    """"cuda" when the script uses (or can use) CUDA, else "cpu": its step is real either
+    way, never simulated. Read from torch only if the script imported it."""
+    torch = sys.modules.get("torch")
+    cuda = getattr(torch, "cuda", None)
+    try:
+        if cuda is not None and (cuda.is_initialized() or cuda.is_available()):
+            return "cuda"
+    except Exception:  # a broken CUDA install is the script's to report, not ours
+        pass
+    return "cpu"
 
 
 class Recorder:
@@ -93,8 +106,10 @@ class Recorder:
         first = self.epoch == 0
         if first:
             settings = loader_settings(loader)
+            kind = accelerator_kind()
             self.store.update_run(self.run_id, config={
-                **settings, "workload": f"attached:{self.script}"}, pid=os.getpid())
+                **settings, "workload": f"{ATTACHED_PREFIX}{self.script}"}, pid=os.getpid(),
+                accelerator_kind=kind, accelerator=f"your script's own step ({kind})")
             self.store.add_event(self.run_id, "config", "start", settings)
         try:
             reqs = self.store.pending_control(self.run_id, self.last_control)
@@ -109,22 +124,18 @@ class Recorder:
             self.store.mark_control(cid, self.apply(loader, payload))
 
     def apply(self, loader: Any, payload: dict[str, Any]) -> str:
+        """Apply a requested change to the loader before its next iterator is built; the
+        request is validated and normalised by LoaderConfig like any other setting."""
         before = loader_settings(loader)
         fixed = [k for k in FIXED_SETTINGS if k in payload and payload[k] != before.get(k)]
         if fixed:
             return (f"refused: {', '.join(fixed)} cannot change after the DataLoader is built; "
                     "change it in the script")
-        change = {k: payload[k] for k in LIVE_SETTINGS if k in payload
-                  and payload[k] != before.get(k)}
-        nw = change.get("num_workers", before["num_workers"])
-        if nw < 0:
-            return "refused: num_workers must be >= 0"
-        if nw == 0:
-            change.pop("prefetch_factor", None)
-            if change.get("persistent_workers") or before["persistent_workers"]:
-                change["persistent_workers"] = False
-        elif change.get("prefetch_factor", before["prefetch_factor"]) is None:
-            change["prefetch_factor"] = 2
+        try:
+            wanted = LoaderConfig.live_request(before, **payload)
+        except (ConfigError, TypeError) as exc:
+            return f"refused: {exc}"
+        change = {k: v for k, v in wanted.items() if v != before.get(k)}
         if not change:
             return "ok: nothing to change"
         old_iter = getattr(loader, "_iterator", None)
@@ -136,14 +147,11 @@ class Recorder:
             # persistent iterator; that iterator was shut down just above.
             object.__setattr__(loader, k, v)
         after = loader_settings(loader)
-        label = ", ".join(f"{k} {before[k]}→{after[k]}" for k in LIVE_SETTINGS
-                          if before[k] != after[k] and not (
-                              k == "prefetch_factor" and None in (before[k], after[k])))
         self.probe.config_seq += 1
-        self.store.add_event(self.run_id, "config", label or "settings", {
-            **after, "applied_at_epoch": self.epoch})
-        self.store.update_run(self.run_id, config={**after,
-                                                   "workload": f"attached:{self.script}"})
+        self.store.add_event(self.run_id, "config", describe_change(before, after) or
+                             "settings", {**after, "applied_at_epoch": self.epoch})
+        self.store.update_run(self.run_id, config={
+            **after, "workload": f"{ATTACHED_PREFIX}{self.script}"})
         return f"ok: applied at epoch {self.epoch}"
 
     def note_workers(self, it: Any) -> None:
@@ -203,8 +211,8 @@ def recorder(name: str | None = None) -> Recorder:
             if env_run:
                 run_id = int(env_run)
             else:
-                run_id = store.create_run(name or script, "attached",
-                                          {"preset": "custom", "workload": f"attached:{script}"})
+                run_id = store.create_run(name or script, "attached", {
+                    "preset": "custom", "workload": f"{ATTACHED_PREFIX}{script}"})
                 store.update_run(run_id, pid=os.getpid())
                 atexit.register(lambda: store.finish_run(run_id, "finished"))
             _recorder = Recorder(store, run_id, script)

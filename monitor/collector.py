@@ -38,13 +38,15 @@ class Collector:
         self._gpu_buf: list[GpuSample] = []
         self._util_buf: list[GpuUtilSample] = []
         self.last_pass_s: float | None = None  # cost of the last sampling pass
+        self._inventory: tuple | None = None  # what the store last heard about the GPUs
 
-    def watch(self, pid: int | None, run_id: int | None) -> None:
+    def follow(self, pid: int | None, run_id: int | None) -> None:
         """Follow this workload's process tree (None: host only)."""
-        self.host.watch(pid, run_id)
-        self.gpu.watch_pids({pid} if pid is not None else set())
+        self.host.follow(pid, run_id)
+        self.gpu.follow_pids({pid} if pid is not None else set())
 
     def start(self) -> Collector:
+        self.publish_inventory()
         if self._thread is None or not self._thread.is_alive():
             self._stop.clear()
             self._thread = threading.Thread(target=self._loop, name="starvation-collector",
@@ -74,6 +76,13 @@ class Collector:
             self.last_error = f"gpu: {type(exc).__name__}: {exc}"
         self.last_pass_s = time.perf_counter() - t0
 
+    def publish_inventory(self) -> None:
+        """Write the GPU inventory to the store when it changed (a GPU lost, say)."""
+        inv = (self.gpu.available, self.gpu.notice, tuple(self.gpu.devices()))
+        if inv != self._inventory:
+            self.store.set_gpu_inventory(*inv)
+            self._inventory = inv
+
     def flush(self) -> None:
         host, self._host_buf = self._host_buf, []
         gpu, self._gpu_buf = self._gpu_buf, []
@@ -82,6 +91,7 @@ class Collector:
             self.store.insert(host)
             self.store.insert(gpu)
             self.store.insert(util)
+            self.publish_inventory()
         except Exception as exc:
             self.errors += 1
             self.last_error = f"store write failed: {exc}"

@@ -11,8 +11,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from monitor.host import usable_cores
-from workloads.presets import PRESET_SPECS
+from monitor.presets import PRESET_SPECS
 
 PRESETS: tuple[str, ...] = tuple(PRESET_SPECS)
 CUSTOM = "custom"  # the preset name of a user's own workload
@@ -22,16 +21,36 @@ MAX_BATCH_SIZE = 4096
 MAX_PREFETCH_FACTOR = 64
 MAX_STEP_TIME_MS = 10_000.0
 MODEL_SIZES: tuple[str, ...] = ("auto", "small", "medium", "large")
+DEFAULT_PREFETCH = 2  # torch's own default batches per worker
+MAX_WORKERS_CEILING = 1024  # a sanity bound; the machine's limit is passed to build()
+# Settings a built DataLoader can change at its next iter() (an attached script's loader).
+LIVE_SETTINGS = ("num_workers", "prefetch_factor", "pin_memory", "persistent_workers")
+ATTACHED_PREFIX = "attached:"  # the workload name of a user's own script
 
 
 class ConfigError(ValueError):
     """An invalid setting; the message says which one and what to do."""
 
 
-def max_workers() -> int:
-    """Upper bound of the num_workers slider: twice the usable cores (IO-bound loaders gain
-    from workers beyond the core count; beyond 2x they mostly oversubscribe)."""
-    return 2 * usable_cores()
+def max_workers(usable_cores: int) -> int:
+    """Upper bound of the num_workers slider and the search: twice the usable cores
+    (IO-bound loaders gain from workers beyond the core count; beyond 2x they mostly
+    oversubscribe)."""
+    return 2 * max(1, int(usable_cores))
+
+
+def normalise(settings: dict[str, Any]) -> dict[str, Any]:
+    """The one rule for worker-only settings: with num_workers=0, prefetch_factor is None and
+    persistent_workers off (torch refuses them); with workers, prefetch_factor defaults to
+    DEFAULT_PREFETCH. Returns a new dict."""
+    out = dict(settings)
+    nw = out.get("num_workers", 0)
+    if isinstance(nw, int) and not isinstance(nw, bool) and nw == 0:
+        out["prefetch_factor"] = None
+        out["persistent_workers"] = False
+    elif out.get("prefetch_factor") is None:
+        out["prefetch_factor"] = DEFAULT_PREFETCH
+    return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +73,11 @@ class LoaderConfig:
     workload: str | None = None  # a user's dataset, "path.py:callable" (preset "custom")
 
     def __post_init__(self) -> None:
+        self._check_workload()
+        self._check_loader()
+        self._check_device()
+
+    def _check_workload(self) -> None:
         if self.workload is not None:
             if self.preset != CUSTOM:
                 raise ConfigError(f"a user workload runs as preset {CUSTOM!r}, not "
@@ -65,6 +89,8 @@ class LoaderConfig:
             raise ConfigError(
                 f"unknown preset {self.preset!r}: choose one of {', '.join(PRESETS)}"
             )
+
+    def _check_loader(self) -> None:
         if isinstance(self.num_workers, bool) or not isinstance(self.num_workers, int):
             raise ConfigError("num_workers must be a whole number (0 loads in the main process)")
         if self.num_workers < 0:
@@ -72,12 +98,9 @@ class LoaderConfig:
                 f"num_workers={self.num_workers} is negative: use num_workers=0 to load in the "
                 "main process, or a positive count of worker processes"
             )
-        limit = max(64, max_workers())
-        if self.num_workers > limit:
-            raise ConfigError(
-                f"num_workers={self.num_workers} is more than this tool allows ({limit}); "
-                f"this machine has {usable_cores()} usable cores"
-            )
+        if self.num_workers > MAX_WORKERS_CEILING:
+            raise ConfigError(f"num_workers={self.num_workers} is more than this tool allows "
+                              f"({MAX_WORKERS_CEILING})")
         if isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int):
             raise ConfigError("batch_size must be a whole number of samples, at least 1")
         if not 1 <= self.batch_size <= MAX_BATCH_SIZE:
@@ -102,6 +125,8 @@ class LoaderConfig:
                 "persistent_workers needs worker processes: set num_workers >= 1, or turn "
                 "persistent_workers off"
             )
+
+    def _check_device(self) -> None:
         if self.step_time_ms is not None:
             try:
                 step = float(self.step_time_ms)
@@ -125,28 +150,42 @@ class LoaderConfig:
             )
 
     @classmethod
-    def build(cls, **kwargs: Any) -> LoaderConfig:
-        """Like the constructor, but fills torch's default prefetch_factor (2) when workers
-        are on and clears it (and persistent_workers) when they are off, as a slider UI needs,
-        and makes the preset's default step time explicit."""
+    def build(cls, worker_limit: int | None = None, **kwargs: Any) -> LoaderConfig:
+        """Like the constructor, but normalised (`normalise`), with the preset's default step
+        time made explicit, and num_workers checked against `worker_limit` (the machine's
+        `max_workers`, passed in so that validation stays pure)."""
         if kwargs.get("workload"):
             kwargs["preset"] = CUSTOM
         spec = PRESET_SPECS.get(kwargs.get("preset", DEFAULT_PRESET))
         if kwargs.get("step_time_ms") is None and spec is not None and spec.step_ratio is None:
             kwargs["step_time_ms"] = spec.step_time_ms  # calibrated presets keep None: auto
-        nw = kwargs.get("num_workers", 0)
-        if isinstance(nw, int) and nw == 0:
-            kwargs["prefetch_factor"] = None
-            kwargs["persistent_workers"] = False
-        elif kwargs.get("prefetch_factor") is None:
-            kwargs["prefetch_factor"] = 2
-        return cls(**kwargs)
+        cfg = cls(**normalise(kwargs))
+        if worker_limit is not None:
+            cfg.check_workers(worker_limit)
+        return cfg
+
+    def check_workers(self, limit: int) -> None:
+        """Refuse more workers than `limit` (twice the usable cores), saying so."""
+        if self.num_workers > max(limit, 1):
+            raise ConfigError(
+                f"num_workers={self.num_workers} is more than {limit}, twice this machine's "
+                f"{max(1, limit // 2)} usable cores: use at most {limit} (beyond that workers "
+                "only compete for the cores)"
+            )
+
+    @classmethod
+    def live_request(cls, current: dict[str, Any], **changes: Any) -> dict[str, Any]:
+        """An attached script's loader change, validated and normalised like any setting:
+        returns the LIVE_SETTINGS to request. `current` is the run's recorded config."""
+        merged = {k: current.get(k) for k in LIVE_SETTINGS if current.get(k) is not None}
+        merged.update({k: v for k, v in changes.items() if k in LIVE_SETTINGS})
+        cfg = cls.build(workload=f"{ATTACHED_PREFIX}request",
+                        batch_size=int(current.get("batch_size") or 1), **merged)
+        return {k: getattr(cfg, k) for k in LIVE_SETTINGS}
 
     def replace(self, **changes: Any) -> LoaderConfig:
         """A copy with changes, normalised like `build`."""
-        data = self.to_dict()
-        data.update(changes)
-        return LoaderConfig.build(**data)
+        return LoaderConfig.build(**{**self.to_dict(), **changes})
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -170,22 +209,27 @@ class LoaderConfig:
             "pin_memory": self.pin_memory,
         }
         if self.num_workers > 0:
-            kw["prefetch_factor"] = self.prefetch_factor or 2
+            kw["prefetch_factor"] = self.prefetch_factor or DEFAULT_PREFETCH
             kw["persistent_workers"] = self.persistent_workers
         return kw
 
 
-def describe_change(old: LoaderConfig | None, new: LoaderConfig) -> str:
-    """A marker label such as 'num_workers 0→2, batch_size 32→64' (empty when equal)."""
+def describe_change(old: LoaderConfig | dict[str, Any] | None,
+                    new: LoaderConfig | dict[str, Any]) -> str:
+    """The one change labeller: 'num_workers 0→2, batch_size 32→64' (empty when equal).
+    Takes configs or dicts (an attached run records a dict of its loader's settings)."""
     if old is None:
         return "start"
+    a = old.to_dict() if isinstance(old, LoaderConfig) else dict(old)
+    b = new.to_dict() if isinstance(new, LoaderConfig) else dict(new)
+    order = [f.name for f in dataclasses.fields(LoaderConfig)]
     parts = []
-    for f in dataclasses.fields(LoaderConfig):
-        a, b = getattr(old, f.name), getattr(new, f.name)
-        if f.name == "prefetch_factor" and (a is None or b is None):
+    for name in order + sorted((set(a) | set(b)) - set(order)):
+        x, y = a.get(name), b.get(name)
+        if name == "prefetch_factor" and (x is None or y is None):
             continue  # follows num_workers 0 <-> n; the num_workers part says it
-        if a != b:
-            parts.append(f"{f.name} {_fmt(a)}→{_fmt(b)}")
+        if x != y:
+            parts.append(f"{name} {_fmt(x)}→{_fmt(y)}")
     return ", ".join(parts)
 
 

@@ -12,34 +12,15 @@ import shutil
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
 import psutil as _psutil
 
-from monitor.records import HostSample
+from monitor.records import CpuBudget, HostSample
 
 MB = 1024 * 1024
 USS_EVERY = 8
-
-
-@dataclass(frozen=True, slots=True)
-class CpuBudget:
-    """The CPUs a workload may really use: `os.cpu_count()` counts the host's cores, which
-    overstates what a container may run.
-
-    affinity: cores in this process's CPU affinity mask; quota: cores granted by the cgroup's
-    CPU quota (cpu.max, or cfs_quota_us/cfs_period_us on v1), None when unlimited; usable: the
-    whole cores that leaves; throttled: the share of CFS periods in which the cgroup was
-    throttled so far (None when unknown): high means the quota, not the cores, is the limit.
-    """
-
-    affinity: int
-    quota: float | None
-    usable: int
-    throttled: float | None
-    throttled_s: float | None
 
 
 def _read(path: str) -> str | None:
@@ -129,7 +110,7 @@ class HostSampler:
         self._uss: float | None = None
         psutil.cpu_percent(percpu=True)  # prime: the first call has nothing to compare with
 
-    def watch(self, pid: int | None, run_id: int | None) -> None:
+    def follow(self, pid: int | None, run_id: int | None) -> None:
         with self._lock:
             self._pid, self._run_id = pid, run_id
             self._procs = {}

@@ -88,6 +88,36 @@ class GpuSample:
     lost: int = col("GPU lost (1) or present (0)")
 
 
+@dataclass(frozen=True, slots=True)
+class CpuBudget:
+    """The CPUs a workload may really use: `os.cpu_count()` counts the host's cores, which
+    overstates what a container may run.
+
+    affinity: cores in this process's CPU affinity mask; quota: cores granted by the cgroup's
+    CPU quota (cpu.max, or cfs_quota_us/cfs_period_us on v1), None when unlimited; usable: the
+    whole cores that leaves; throttled: the share of CFS periods in which the cgroup was
+    throttled so far (None when unknown): high means the quota, not the cores, is the limit.
+    """
+
+    affinity: int
+    quota: float | None
+    usable: int
+    throttled: float | None
+    throttled_s: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class GpuDevice:
+    """One GPU as NVML sees it; the collector keeps the inventory in the store."""
+
+    index: int  # NVML's index (PCI order), not CUDA's
+    name: str
+    uuid: str | None  # "GPU-xxxxxxxx-..."
+    pci: tuple[int, int, int] | None  # (domain, bus, device)
+    mem_total_mb: float | None
+    gpm: bool = False  # GPM metrics (Hopper and newer)
+
+
 RECORD_TABLES: dict[str, type] = {
     "steps": StepRecord,
     "host_samples": HostSample,

@@ -5,8 +5,8 @@ in fresh interpreters, as multiprocessing's "spawn" starts them (fork is unsafe 
 Streamlit's threads and a CUDA context), but launched with subprocess: Streamlit swaps
 sys.modules["__main__"] for the page script while it runs, and multiprocessing's spawn would
 re-import that page in the child and start a workload from inside the workload. How a
-workload ends is described once, in workloads/runner.py (NOTE [shutdown protocol]); this
-module holds the manager's half of it.
+workload ends is described once, in monitor/runtime.py (NOTE [shutdown protocol]); this
+module holds the manager's half of it (points 1, 3 and 5).
 """
 from __future__ import annotations
 
@@ -138,7 +138,8 @@ class SessionManager:
             return self.store.request_control(self.run_id, "config", config.to_dict())
 
     def stop(self, timeout: float | None = None) -> None:
-        """Ask the workload to stop; terminate, then kill, it and its children if it does not."""
+        """Ask the workload to stop; terminate, then kill, it and its children if it does not
+        (NOTE [shutdown protocol] in monitor/runtime.py, 1 and 3)."""
         with self._lock:
             proc, run_id = self._proc, self.run_id
             if proc is None or run_id is None:
@@ -191,8 +192,8 @@ class SessionManager:
             pass
 
     def _finish_dead(self, proc: subprocess.Popen, run_id: int, status: str) -> None:
-        """After the workload process ended: kill leftovers, record the end if the runner
-        could not (the first writer of the final status wins)."""
+        """After the workload process ended: kill leftovers, record the end if the workload
+        could not (NOTE [shutdown protocol] in monitor/runtime.py, 5)."""
         leftovers = [c for c in self._children.values() if c.is_running()]
         if leftovers:
             _kill_tree(leftovers)

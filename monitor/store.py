@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # pandas is imported on first read: a training script's probe only writes
     import pandas as pd
 
-from monitor.records import RECORD_TABLES, as_row, columns, sql_type
+from monitor.records import RECORD_TABLES, GpuDevice, as_row, columns, sql_type
 
 DEFAULT_PATH = Path("runs") / "monitor.db"
 ENV_VAR = "STARVATION_MONITOR_DB"
@@ -36,6 +36,7 @@ CREATE TABLE IF NOT EXISTS runs (
     kind TEXT NOT NULL,
     config TEXT NOT NULL,
     accelerator TEXT,
+    accelerator_kind TEXT,
     device TEXT,
     status TEXT NOT NULL,
     error TEXT,
@@ -59,6 +60,19 @@ CREATE TABLE IF NOT EXISTS control (
     payload TEXT,
     applied_at REAL,
     result TEXT
+);
+CREATE TABLE IF NOT EXISTS gpu_devices (
+    idx INTEGER PRIMARY KEY,
+    name TEXT NOT NULL,
+    uuid TEXT,
+    pci TEXT,
+    mem_total_mb REAL,
+    gpm INTEGER NOT NULL DEFAULT 0
+);
+CREATE TABLE IF NOT EXISTS meta (
+    key TEXT PRIMARY KEY,
+    value TEXT,
+    ts REAL NOT NULL
 );
 CREATE TABLE IF NOT EXISTS calibration (
     key TEXT PRIMARY KEY,
@@ -110,8 +124,10 @@ class Store:
                 "local disk (--db or $STARVATION_MONITOR_DB)"
             )
         conn.executescript(_SCHEMA)
-        if "device" not in {r[1] for r in conn.execute("PRAGMA table_info(runs)")}:
-            conn.execute("ALTER TABLE runs ADD COLUMN device TEXT")  # files from 0.1
+        have = {r[1] for r in conn.execute("PRAGMA table_info(runs)")}
+        for col in ("device", "accelerator_kind"):  # columns added since 0.1
+            if col not in have:
+                conn.execute(f"ALTER TABLE runs ADD COLUMN {col} TEXT")
         for table, rec in RECORD_TABLES.items():
             cols = ", ".join(f"{f.name} {sql_type(str(f.type))}" for f in fields(rec))
             conn.execute(f"CREATE TABLE IF NOT EXISTS {table} ({cols})")
@@ -150,7 +166,7 @@ class Store:
         return int(cur.lastrowid)
 
     def update_run(self, run_id: int, **values: Any) -> None:
-        allowed = {"pid", "accelerator", "config", "name", "device"}
+        allowed = {"pid", "accelerator", "accelerator_kind", "config", "name", "device"}
         bad = set(values) - allowed
         if bad:
             raise ValueError(f"cannot update run fields {sorted(bad)}")
@@ -191,6 +207,35 @@ class Store:
     def set_calibration(self, key: str, value: float) -> None:
         self._conn().execute("INSERT OR REPLACE INTO calibration (key, value, ts) "
                              "VALUES (?, ?, ?)", (key, value, time.time()))
+
+    # -- GPU inventory: collector -> page ---------------------------------------------------
+    def set_gpu_inventory(self, available: bool, notice: str,
+                          devices: Sequence[GpuDevice]) -> None:
+        """What the collector's GPU backend sees, for readers in other threads and
+        processes (the page reads this, never the collector object)."""
+        conn = self._conn()
+        with conn:
+            conn.execute("BEGIN")
+            conn.execute("DELETE FROM gpu_devices")
+            conn.executemany(
+                "INSERT INTO gpu_devices (idx, name, uuid, pci, mem_total_mb, gpm) "
+                "VALUES (?, ?, ?, ?, ?, ?)",
+                [(d.index, d.name, d.uuid, json.dumps(list(d.pci)) if d.pci else None,
+                  d.mem_total_mb, int(d.gpm)) for d in devices])
+            conn.executemany("INSERT OR REPLACE INTO meta (key, value, ts) VALUES (?, ?, ?)",
+                             [("gpu_available", "1" if available else "0", time.time()),
+                              ("gpu_notice", notice, time.time())])
+
+    def gpu_inventory(self) -> tuple[bool, str, list[GpuDevice]]:
+        """(available, notice, devices) as the collector last wrote them."""
+        conn = self._conn()
+        meta = dict(conn.execute("SELECT key, value FROM meta WHERE key LIKE 'gpu_%'"))
+        rows = conn.execute("SELECT idx, name, uuid, pci, mem_total_mb, gpm FROM gpu_devices "
+                            "ORDER BY idx").fetchall()
+        devices = [GpuDevice(i, n, u, tuple(json.loads(p)) if p else None, m, bool(g))
+                   for i, n, u, p, m, g in rows]
+        return (meta.get("gpu_available") == "1",
+                meta.get("gpu_notice") or "no GPU telemetry yet", devices)
 
     # -- control: page/CLI -> workload ---------------------------------------------------
     def request_control(self, run_id: int, kind: str, payload: dict[str, Any] | None = None) -> int:

@@ -3,7 +3,9 @@ simulated accelerator (STARVATION_MONITOR_SIMULATE=1 even where CUDA exists)."""
 from __future__ import annotations
 
 import os
+import re
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -31,6 +33,9 @@ def store(db_path: Path):
     s.close()
 
 
+SHM_PID = re.compile(r"^(?:torch|__KMP_REGISTERED_LIB)_(\d+)")
+
+
 def shm_entries() -> set[str]:
     try:
         return set(os.listdir("/dev/shm"))
@@ -42,19 +47,63 @@ def descendants() -> set[int]:
     return {p.pid for p in psutil.Process().children(recursive=True)}
 
 
+class PidTracker:
+    """Every descendant PID seen while a test runs (sampled every 50 ms in a daemon thread),
+    so that /dev/shm segments can be traced to this test's processes: torch and Intel's
+    OpenMP name theirs by the creating PID."""
+
+    def __init__(self) -> None:
+        self.seen: set[int] = {os.getpid()}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="pid-tracker", daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(0.05):
+            try:
+                self.seen |= descendants()
+            except psutil.Error:
+                pass
+
+    def stop(self) -> set[int]:
+        self._stop.set()
+        self._thread.join(2)
+        return self.seen | descendants()
+
+
+def wait_for(pred, timeout: float, every: float = 0.1):
+    """Poll `pred` until it returns something truthy or `timeout` passes; returns its last
+    value."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        v = pred()
+        if v:
+            return v
+        time.sleep(every)
+    return pred()
+
+
 @pytest.fixture
 def no_leaks():
-    """Fails the test if it leaves child processes or /dev/shm entries behind."""
+    """Fails the test if it leaves its own child processes or /dev/shm segments behind
+    (other processes on a shared machine are not this test's business)."""
     shm_before = shm_entries()
     kids_before = descendants()
+    tracker = PidTracker()
     yield
-    deadline = time.monotonic() + 15
-    while time.monotonic() < deadline:
-        left = descendants() - kids_before
-        if not left:
-            break
-        time.sleep(0.2)
+    wait_for(lambda: not (descendants() - kids_before), timeout=15, every=0.2)
+    ours = tracker.stop()
     left = descendants() - kids_before
     assert not left, f"orphan processes left behind: {left}"
-    leaked = {e for e in shm_entries() - shm_before if e.startswith(("torch_", "__KMP"))}
+    leaked = {e for e in shm_entries() - shm_before
+              if (m := SHM_PID.match(e)) and int(m.group(1)) in ours}
     assert not leaked, f"/dev/shm segments leaked: {leaked}"
+
+
+@pytest.fixture
+def runtime(store):
+    """A started Runtime over the test's store, closed after the test."""
+    from monitor.runtime import Runtime
+
+    with Runtime(store=store) as rt:
+        yield rt

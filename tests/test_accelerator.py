@@ -54,3 +54,15 @@ def test_fixed_model_sizes_run_one_pass_and_learn():
 def test_make_accelerator_forced_simulated(monkeypatch):
     monkeypatch.setenv("STARVATION_MONITOR_SIMULATE", "1")
     assert isinstance(make_accelerator(10.0, "auto"), SimulatedAccelerator)
+
+
+def test_user_model_step_is_a_real_device_never_simulated(monkeypatch):
+    """A user's model_step runs on CUDA where CUDA is available: the run records "cuda" and
+    is judged as a GPU run (monitor/assess.py reads the kind back)."""
+    from workloads.accelerator import UserStep
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert UserStep(lambda batch: None).kind == "cuda"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert UserStep(lambda batch: None).kind == "cpu"
+    assert SimulatedAccelerator(10.0).kind == "simulated"

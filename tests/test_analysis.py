@@ -38,7 +38,6 @@ def test_starving_sawtooth_scenario():
     assert s.device_busy_mean == pytest.approx(1 / 3, abs=0.02)
     assert s.device_busy_cv > 1.0  # on/off: a sawtooth
     assert s.throughput == pytest.approx(20 * 32 / 3.0)
-    assert s.verdict == "starving" and "67%" in s.verdict_text
 
 
 def test_fed_device_is_a_flat_line():
@@ -46,7 +45,6 @@ def test_fed_device_is_a_flat_line():
     s = analysis.summarize(df)
     assert s.data_wait_share < 0.02
     assert s.device_busy_mean > 0.95 and s.device_busy_cv < 0.15
-    assert s.verdict == "healthy"
 
 
 def test_busy_series_matches_brute_force():
@@ -66,16 +64,17 @@ def test_busy_series_window_before_and_after_steps_is_idle():
 
 
 def test_empty_window_gives_no_data_verdict():
+    from monitor.diagnosis import NO_DATA, diagnose, features
+    from monitor.records import CpuBudget
+
     empty = pd.DataFrame(columns=["ts", "wait_s", "compute_s", "samples"])
     s = analysis.summarize(empty)
-    assert s.verdict == "no data" and s.steps == 0
+    assert s.steps == 0
+    f = features(empty, pd.DataFrame(), {"num_workers": 0, "batch_size": 8},
+                 CpuBudget(2, None, 2, None, None))
+    assert diagnose(f).verdict == NO_DATA
     assert s.to_dict()["throughput"] is None
     assert analysis.busy_series(empty).empty
-
-
-def test_threshold_boundary():
-    assert analysis.verdict(analysis.STARVING_SHARE)[0] == "starving"
-    assert analysis.verdict(analysis.STARVING_SHARE - 0.01)[0] == "healthy"
 
 
 def test_throughput_series_counts_samples_per_second():
@@ -95,7 +94,8 @@ def test_downsample_keeps_mean_and_caps_points():
     d = analysis.downsample(df, 5000)
     assert len(d) <= 5000
     assert d["busy"].mean() == pytest.approx(0.5, abs=0.01)
-    assert analysis.downsample(df.head(10), 5000) is not None
+    small = df.head(10)
+    assert analysis.downsample(small, 5000).equals(small)  # under the cap: untouched
 
 
 def test_nvml_vs_busy_correlates_a_matching_sawtooth():

@@ -7,12 +7,12 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from monitor.store import Store
+from tests.conftest import wait_for as _wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
@@ -29,13 +29,7 @@ def start(db: Path, *script_args: str, json_out: bool = True) -> subprocess.Pope
 
 
 def wait_for(pred, timeout=90.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        v = pred()
-        if v:
-            return v
-        time.sleep(0.1)
-    return pred()
+    return _wait_for(pred, timeout)
 
 
 def test_attached_script_is_recorded_and_its_exit_code_passes_through(tmp_path, no_leaks):

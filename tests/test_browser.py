@@ -89,7 +89,7 @@ def test_page_shows_sawtooth_and_reacts_to_num_workers(server):
             has_text="num_workers").get_by_role("slider")
         slider.focus()
         page.keyboard.press("ArrowRight")
-        time.sleep(0.5)
+        expect(slider).to_have_value("1", timeout=15_000)
         page.keyboard.press("ArrowRight")
         expect(slider).to_have_value("2", timeout=15_000)
         marker = page.locator("svg text").filter(has_text="num_workers 0→")
@@ -98,12 +98,14 @@ def test_page_shows_sawtooth_and_reacts_to_num_workers(server):
         except AssertionError:  # as a user would: nudge the slider once more
             slider.focus()
             page.keyboard.press("ArrowLeft")
-            time.sleep(1.0)
+            expect(slider).to_have_value("1", timeout=15_000)
             page.keyboard.press("ArrowRight")
             expect(marker.first).to_be_visible(timeout=60_000)
         workers_kpi = page.locator('[data-testid="stMetric"]').filter(has_text="Workers")
         expect(workers_kpi).to_contain_text("2", timeout=30_000)
-        time.sleep(8)  # let the charts show the after-state for the screenshot
+        # the after-state for the screenshot: the KPI window has moved past the change
+        expect(page.get_by_text(re.compile(r"KPIs over the last 10 s")).first).to_be_visible(
+            timeout=60_000)
         page.screenshot(path=str(ARTIFACTS / "browser-after.png"), full_page=True)
         browser.close()
 

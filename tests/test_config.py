@@ -4,7 +4,6 @@ from __future__ import annotations
 import pytest
 
 from monitor.config import ConfigError, LoaderConfig, describe_change, max_workers
-from monitor.host import usable_cores
 
 
 def test_defaults_are_the_starving_preset_without_workers():
@@ -58,5 +57,27 @@ def test_change_labels_name_each_changed_field():
     assert describe_change(None, a) == "start"
 
 
-def test_max_workers_is_twice_the_usable_cores():
-    assert max_workers() == 2 * usable_cores()
+def test_worker_limit_is_passed_in_and_says_what_to_do():
+    assert max_workers(3) == 6 and max_workers(0) == 2
+    assert LoaderConfig.build(num_workers=4, worker_limit=4).num_workers == 4
+    with pytest.raises(ConfigError, match="use at most 4"):
+        LoaderConfig.build(num_workers=5, worker_limit=4)
+
+
+def test_attached_requests_are_validated_and_normalised():
+    current = {"num_workers": 0, "batch_size": 8, "prefetch_factor": None,
+               "pin_memory": False, "persistent_workers": False}
+    assert LoaderConfig.live_request(current, num_workers=2) == {
+        "num_workers": 2, "prefetch_factor": 2, "pin_memory": False,
+        "persistent_workers": False}
+    assert LoaderConfig.live_request({**current, "num_workers": 2}, num_workers=0,
+                                     prefetch_factor=4, persistent_workers=True)[
+        "prefetch_factor"] is None
+    with pytest.raises(ConfigError, match="num_workers=0"):
+        LoaderConfig.live_request(current, num_workers=-1)
+
+
+def test_change_labels_work_on_recorded_dicts():
+    a = {"num_workers": 0, "prefetch_factor": None, "pin_memory": False}
+    assert describe_change(a, {**a, "num_workers": 2, "prefetch_factor": 2}) == \
+        "num_workers 0→2"

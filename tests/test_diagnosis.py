@@ -16,7 +16,7 @@ from monitor.diagnosis import (
     features,
     fit_bound,
 )
-from monitor.host import CpuBudget
+from monitor.records import CpuBudget
 from tests.test_analysis import steps_frame
 
 BUDGET = CpuBudget(affinity=2, quota=None, usable=2, throttled=None, throttled_s=None)
@@ -25,8 +25,9 @@ BUDGET = CpuBudget(affinity=2, quota=None, usable=2, throttled=None, throttled_s
 def feat(cfg: LoaderConfig | None = None, **kw) -> Features:
     cfg = cfg or LoaderConfig.build()
     base = dict(
-        config=cfg.to_dict(), simulated=True, steps=100, seconds=10.0, throughput=200.0,
-        data_wait_share=0.6, busy_mean=0.4, busy_cv=1.0, idle_gaps=50, idle_gap_median_s=0.09,
+        config=cfg.to_dict(), accelerator="simulated", steps=100, window_s=10.0,
+        throughput=200.0, data_wait_share=0.6, device_busy_mean=0.4, device_busy_cv=1.0,
+        idle_gaps=50, idle_gap_median_s=0.09,
         period_s=0.15, duty_cycle=0.4, epoch_starts=0, epoch_stall_s=0.0,
         epoch_stall_share=0.0, first_batch_s=None, wait_per_step_s=0.09,
         compute_per_step_s=0.06, copy_share=None, host_cpu_cores=1.0, main_cpu_cores=0.9,
@@ -36,6 +37,18 @@ def feat(cfg: LoaderConfig | None = None, **kw) -> Features:
         memory_budget_mb=None, workload_mem_mb=500.0, worker_rss_mb=None, worker_uss_mb=None,
     )
     base.update(kw)
+    # derived as features() derives them, unless a test sets them
+    base.setdefault("cpu_busy_fraction", base["host_cpu_cores"] / base["usable_cores"]
+                    if base["host_cpu_cores"] is not None else None)
+    if "loading_cpu_per_wall" not in base:
+        c, w = base["cpu_per_sample_s"], base["wall_per_sample_s"]
+        nw = max(1, cfg.num_workers)
+        base["loading_cpu_per_wall"] = (c / (c + max(0.0, w - c * max(1.0, nw / 2)))
+                                        if c and w is not None else None)
+    if "memory_fraction" not in base:
+        budget, total = base["memory_budget_mb"], base["mem_total_mb"]
+        used = base["workload_mem_mb"] if budget else total - base["mem_available_mb"]
+        base["memory_fraction"] = used / (budget or total)
     return Features(**base)
 
 
@@ -96,6 +109,13 @@ def test_starving_advises_workers_with_a_prediction():
     assert dg.bound["limit"] == "main process"
 
 
+def test_threshold_boundary():
+    from monitor.diagnosis.thresholds import STARVING_SHARE
+
+    assert diagnose(feat(data_wait_share=STARVING_SHARE)).verdict == "starving"
+    assert diagnose(feat(data_wait_share=STARVING_SHARE - 0.01)).verdict == "healthy"
+
+
 def test_healthy_below_threshold():
     dg = diagnose(feat(data_wait_share=0.03))
     assert dg.verdict == "healthy" and not dg.advice
@@ -148,10 +168,10 @@ def test_memory_pressure_under_a_budget():
 
 
 def test_transfer_bound_on_a_gpu_advises_pin_memory():
-    dg = diagnose(feat(simulated=False, copy_share=0.45))
+    dg = diagnose(feat(accelerator="cuda", copy_share=0.45))
     assert dg.verdict == "transfer-bound" and dg.advice[0].param == "pin_memory"
     pinned = LoaderConfig.build(pin_memory=True)
-    assert diagnose(feat(pinned, simulated=False, copy_share=0.45)).verdict != "transfer-bound"
+    assert diagnose(feat(pinned, accelerator="cuda", copy_share=0.45)).verdict != "transfer-bound"
 
 
 def test_no_data():
@@ -178,7 +198,7 @@ def test_features_derive_loading_costs_from_frames():
     steps["step"] = range(50)
     t0, t1 = float(steps["ts"].min() - 0.09), float(steps["ts"].max() + 0.06)
     host = host_frame(t0, t1, proc=60.0, workers=None, n_workers=0, total=32.0)
-    f = features(steps, host, LoaderConfig.build(), BUDGET)
+    f = features(steps, host, LoaderConfig.build().to_dict(), BUDGET)
     assert f.data_wait_share == pytest.approx(0.6)
     assert f.wall_per_sample_s == pytest.approx(0.09 / 32)
     assert f.cpu_per_sample_s == pytest.approx(0.6 * 7.5 / 1600, rel=0.02)
@@ -194,7 +214,7 @@ def test_epoch_starts_are_measured():
     steps = steps_frame(waits, [0.05] * 40)
     steps["epoch"] = [i // 10 for i in range(40)]
     steps["step"] = range(40)
-    f = features(steps, pd.DataFrame(), LoaderConfig.build(num_workers=2), BUDGET)
+    f = features(steps, pd.DataFrame(), LoaderConfig.build(num_workers=2).to_dict(), BUDGET)
     assert f.epoch_starts == 3 and f.epoch_stall_s == pytest.approx(3 * 0.49)
     assert f.first_batch_s == pytest.approx(0.5)
 

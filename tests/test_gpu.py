@@ -131,11 +131,11 @@ def test_per_process_sm_utilization_of_the_workload():
     b = backend([g])
     assert b.sample().samples[0].proc_sm_pct is None  # no workload watched yet
     b2 = backend([g])
-    b2.watch_pids({4242})
+    b2.follow_pids({4242})
     s = b2.sample().samples[0]
     assert s.proc_sm_pct == 70.0 and s.proc_mem_pct == 15.0
     b3 = backend([g])
-    b3.watch_pids({1234})
+    b3.follow_pids({1234})
     assert b3.sample().samples[0].proc_sm_pct == 0.0  # other processes only
 
 

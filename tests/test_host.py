@@ -16,7 +16,7 @@ TREE = """
 import subprocess, sys, time
 kids = [subprocess.Popen([sys.executable, '-c', 'while True: pass']) for _ in range(2)]
 try:
-    time.sleep(60)
+    time.sleep(60)  # sleep-ok: the tree lives until the test kills it
 finally:
     for k in kids: k.kill()
 """
@@ -37,9 +37,9 @@ def tree():
 
 def test_counts_workers_and_their_cpu(tree):
     s = HostSampler()
-    s.watch(tree.pid, run_id=7)
+    s.follow(tree.pid, run_id=7)
     s.sample()
-    time.sleep(1.0)
+    time.sleep(1.0)  # sleep-ok: cpu_percent measures CPU over this interval
     rec = s.sample()
     assert rec.run_id == 7 and rec.workers == 2
     assert rec.workers_cpu_pct > 50  # two busy loops on two cores
@@ -52,7 +52,7 @@ def test_vanished_process_is_missing_not_an_error():
     p = subprocess.Popen([sys.executable, "-c", "pass"])
     p.wait()
     s = HostSampler()
-    s.watch(p.pid, run_id=1)
+    s.follow(p.pid, run_id=1)
     rec = s.sample()
     assert rec.workers is None and rec.proc_cpu_pct is None
     assert rec.cpu_total_pct is not None  # the host part still reads

@@ -108,10 +108,11 @@ def test_concurrent_writer_process_and_reader(store):
     import os
     env = {**os.environ, "PYTHONPATH": str(__import__("pathlib").Path(__file__).parent.parent)}
     p = subprocess.Popen([sys.executable, "-c", code], env=env)
-    seen = 0
-    while p.poll() is None:
-        seen = max(seen, len(store.steps(run)))
+    counts = []
+    while p.poll() is None:  # reads while the other process writes: never blocked, never torn
+        counts.append(len(store.steps(run)))
     assert p.wait() == 0
+    assert counts == sorted(counts) and all(c % 10 == 0 for c in counts)
     assert len(store.steps(run)) == 200
     assert store.integrity_ok()
 
@@ -121,3 +122,16 @@ def test_calibration_is_kept_and_ages_out(store):
     store.set_calibration("sample_cost_s:starving", 0.0031)
     assert store.calibration("sample_cost_s:starving") == 0.0031
     assert store.calibration("sample_cost_s:starving", max_age_s=-1) is None
+
+
+def test_gpu_inventory_is_read_from_the_store(store):
+    """The page reads the collector's GPU inventory from the store, not the object."""
+    from monitor.records import GpuDevice
+
+    assert store.gpu_inventory() == (False, "no GPU telemetry yet", [])
+    devs = [GpuDevice(0, "H200", "GPU-a", (0, 0x1A, 0), 143000.0, True),
+            GpuDevice(1, "H200", None, None, None)]
+    store.set_gpu_inventory(True, "GPU telemetry from NVML: 2 GPUs", devs)
+    assert store.gpu_inventory() == (True, "GPU telemetry from NVML: 2 GPUs", devs)
+    store.set_gpu_inventory(True, "GPU 1 was lost", devs[:1])
+    assert store.gpu_inventory()[1:] == ("GPU 1 was lost", devs[:1])

@@ -7,14 +7,13 @@ import threading
 import pytest
 
 from monitor.config import LoaderConfig
-from monitor.sweep import (
+from monitor.tuning.search import (
     ConfigResult,
     SweepState,
     autotune,
     find_knee,
     grid,
     memory_fits,
-    parse_param,
     run_sweep,
 )
 
@@ -48,12 +47,14 @@ def fake_measure(kind: str, log: list):
         verdict = "cpu-bound" if kind == "cpu-bound" and cfg.num_workers >= 2 else "starving"
         return ConfigResult(cfg, run_id=len(log), throughput=t, throughput_spread=0.02,
                             data_wait_share=max(0.0, 1 - t / 800), device_busy_mean=t / 800,
-                            peak_rss_mb=300 + 200 * cfg.num_workers, seconds=10.0,
+                            peak_memory_mb=300 + 200 * cfg.num_workers, seconds=10.0,
                             advised_workers=advised, verdict=verdict)
     return measure
 
 
 def test_parse_param():
+    from monitor.cli_args import parse_param
+
     assert parse_param("num_workers=0,1,2,4") == ("num_workers", [0, 1, 2, 4])
     assert parse_param("pin-memory=off,on") == ("pin_memory", [False, True])
     assert parse_param("batch_size=32,32,64") == ("batch_size", [32, 64])
@@ -70,7 +71,7 @@ def test_grid_collapses_settings_that_do_not_apply():
 
 
 def test_knee_names_the_cheapest_near_the_best():
-    results = [ConfigResult(BASE.replace(num_workers=n), throughput=t, peak_rss_mb=300 + 210 * n)
+    results = [ConfigResult(BASE.replace(num_workers=n), throughput=t, peak_memory_mb=300 + 210 * n)
                for n, t in [(0, 190), (1, 300), (2, 470), (3, 480), (4, 490)]]
     k = find_knee(results)
     assert k.best.config.num_workers == 4 and k.knee.config.num_workers == 3
@@ -82,8 +83,8 @@ def test_knee_names_the_cheapest_near_the_best():
 
 
 def test_memory_prediction_skips_configs_that_would_not_fit():
-    seen = [ConfigResult(BASE.replace(num_workers=0), throughput=1, peak_rss_mb=400),
-            ConfigResult(BASE.replace(num_workers=2), throughput=1, peak_rss_mb=1000)]
+    seen = [ConfigResult(BASE.replace(num_workers=0), throughput=1, peak_memory_mb=400),
+            ConfigResult(BASE.replace(num_workers=2), throughput=1, peak_memory_mb=1000)]
     assert memory_fits(BASE.replace(num_workers=3), seen, 2000) is None
     why = memory_fits(BASE.replace(num_workers=8), seen, 2000)
     assert why and "300 MB per worker" in why

@@ -83,11 +83,10 @@ class TorchAccelerator:
     "large" are fixed widths with one pass per step.
     """
 
-    kind = "cuda"
-
     def __init__(self, model_size: str, step_time_ms: float, in_channels: int = 3,
                  device: str = "cuda") -> None:
         self.device = torch.device(device)
+        self.kind = "cuda" if self.device.type == "cuda" else "cpu"
         self.in_channels = in_channels
         self.step_time_ms = step_time_ms
         self.repeats: int | None = None
@@ -179,12 +178,12 @@ class TorchAccelerator:
 
 class UserStep:
     """A user workload's own `model_step(batch)`: the step is whatever it does (on CUDA it
-    should end with a synchronize for device time, as ours does)."""
-
-    kind = "user"
+    should end with a synchronize for device time, as ours does). Its kind is "cuda" where
+    CUDA is available (the step is assumed to use it), else "cpu": real either way."""
 
     def __init__(self, fn: Any) -> None:
         self.fn = fn
+        self.kind = "cuda" if torch.cuda.is_available() else "cpu"
 
     @property
     def description(self) -> str:

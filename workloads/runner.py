@@ -1,21 +1,6 @@
-"""Entry point of the workload process (started with multiprocessing "spawn").
-
-NOTE [shutdown protocol] -- the one place that describes how a workload ends.
-  1. Stop request: the session manager writes a `stop` control row. The runner polls control
-     between steps (every 0.25 s), shuts its DataLoader workers down, flushes, marks the run
-     `stopped` and returns (exit code 0).
-  2. Parent gone: if the process that spawned us dies (os.getppid() changes), the runner
-     stops as in 1 and marks the run `stopped` with the reason.
-  3. SIGTERM: turned into SystemExit, so the same `finally` shuts the workers down, flushes
-     and marks the run `stopped`. The manager sends it when a stop request is not honoured
-     within its timeout (a step stuck in the dataset, say).
-  4. Errors: any exception (the dataset raising, a DataLoader worker killed) marks the run
-     `failed` with the error text; the `finally` still shuts the workers down. Exit code 1.
-  5. SIGKILL of this process: nothing runs here. DataLoader workers notice their parent is
-     gone and exit; the manager's reaper marks the run failed with the exit code and kills
-     any child still alive (session.py `_kill_tree`).
-The first writer of a run's final status wins (Store.finish_run), so 4 and 5 never overwrite
-each other.
+"""Entry point of the workload process (started by monitor/session.py in a fresh
+interpreter). How it ends is NOTE [shutdown protocol] in monitor/runtime.py, points 1 to 5;
+`main` and `ManagedWorkload.run` are its workload half.
 """
 from __future__ import annotations
 
@@ -44,6 +29,7 @@ MAX_ERROR_CHARS = 4000
 
 
 def _sigterm(signum: int, frame: Any) -> None:
+    # NOTE [shutdown protocol] in monitor/runtime.py, 3
     raise SystemExit("terminated by the session manager (SIGTERM)")
 
 
@@ -77,7 +63,7 @@ def shutdown_iterator(it: Any) -> None:
         shutdown()
 
 
-class Runner:
+class ManagedWorkload:
     """Runs one managed workload: loader -> accelerator step, reconfigured through control."""
 
     def __init__(self, store: Store, run_id: int, config: LoaderConfig, parent_pid: int) -> None:
@@ -155,11 +141,11 @@ class Runner:
         """Control and parent checks in the gap between steps; True ends the epoch."""
         if not self.probe.control_due():
             return False
-        if os.getppid() != self.parent_pid:
+        if os.getppid() != self.parent_pid:  # NOTE [shutdown protocol], 2
             self.stop_reason = "the process that started the workload exited"
             return True
         for cid, kind, payload in self.probe.poll_control():
-            if kind == "stop":
+            if kind == "stop":  # NOTE [shutdown protocol], 1
                 self.stop_reason = "stopped on request"
                 self.store.mark_control(cid, "ok")
                 return True
@@ -196,6 +182,7 @@ class Runner:
         """Train until stopped; returns the stop reason."""
         torch.manual_seed(0)
         self.store.update_run(self.run_id, accelerator=self.accel.description, pid=os.getpid(),
+                              accelerator_kind=self.accel.kind,
                               device=self.accel.device_info())
         self.store.add_event(self.run_id, "config", "start", self.config.to_dict())
         epoch = 0
@@ -217,7 +204,8 @@ class Runner:
 
 
 def main(store_path: str, run_id: int, config: dict[str, Any], parent_pid: int) -> None:
-    """Process entry: run, then record how the run ended (see the NOTE above)."""
+    """Process entry: run, then record how the run ended (NOTE [shutdown protocol] in
+    monitor/runtime.py, 1-4)."""
     signal.signal(signal.SIGTERM, _sigterm)
     # More workers than cores is a setting we measure (io-bound loaders gain from it) and
     # diagnose (oversubscribed), not one to warn about on every loader rebuild.
@@ -229,7 +217,7 @@ def main(store_path: str, run_id: int, config: dict[str, Any], parent_pid: int) 
             # The simulated accelerator leaves the host idle; one intra-op thread keeps a
             # num_workers=0 loader from borrowing every core, as it would beside a busy GPU.
             torch.set_num_threads(1)
-        reason = Runner(store, run_id, cfg, parent_pid).run()
+        reason = ManagedWorkload(store, run_id, cfg, parent_pid).run()
         store.finish_run(run_id, "stopped", None if reason == "stopped on request" else reason)
     except (SystemExit, KeyboardInterrupt) as exc:
         code = getattr(exc, "code", None) or "interrupted (SIGINT)"

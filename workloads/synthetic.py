@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import Dataset
 
-from workloads.presets import PRESET_SPECS, PresetSpec
+from monitor.presets import PRESET_SPECS, PresetSpec
 
 FAULT_ENV = "STARVATION_MONITOR_FAULT_AT"
 

@@ -5,17 +5,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from monitor.records import GpuSample, GpuUtilSample
-
-
-@dataclass(frozen=True, slots=True)
-class GpuDevice:
-    index: int  # NVML's index (PCI order), not CUDA's
-    name: str
-    uuid: str | None  # "GPU-xxxxxxxx-..."
-    pci: tuple[int, int, int] | None  # (domain, bus, device)
-    mem_total_mb: float | None
-    gpm: bool = False  # GPM metrics (Hopper and newer)
+from monitor.records import GpuDevice, GpuSample, GpuUtilSample
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,7 +24,7 @@ class GpuBackend(Protocol):
 
     def devices(self) -> list[GpuDevice]: ...
 
-    def watch_pids(self, pids: set[int]) -> None: ...
+    def follow_pids(self, pids: set[int]) -> None: ...
 
     def sample(self) -> GpuPass: ...
 

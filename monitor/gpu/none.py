@@ -13,7 +13,7 @@ class NoGpu:
     def devices(self) -> list[GpuDevice]:
         return []
 
-    def watch_pids(self, pids: set[int]) -> None:
+    def follow_pids(self, pids: set[int]) -> None:
         pass
 
     def sample(self) -> GpuPass:

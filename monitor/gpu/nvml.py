@@ -149,7 +149,7 @@ class NvmlBackend:
     def devices(self) -> list[GpuDevice]:
         return [d.info for d in self._devs]
 
-    def watch_pids(self, pids: set[int]) -> None:
+    def follow_pids(self, pids: set[int]) -> None:
         """PIDs whose per-process SM utilization is recorded (the workload's)."""
         self._pids = set(pids)
 

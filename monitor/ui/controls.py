@@ -2,6 +2,8 @@
 workload at once through the session manager (which writes a control request)."""
 from __future__ import annotations
 
+from typing import Any
+
 import streamlit as st
 
 from monitor.config import (
@@ -11,11 +13,10 @@ from monitor.config import (
     USER_STEP_TIME_MS,
     ConfigError,
     LoaderConfig,
-    max_workers,
-    usable_cores,
 )
+from monitor.presets import PRESET_SPECS
+from monitor.runtime import Runtime
 from monitor.session import SessionManager
-from workloads.presets import PRESET_SPECS
 
 BATCH_SIZES = [1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 1024]
 KEYS = ("preset", "num_workers", "batch_size", "prefetch_factor", "pin_memory",
@@ -46,19 +47,20 @@ def _sync_from(config: LoaderConfig) -> None:
 
 
 def _read(base: LoaderConfig) -> LoaderConfig:
-    """The widgets' values over `base` (which keeps settings the sidebar does not show)."""
+    """The widgets' values over `base` (which keeps settings the sidebar does not show);
+    LoaderConfig normalises the worker-only ones."""
     s = st.session_state
-    nw = int(s[_key("num_workers")])
     preset = s[_key("preset")]
     workload = s.get("_workload_spec") if preset == CUSTOM else None
     step: float | None = float(s[_key("step_time_ms")])
     if step == s.get("_step_synced"):  # not moved: keep the run's (None = calibrated) step
         step = base.step_time_ms if preset == base.preset else None
     return base.replace(
-        preset=preset, workload=workload, num_workers=nw, batch_size=int(s[_key("batch_size")]),
-        prefetch_factor=int(s[_key("prefetch_factor")]) if nw > 0 else None,
+        preset=preset, workload=workload, num_workers=int(s[_key("num_workers")]),
+        batch_size=int(s[_key("batch_size")]),
+        prefetch_factor=int(s[_key("prefetch_factor")]),
         pin_memory=bool(s[_key("pin_memory")]),
-        persistent_workers=bool(s[_key("persistent_workers")]) and nw > 0,
+        persistent_workers=bool(s[_key("persistent_workers")]),
         step_time_ms=step, model_size=s[_key("model_size")],
     )
 
@@ -83,11 +85,11 @@ def _on_preset(manager: SessionManager) -> None:
     _on_change(manager)
 
 
-def render_controls(manager: SessionManager, simulated: bool, locked: bool = False,
-                    workload: dict | None = None) -> None:
-    """The sidebar. `simulated`: show the step-time slider rather than the model size;
-    `locked`: a sweep or tune owns the workload, so nothing here may move it; `workload`: the
-    user's dataset named at launch (offered as the first "preset")."""
+def render_controls(rt: Runtime, simulated: bool) -> None:
+    """The sidebar. `simulated`: show the step-time slider rather than the model size. While
+    a sweep or tune owns the workload nothing here may move it; a user dataset named at
+    launch is offered as the first "preset"."""
+    manager, workload, locked = rt.manager, rt.workload, rt.jobs.running()
     st.session_state["_workload_spec"] = workload["spec"] if workload else None
     if st.session_state.get("_synced") != manager.config:
         _sync_from(manager.config)
@@ -107,10 +109,10 @@ def render_controls(manager: SessionManager, simulated: bool, locked: bool = Fal
                    + (f", {workload['length']:,} samples" if workload.get("length") else "")
                    + (f"; model_step {workload['model_step']}()"
                       if workload.get("model_step") else "; device simulated"))
-    nw_max = max_workers()
+    nw_max = rt.max_workers
     sb.slider("num_workers", 0, nw_max, key=_key("num_workers"), **args,
               help=f"worker processes; 0 loads in the training process. This machine has "
-                   f"{usable_cores()} usable cores (slider goes to 2x).")
+                   f"{nw_max // 2} usable cores (slider goes to 2x).")
     sb.select_slider("batch_size", BATCH_SIZES, key=_key("batch_size"), **args)
     no_workers = int(st.session_state[_key("num_workers")]) == 0
     sb.slider("prefetch_factor", 1, 16, key=_key("prefetch_factor"),
@@ -121,6 +123,12 @@ def render_controls(manager: SessionManager, simulated: bool, locked: bool = Fal
     sb.toggle("persistent_workers", key=_key("persistent_workers"),
               help="keep workers between epochs (needs num_workers >= 1)",
               **{**args, "disabled": locked or no_workers})
+    _accelerator(sb, args, simulated, locked)
+    _buttons(sb, manager, locked)
+    _reconcile(manager, locked)
+
+
+def _accelerator(sb: Any, args: dict, simulated: bool, locked: bool) -> None:
     sb.header("Accelerator")
     if simulated:
         sb.slider("step time (ms, simulated)", 0, 500, key=_key("step_time_ms"), **args,
@@ -133,6 +141,9 @@ def render_controls(manager: SessionManager, simulated: bool, locked: bool = Fal
                           "below; small/medium/large: fixed widths, one pass per step")
         sb.slider("step time target (ms, model size auto)", 0, 500, key=_key("step_time_ms"),
                   **{**args, "disabled": locked or st.session_state[_key("model_size")] != "auto"})
+
+
+def _buttons(sb: Any, manager: SessionManager, locked: bool) -> None:
     if st.session_state.get("config_error"):
         sb.error(st.session_state["config_error"])
     c1, c2 = sb.columns(2)
@@ -145,7 +156,6 @@ def render_controls(manager: SessionManager, simulated: bool, locked: bool = Fal
     if c2.button("Stop", disabled=locked or not manager.is_alive(), key="stop"):
         manager.stop()
         st.rerun()
-    _reconcile(manager, locked)
 
 
 def _reconcile(manager: SessionManager, locked: bool) -> None:

@@ -11,15 +11,17 @@ import pandas as pd
 import streamlit as st
 
 from monitor import analysis
-from monitor.analysis import Summary
-from monitor.diagnosis import SLIDER_PARAMS, Diagnosis
+from monitor.assess import Assessment, Window, recent_window, steady_window
+from monitor.config import ConfigError, LoaderConfig
+from monitor.diagnosis import NO_DATA, evidence_rows
+from monitor.diagnosis.rules import HEALTHY
 from monitor.store import Store
 from monitor.ui import charts
 
 WINDOWS = {"30 s": 30.0, "1 min": 60.0, "5 min": 300.0, "15 min": 900.0, "whole run": None}
-KPI_SECONDS = 10.0  # the KPI row reads the last 10 s, or less since the last config change
-MIN_KPI_STEPS = 5
-SETTLE_S = 1.0  # after a change: new workers start and fill their queues
+# advice the page can apply by moving a slider
+SLIDER_PARAMS = ("num_workers", "batch_size", "prefetch_factor", "pin_memory",
+                 "persistent_workers")
 PLOT_CONFIG = {"displaylogo": False, "responsive": True}
 
 
@@ -62,26 +64,21 @@ def load_view(
     )
 
 
-def kpi_steps(view: View) -> tuple[pd.DataFrame, str]:
-    """The steps the KPI row and the diagnosis read, and a caption saying which: the last
-    10 s, or less when the settings changed since (skipping SETTLE_S of worker start-up)."""
-    steps = view.steps[view.steps["ts"] >= view.end - KPI_SECONDS]
-    cfg = view.events[view.events["kind"] == "config"]
-    if not cfg.empty and len(cfg) > 1:
-        since = float(cfg["ts"].iloc[-1])
-        if since > view.end - KPI_SECONDS:
-            after = steps[steps["ts"] - steps["wait_s"] >= since + SETTLE_S]
-            if len(after) >= MIN_KPI_STEPS:
-                return after, f"{view.end - since:.0f} s since the last change"
-            return after.iloc[0:0], "settling after the last change"
-    return steps, f"last {KPI_SECONDS:.0f} s"
+def assessed_window(store: Store, view: View) -> Window:
+    """What the KPI row and the verdict read: a running run's recent window, an ended run's
+    steady state (the same window `measure` and `run --json` report)."""
+    if view.run["status"] == "running":
+        return recent_window(view.run, view.steps, view.host, view.events, view.end)
+    return steady_window(store, int(view.run["id"])) or recent_window(
+        view.run, view.steps, view.host, view.events, view.end)
 
 
 def _pct(v: float) -> str:
     return "–" if v is None or math.isnan(v) else f"{v:.0%}"
 
 
-def render_kpis(summary: Summary, workers_now: str, caption: str) -> None:
+def render_kpis(a: Assessment, workers_now: str, caption: str) -> None:
+    summary = a.summary
     c = st.columns(4)
     c[0].metric("Throughput", "–" if math.isnan(summary.throughput)
                 else f"{summary.throughput:,.0f} samples/s")
@@ -93,67 +90,33 @@ def render_kpis(summary: Summary, workers_now: str, caption: str) -> None:
     st.caption(f"KPIs over the {caption} ({summary.steps} steps).")
 
 
-def render_verdict(dg: Diagnosis) -> None:
-    """The verdict banner: green when fed, amber for advice, red when starving."""
-    if dg.verdict == "healthy":
-        st.success(f"**healthy** · {dg.headline}", icon="✅")
-    elif dg.verdict == "no data":
+def render_verdict(a: Assessment) -> None:
+    """The verdict banner: green when fed, grey without data, red otherwise. The headline is
+    shown as text (it quotes nothing from users, but stays text all the same)."""
+    dg = a.diagnosis
+    if dg.verdict == HEALTHY:
+        st.success(f"healthy · {dg.headline}", icon="✅")
+    elif dg.verdict == NO_DATA:
         st.info(dg.headline)
     else:
-        st.error(f"**{dg.verdict}** · {dg.headline}", icon="⚠️")
+        st.error(f"{dg.verdict} · {dg.headline}", icon="⚠️")
 
 
-EVIDENCE = [  # (key, label, format)
-    ("data_wait_share", "data-wait share", "{:.1%}"),
-    ("throughput", "throughput (samples/s)", "{:,.0f}"),
-    ("busy_mean", "device busy, mean", "{:.1%}"),
-    ("busy_cv", "device busy, CV", "{:.2f}"),
-    ("idle_gaps", "idle gaps ≥ 5 ms", "{}"),
-    ("idle_gap_median_s", "idle gap, median (s)", "{:.3f}"),
-    ("period_s", "sawtooth period (s)", "{:.2f}"),
-    ("duty_cycle", "duty cycle", "{:.1%}"),
-    ("wait_per_step_s", "data wait per step (s)", "{:.3f}"),
-    ("compute_per_step_s", "compute per step (s)", "{:.3f}"),
-    ("epoch_starts", "epoch starts", "{}"),
-    ("epoch_stall_share", "time lost at epoch starts", "{:.1%}"),
-    ("first_batch_s", "time to first batch (s)", "{:.2f}"),
-    ("cpu_busy_fraction", "host CPU busy (of usable cores)", "{:.0%}"),
-    ("main_cpu_cores", "main process CPU (cores)", "{:.2f}"),
-    ("workers_cpu_cores", "workers CPU (cores)", "{:.2f}"),
-    ("cpu_per_sample_s", "loading CPU per sample (ms)", "ms"),
-    ("wall_per_sample_s", "loading wall per sample, one loader (ms)", "ms"),
-    ("loading_cpu_per_wall", "loading CPU / wall", "{:.2f}"),
-    ("usable_cores", "usable cores (affinity, cgroup quota)", "{}"),
-    ("cpu_throttled", "cgroup periods throttled", "{:.0%}"),
-    ("memory_fraction", "memory used (of budget)", "{:.0%}"),
-    ("worker_rss_mb", "RSS per worker (MB)", "{:,.0f}"),
-    ("worker_uss_mb", "USS per worker (MB)", "{:,.0f}"),
-    ("copy_share", "host-to-device copy / compute", "{:.0%}"),
-]
-
-
-def _fmt(v: Any, spec: str) -> str:
-    if v is None or (isinstance(v, float) and math.isnan(v)):
-        return "–"
-    if spec == "ms":
-        return f"{v * 1000:.2f}"
-    return spec.format(v)
-
-
-def render_explain(dg: Diagnosis, on_apply: Callable[[str, Any], None] | None) -> None:
+def render_explain(a: Assessment, on_apply: Callable[[str, Any], None] | None) -> None:
     """The bound, the advice (with an Apply button for the first loader change), and the
     evidence numbers behind the verdict."""
+    dg = a.diagnosis
     if dg.bound.get("text"):
-        st.markdown(f"**Bound:** {dg.bound['text']}")
-    for i, a in enumerate(dg.advice, 1):
-        st.markdown(f"{i}. {a.reason}")
-    first = next((a for a in dg.advice if a.param in SLIDER_PARAMS), None)
+        st.text(f"Bound: {dg.bound['text']}")
+    for i, adv in enumerate(dg.advice, 1):
+        st.text(f"{i}. {adv.reason}")
+    first = next((x for x in dg.advice if x.param in SLIDER_PARAMS), None)
     if first is not None and on_apply is not None and st.button(
             f"Apply: {first.param} = {first.value}", key="apply_advice", type="primary"):
         on_apply(first.param, first.value)
         st.rerun()  # the whole page, so the sidebar's sliders move to the new settings
     with st.expander("Explain: the numbers behind the verdict"):
-        rows = [(label, _fmt(dg.evidence.get(key), spec)) for key, label, spec in EVIDENCE]
+        rows = evidence_rows(a.features.to_dict())
         st.table(pd.DataFrame(rows, columns=["measure", "value"]).set_index("measure"))
 
 
@@ -236,10 +199,14 @@ def render_attached_controls(store: Store, run: dict) -> None:
         st.caption("batch_size, sampler and dataset are fixed when the script builds its "
                    "DataLoader: change those in the script.")
         if st.button("Request", key=f"att_req_{run['id']}"):
-            payload = {"num_workers": int(nw), "pin_memory": bool(pin),
-                       "prefetch_factor": int(pf) if nw else None,
-                       "persistent_workers": bool(pers) and nw > 0}
-            store.request_control(int(run["id"]), "config", payload)
+            try:
+                payload = LoaderConfig.live_request(cfg, num_workers=int(nw),
+                                                    prefetch_factor=int(pf), pin_memory=bool(pin),
+                                                    persistent_workers=bool(pers))
+            except ConfigError as exc:
+                st.error(str(exc))
+            else:
+                store.request_control(int(run["id"]), "config", payload)
         reqs = store.control_requests(int(run["id"]))
         if not reqs.empty:
             reqs = reqs.assign(state=reqs["result"].fillna("waiting for the next epoch"))

@@ -1,32 +1,17 @@
-"""The dashboard process's shared objects: one store, collector and session manager,
-created once through st.cache_resource and shared by every browser session."""
+"""The dashboard process's Runtime (monitor/runtime.py), created once through
+st.cache_resource and shared by every browser session."""
 from __future__ import annotations
 
 import argparse
-import atexit
 import os
 import sys
-from dataclasses import dataclass
 
 import streamlit as st
 
-from monitor.collector import Collector
-from monitor.config import DEFAULT_PRESET, ConfigError, LoaderConfig
-from monitor.jobs import JobHolder
-from monitor.session import SessionManager
-from monitor.store import Store
+from monitor.config import DEFAULT_PRESET, LIVE_SETTINGS, ConfigError, LoaderConfig
+from monitor.presets import preset_batch_size
+from monitor.runtime import Runtime
 from monitor.workload_spec import ENV_VAR, check
-from workloads.presets import preset_batch_size
-
-
-@dataclass(frozen=True, slots=True)
-class Runtime:
-    store: Store
-    collector: Collector
-    manager: SessionManager
-    jobs: JobHolder
-    workload: dict | None  # the checked --workload spec ({"ok": True, "spec": ...}) or None
-    workload_error: str | None
 
 
 def workload_arg(argv: list[str] | None = None) -> str | None:
@@ -42,8 +27,7 @@ def workload_arg(argv: list[str] | None = None) -> str | None:
 def default_config(workload: dict | None = None) -> LoaderConfig:
     if workload and workload.get("ok"):
         d = workload.get("defaults") or {}
-        keep = {k: d[k] for k in ("num_workers", "batch_size", "prefetch_factor", "pin_memory",
-                                  "persistent_workers") if k in d}
+        keep = {k: d[k] for k in (*LIVE_SETTINGS, "batch_size") if k in d}
         try:
             return LoaderConfig.build(workload=workload["spec"], **{"batch_size": 32, **keep})
         except ConfigError:
@@ -54,18 +38,14 @@ def default_config(workload: dict | None = None) -> LoaderConfig:
 
 @st.cache_resource
 def get_runtime() -> Runtime:
-    """Store at $STARVATION_MONITOR_DB or runs/monitor.db; the collector and manager own
-    their threads and stop at interpreter exit (the workload with them)."""
-    store = Store()
+    """Store at $STARVATION_MONITOR_DB or runs/monitor.db; the Runtime closes at interpreter
+    exit (NOTE [shutdown protocol] in monitor/runtime.py, 6)."""
     spec = workload_arg()
     info, error = None, None
     if spec:
         info = check(spec)
         if not info.get("ok"):
             info, error = None, f"workload {spec}: {info.get('error')}"
-    collector = Collector(store).start()
-    manager = SessionManager(store, default_config(info), on_start=collector.watch)
-    jobs = JobHolder(store, collector, manager)
-    atexit.register(collector.stop)
-    atexit.register(jobs.stop)  # runs first (LIFO): a sweep ends before the manager closes
-    return Runtime(store, collector, manager, jobs, info, error)
+    rt = Runtime(config=default_config(info))
+    rt.workload, rt.workload_error = info, error
+    return rt.start()

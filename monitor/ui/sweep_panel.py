@@ -5,24 +5,25 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from monitor.config import ConfigError, LoaderConfig, max_workers
-from monitor.jobs import JobHolder
+from monitor.config import ConfigError, LoaderConfig
+from monitor.runtime import Runtime
 from monitor.session import SessionManager
-from monitor.sweep import SWEEP_PARAMS, find_knee, grid
+from monitor.tuning.search import SWEEP_PARAMS, find_knee, grid
 from monitor.ui import charts
 from monitor.ui.controls import BATCH_SIZES
 
 PREFETCH_CHOICES = [1, 2, 4, 8, 16]
 
 
-def render_sweep_controls(jobs: JobHolder, manager: SessionManager) -> None:
+def render_sweep_controls(rt: Runtime) -> None:
+    jobs, manager = rt.jobs, rt.manager
     running = jobs.running()
     cfg = manager.config
     st.caption("Each configuration runs as its own run: warm-up discarded, the steady state "
-               "cut into 3 windows (median and spread). The live workload pauses meanwhile; "
-               "the sliders are locked until the job ends.")
+               "assessed as the Live tab does (spread over 3 parts). The live workload pauses "
+               "meanwhile; the sliders are locked until the job ends.")
     c = st.columns(4)
-    top = max_workers()
+    top = rt.max_workers
     nw = c[0].multiselect("num_workers", list(range(0, top + 1)),
                           default=list(range(0, top + 1)), key="sw_nw", disabled=running)
     pf = c[1].multiselect("prefetch_factor", PREFETCH_CHOICES, default=[2], key="sw_pf",
@@ -46,7 +47,7 @@ def render_sweep_controls(jobs: JobHolder, manager: SessionManager) -> None:
                    help="adaptive search from the live settings: the bound model's "
                         "prediction, then single steps until a plateau"):
         try:
-            jobs.start_tune(cfg, max_workers(), float(secs))
+            jobs.start_tune(cfg, rt.max_workers, float(secs))
         except RuntimeError as exc:
             st.error(str(exc))
         else:
@@ -62,13 +63,13 @@ def _frame(results: list) -> pd.DataFrame:
         d = r.to_dict()
         rows.append({**d.pop("config"), **d})
     cols = list(SWEEP_PARAMS) + ["throughput", "throughput_spread", "data_wait_share",
-                                 "device_busy_mean", "peak_rss_mb", "status", "reason",
-                                 "run_id"]
+                                 "device_busy_mean", "peak_memory_mb", "verdict", "status",
+                                 "reason", "run_id"]
     return pd.DataFrame(rows, columns=cols)
 
 
-def render_sweep_progress(jobs: JobHolder, manager: SessionManager) -> None:
-    state = jobs.state
+def render_sweep_progress(rt: Runtime) -> None:
+    manager, state = rt.manager, rt.jobs.state
     if state is None:
         st.info("No sweep or tune yet in this dashboard.")
         return

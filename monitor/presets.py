@@ -1,4 +1,5 @@
-"""The presets' numbers, kept free of torch so the dashboard can read them."""
+"""The presets' numbers, kept free of torch so the dashboard and the workload both read them
+(monitor/ may not import workloads/; workloads/synthetic.py builds the datasets from these)."""
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -1,0 +1,108 @@
+"""The bound model: what throughput any loader setting can reach, from one measured window.
+
+Symbols, and what each is measured from (Features):
+
+    c   loading CPU seconds per sample, one loader process. num_workers=0: main-process CPU
+        x window / samples (the simulated device sleeps, so that CPU is loading); with
+        workers: workers' CPU x window / samples. Capped at w.
+    w   loading wall seconds per sample, one loader process. num_workers=0: Σ data wait /
+        samples; with workers, only when they are saturated (share >= STARVING_SHARE):
+        num_workers x window / samples.
+    K   cores left for workers: usable cores (affinity, cgroup quota) - main process CPU -
+        other processes' CPU, at least 0.5.
+    l   off-CPU (storage) seconds per sample: w - c x max(1, N / K), the CPU time stretched
+        when N loaders share K cores; never below 0.
+    d   device seconds per batch at the measured batch size B: the median compute per step.
+        On a real device (CUDA, or a CPU step) d scales with the batch size, d(b) = d b / B;
+        the simulated device takes d whatever the batch.
+    o   main-process seconds per step with workers on (collate, queue, unpickle): the
+        measured wait per step when the device is fed, else DEFAULT_OVERHEAD_S.
+
+Throughput in samples/s at N workers and batch size b:
+
+    N = 0:  b / (b (c + l) + d(b))                  loading and compute take turns
+    N > 0:  min( b / (d(b) + o),                     "device"
+                 N / (c + l),                        "workers"
+                 K / c )                             "cores"
+
+The limit named is the argmin; "workers" within 5% of "cores" is reported as "cores" (a tie:
+more workers would not get more CPU). The model assumes loaders scale linearly on the cores
+(a 2-vCPU VM gives about 1.5), so predictions past the first core run 5-15% high there.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from monitor.diagnosis.features import Features
+from monitor.diagnosis.thresholds import DEFAULT_OVERHEAD_S, KNEE_SHARE, STARVING_SHARE
+
+
+@dataclass(frozen=True, slots=True)
+class BoundModel:
+    """The symbols of the module docstring: cpu_s = c, latency_s = l, device_s = d at
+    batch_size = B, device_scales (real device), overhead_s = o, cores = K."""
+
+    cpu_s: float
+    latency_s: float
+    device_s: float
+    batch_size: int
+    device_scales: bool
+    overhead_s: float
+    cores: float
+
+    def device_time(self, batch_size: int) -> float:
+        return self.device_s * (batch_size / self.batch_size if self.device_scales else 1.0)
+
+    def predict(self, num_workers: int, batch_size: int | None = None) -> tuple[float, str]:
+        """(samples/s, limit) for a setting: limit is 'device', 'workers', 'cores' or
+        'main process' (num_workers=0: loading and compute take turns)."""
+        b = batch_size or self.batch_size
+        d = self.device_time(b)
+        per_sample = self.cpu_s + self.latency_s
+        if num_workers == 0:
+            load = b * per_sample
+            return b / (load + d), ("main process" if load > d else "device")
+        rates = {
+            "device": b / (d + self.overhead_s),
+            "workers": num_workers / per_sample if per_sample > 0 else math.inf,
+            "cores": self.cores / self.cpu_s if self.cpu_s > 0 else math.inf,
+        }
+        limit = min(rates, key=rates.get)
+        if limit == "workers" and rates["cores"] <= 1.05 * rates["workers"]:
+            limit = "cores"
+        return rates[limit], limit
+
+
+def loading_latency(f: Features, cores: float) -> float | None:
+    """l: off-CPU seconds per sample of loading, or None when c or w is unknown."""
+    if f.cpu_per_sample_s is None or f.wall_per_sample_s is None:
+        return None
+    nw = max(1, f.num_workers)
+    stretched = f.cpu_per_sample_s * max(1.0, nw / cores)
+    return max(0.0, f.wall_per_sample_s - stretched)
+
+
+def fit_bound(f: Features) -> BoundModel | None:
+    """The bound model for a window, or None when it cannot be measured (too few steps, or
+    workers fed the device so well that the loading cost is hidden)."""
+    if f.steps < 3 or f.cpu_per_sample_s is None or not f.config.get("batch_size"):
+        return None
+    nw = f.num_workers
+    main = f.main_cpu_cores if nw > 0 and f.main_cpu_cores is not None else 0.05
+    cores = max(0.5, f.usable_cores - main - (f.other_cpu_cores or 0.0))
+    overhead = DEFAULT_OVERHEAD_S
+    if nw > 0 and f.data_wait_share < STARVING_SHARE:
+        overhead = max(overhead, f.wait_per_step_s)
+    return BoundModel(
+        cpu_s=max(f.cpu_per_sample_s, 1e-7), latency_s=loading_latency(f, cores) or 0.0,
+        device_s=max(f.compute_per_step_s, 1e-6), batch_size=int(f.config["batch_size"]),
+        device_scales=not f.simulated, overhead_s=overhead, cores=cores,
+    )
+
+
+def best_workers(model: BoundModel, max_workers: int, batch_size: int | None = None) -> int:
+    """The smallest num_workers within KNEE_SHARE of the best predicted throughput."""
+    preds = {n: model.predict(n, batch_size)[0] for n in range(0, max_workers + 1)}
+    best = max(preds.values())
+    return min(n for n, p in preds.items() if p >= KNEE_SHARE * best)

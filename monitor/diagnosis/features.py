@@ -1,0 +1,230 @@
+"""What one window measured: frames of steps and host samples -> Features.
+
+Each field's metadata (label, display format) also drives the page's evidence table, so a
+new measure shows up there by being declared here. Times in seconds, CPU in cores (1.0 = one
+core busy), memory in MB.
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+import pandas as pd
+
+from monitor import analysis
+from monitor.diagnosis.thresholds import STARVING_SHARE, memory_budget_mb
+from monitor.records import CpuBudget
+
+SIMULATED = "simulated"  # accelerator kinds: "simulated", "cuda", "cpu" (a real CPU step)
+
+
+def ev(label: str = "", fmt: str = "", default: Any = None) -> Any:
+    """A Features field; with a label it is a row of the page's evidence table. `fmt` is a
+    format spec, or "ms" for seconds shown as milliseconds."""
+    return field(default=default, metadata={"label": label, "fmt": fmt})
+
+
+@dataclass(frozen=True, slots=True)
+class Features:
+    config: dict[str, Any] = ev()
+    accelerator: str = ev(default=SIMULATED)
+    steps: int = ev("steps", "{}", 0)
+    window_s: float = ev("window (s)", "{:.1f}", 0.0)
+    throughput: float = ev("throughput (samples/s)", "{:,.0f}", math.nan)
+    data_wait_share: float = ev("data-wait share", "{:.1%}", math.nan)
+    device_busy_mean: float = ev("device busy, mean", "{:.1%}", math.nan)
+    device_busy_cv: float = ev("device busy, CV", "{:.2f}", math.nan)
+    idle_gaps: int = ev("idle gaps ≥ 5 ms", "{}", 0)
+    idle_gap_median_s: float | None = ev("idle gap, median (s)", "{:.3f}")
+    period_s: float | None = ev("sawtooth period (s)", "{:.2f}")
+    duty_cycle: float = ev("duty cycle", "{:.1%}", math.nan)
+    wait_per_step_s: float = ev("data wait per step (s)", "{:.3f}", math.nan)
+    compute_per_step_s: float = ev("compute per step (s)", "{:.3f}", math.nan)
+    epoch_starts: int = ev("epoch starts", "{}", 0)
+    epoch_stall_s: float = ev(default=0.0)
+    epoch_stall_share: float = ev("time lost at epoch starts", "{:.1%}", math.nan)
+    first_batch_s: float | None = ev("time to first batch (s)", "{:.2f}")
+    copy_share: float | None = ev("host-to-device copy / compute", "{:.0%}")
+    host_cpu_cores: float | None = ev()  # the whole host, all processes
+    cpu_busy_fraction: float | None = ev("host CPU busy (of usable cores)", "{:.0%}")
+    main_cpu_cores: float | None = ev("main process CPU (cores)", "{:.2f}")
+    workers_cpu_cores: float | None = ev("workers CPU (cores)", "{:.2f}")
+    workers_live: float | None = ev()
+    other_cpu_cores: float | None = ev("other processes' CPU (cores)", "{:.2f}")
+    cpu_per_sample_s: float | None = ev("loading CPU per sample (ms)", "ms")
+    wall_per_sample_s: float | None = ev("loading wall per sample, one loader (ms)", "ms")
+    loading_cpu_per_wall: float | None = ev("loading CPU / wall", "{:.2f}")
+    usable_cores: int = ev("usable cores (affinity, cgroup quota)", "{}", 1)
+    cpu_quota: float | None = ev()
+    cpu_throttled: float | None = ev("cgroup periods throttled", "{:.0%}")
+    mem_total_mb: float | None = ev()
+    mem_available_mb: float | None = ev()
+    memory_budget_mb: float | None = ev()
+    workload_mem_mb: float | None = ev("workload memory (MB)", "{:,.0f}")
+    workload_peak_mb: float | None = ev("workload memory, peak (MB)", "{:,.0f}")
+    memory_fraction: float | None = ev("memory used (of budget)", "{:.0%}")
+    worker_rss_mb: float | None = ev("RSS per worker (MB)", "{:,.0f}")
+    worker_uss_mb: float | None = ev("USS per worker (MB)", "{:,.0f}")
+
+    @property
+    def simulated(self) -> bool:
+        return self.accelerator == SIMULATED
+
+    @property
+    def num_workers(self) -> int:
+        return int(self.config.get("num_workers") or 0)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: (None if isinstance(v, float) and math.isnan(v) else v)
+                for k, v in asdict(self).items()}
+
+
+def evidence_rows(values: dict[str, Any]) -> list[tuple[str, str]]:
+    """(label, formatted value) for every labelled field, in declaration order."""
+    rows = []
+    for f in fields(Features):
+        label, fmt = f.metadata.get("label"), f.metadata.get("fmt")
+        if label:
+            rows.append((label, format_value(values.get(f.name), fmt)))
+    return rows
+
+
+def format_value(v: Any, fmt: str) -> str:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "–"
+    return f"{v * 1000:.2f}" if fmt == "ms" else fmt.format(v)
+
+
+def _mean(df: pd.DataFrame, col: str) -> float | None:
+    if df.empty or col not in df.columns:
+        return None
+    v = pd.to_numeric(df[col], errors="coerce").dropna()
+    return float(v.mean()) if len(v) else None
+
+
+def workload_memory(host: pd.DataFrame) -> pd.Series:
+    """The workload's memory per host sample, MB: main RSS + workers' USS (what each worker
+    adds beyond the pages it shares with its parent), or their RSS where USS is not read."""
+    if host.empty or "proc_rss_mb" not in host.columns:
+        return pd.Series(dtype=float)
+    rss = pd.to_numeric(host["proc_rss_mb"], errors="coerce")
+    uss = pd.to_numeric(host["workers_uss_mb"], errors="coerce").ffill() \
+        if "workers_uss_mb" in host.columns else pd.Series(math.nan, index=host.index)
+    wrss = pd.to_numeric(host.get("workers_rss_mb"), errors="coerce")
+    return (rss + uss.fillna(wrss).fillna(0.0)).dropna()
+
+
+def _cpu(h: pd.DataFrame) -> dict[str, float | None]:
+    """Host, main-process and worker CPU in cores, over the window's host samples."""
+    pct = {c: _mean(h, c) for c in ("cpu_total_pct", "proc_cpu_pct", "workers_cpu_pct",
+                                    "workers")}
+    ncores = None
+    if not h.empty and "cpu_per_core" in h.columns and h["cpu_per_core"].notna().any():
+        ncores = len(json.loads(h["cpu_per_core"].dropna().iloc[0]))
+    host = pct["cpu_total_pct"] / 100 * ncores if pct["cpu_total_pct"] is not None \
+        and ncores else None
+    main = pct["proc_cpu_pct"] / 100 if pct["proc_cpu_pct"] is not None else None
+    workers = pct["workers_cpu_pct"] / 100 if pct["workers_cpu_pct"] is not None else None
+    other = max(0.0, host - (main or 0.0) - (workers or 0.0)) if host is not None else None
+    return {"host": host, "main": main, "workers": workers, "other": other,
+            "live": pct["workers"]}
+
+
+def _loading(steps: pd.DataFrame, nw: int, cpu: dict, span_s: float, share: float,
+             ) -> tuple[float | None, float | None]:
+    """(CPU seconds, wall seconds) of loading one sample by one loader process."""
+    samples = float(steps["samples"].sum()) if not steps.empty else 0.0
+    if samples <= 0:
+        return None, None
+    cpu_s = wall_s = None
+    if nw == 0:
+        if cpu["main"] is not None:  # the simulated accelerator sleeps: main CPU is loading
+            cpu_s = cpu["main"] * span_s / samples
+        wall_s = float(steps["wait_s"].sum()) / samples
+    else:
+        if cpu["workers"] is not None:
+            cpu_s = cpu["workers"] * span_s / samples
+        if share >= STARVING_SHARE:  # workers saturated: each makes 1/nw of the samples
+            wall_s = nw * span_s / samples
+    if cpu_s is not None and wall_s is not None:
+        cpu_s = min(cpu_s, wall_s)
+    return cpu_s, wall_s
+
+
+def _cpu_per_wall(cpu_s: float | None, wall_s: float | None, nw: int, cores: int,
+                  ) -> float | None:
+    """Loading CPU time over loading time: near 1 when loading computes, low when it waits on
+    storage. The CPU time is stretched when more loaders than cores share them."""
+    if not cpu_s or wall_s is None:
+        return None
+    off_cpu = max(0.0, wall_s - cpu_s * max(1.0, max(1, nw) / max(cores, 1)))
+    return cpu_s / (cpu_s + off_cpu)
+
+
+def _memory(h: pd.DataFrame, budget_mb: float | None) -> dict[str, float | None]:
+    series = workload_memory(h)
+    shm = None
+    if not h.empty and "shm_used_mb" in h.columns and h["shm_used_mb"].notna().any():
+        shm = float(h["shm_used_mb"].max() - h["shm_used_mb"].min())
+    used = float(series.mean()) + (shm or 0.0) if len(series) else None
+    total = _mean(h, "mem_total_mb")
+    avail = float(h["mem_available_mb"].min()) \
+        if not h.empty and h["mem_available_mb"].notna().any() else None
+    # against a budget: what the workload uses; against the machine: what everything uses
+    limit = budget_mb or total
+    judged = used if budget_mb else (total - avail if total and avail is not None else None)
+    return {"used": used, "peak": float(series.max()) if len(series) else None,
+            "total": total, "available": avail,
+            "fraction": judged / limit if judged is not None and limit else None}
+
+
+def features(
+    steps: pd.DataFrame, host: pd.DataFrame, config: dict[str, Any], budget: CpuBudget,
+    accelerator: str = SIMULATED, memory_budget: float | None = None,
+) -> Features:
+    """Measure a window of one configuration (steps and host samples over the same time)."""
+    s = analysis.summarize(steps)
+    start, end = analysis.span(steps) if not steps.empty else (0.0, 0.0)
+    busy = analysis.busy_series(steps, start=start, end=end)
+    period, duty = analysis.sawtooth(busy)
+    gaps, gap_med = analysis.idle_gaps(steps)
+    n_epochs, stall, first = analysis.epoch_stalls(steps)
+    span_s = max(end - start, 1e-9)
+    h = host[(host["ts"] >= start) & (host["ts"] <= end)] if not host.empty else host
+    cpu = _cpu(h)
+    nw = int(config.get("num_workers") or 0)
+    cpu_s, wall_s = _loading(steps, nw, cpu, span_s, s.data_wait_share)
+    copy = None
+    if "copy_s" in steps.columns and steps["copy_s"].notna().any():
+        copy = float(steps["copy_s"].sum() / max(steps["compute_s"].sum(), 1e-9))
+    budget_mb = memory_budget_mb(memory_budget)
+    mem = _memory(h, budget_mb)
+    live = cpu["live"]
+
+    def per(col: str) -> float | None:
+        v = _mean(h, col)
+        return v / live if v is not None and live else None
+
+    empty = steps.empty
+    return Features(
+        config=dict(config), accelerator=accelerator, steps=s.steps, window_s=s.window_s,
+        throughput=s.throughput, data_wait_share=s.data_wait_share,
+        device_busy_mean=s.device_busy_mean, device_busy_cv=s.device_busy_cv,
+        idle_gaps=gaps, idle_gap_median_s=gap_med, period_s=period, duty_cycle=duty,
+        wait_per_step_s=math.nan if empty else float(steps["wait_s"].mean()),
+        compute_per_step_s=math.nan if empty else float(steps["compute_s"].median()),
+        epoch_starts=n_epochs, epoch_stall_s=stall,
+        epoch_stall_share=math.nan if empty else stall / span_s, first_batch_s=first,
+        copy_share=copy, host_cpu_cores=cpu["host"],
+        cpu_busy_fraction=cpu["host"] / budget.usable if cpu["host"] is not None else None,
+        main_cpu_cores=cpu["main"], workers_cpu_cores=cpu["workers"], workers_live=live,
+        other_cpu_cores=cpu["other"], cpu_per_sample_s=cpu_s, wall_per_sample_s=wall_s,
+        loading_cpu_per_wall=_cpu_per_wall(cpu_s, wall_s, nw, budget.usable),
+        usable_cores=budget.usable, cpu_quota=budget.quota, cpu_throttled=budget.throttled,
+        mem_total_mb=mem["total"], mem_available_mb=mem["available"],
+        memory_budget_mb=budget_mb, workload_mem_mb=mem["used"],
+        workload_peak_mb=mem["peak"], memory_fraction=mem["fraction"],
+        worker_rss_mb=per("workers_rss_mb"), worker_uss_mb=per("workers_uss_mb"),
+    )

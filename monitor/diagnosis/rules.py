@@ -1,0 +1,259 @@
+"""The verdicts: each a small function of the window's Features, tried in RULES order.
+
+Order, and why: memory pressure first (it can kill the job, whatever else is slow); then a
+transfer-bound step (on CUDA, the copy is the step); then healthy (the device is fed: nothing
+else matters); epoch stalls (lost at each epoch start, whatever the steady state); then the
+CPU: oversubscribed (more workers than cores, all busy), cpu-bound (cores saturated); io-bound
+(loading waits off-CPU); and starving, the rest. The first rule that fires names the verdict.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from monitor.diagnosis.bound import BoundModel, best_workers, fit_bound
+from monitor.diagnosis.features import Features
+from monitor.diagnosis.thresholds import (
+    CPU_SATURATED,
+    EPOCH_STALL_SHARE,
+    IO_CPU_RATIO,
+    MEMORY_HEADROOM,
+    MIN_GAIN,
+    MIN_STEPS,
+    OTHER_LOAD_CORES,
+    STARVING_SHARE,
+    TRANSFER_SHARE,
+)
+
+# The one verdict vocabulary (a closed set): every JSON, chart and banner uses these names.
+HEALTHY, STARVING, CPU_BOUND, IO_BOUND = "healthy", "starving", "cpu-bound", "io-bound"
+MEMORY_PRESSURE, OVERSUBSCRIBED = "memory-pressure", "oversubscribed"
+EPOCH_STALL, TRANSFER_BOUND, NO_DATA = "epoch-stall", "transfer-bound", "no data"
+VERDICTS = (HEALTHY, STARVING, CPU_BOUND, IO_BOUND, MEMORY_PRESSURE, OVERSUBSCRIBED,
+            EPOCH_STALL, TRANSFER_BOUND, NO_DATA)
+CORES_BOUND = (CPU_BOUND, OVERSUBSCRIBED)  # loader changes cannot help: the cores are full
+
+
+@dataclass(frozen=True, slots=True)
+class Advice:
+    param: str  # a LoaderConfig field, or "dataset"/"host" for changes outside the loader
+    value: Any
+    predicted_throughput: float | None
+    reason: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True, slots=True)
+class Diagnosis:
+    verdict: str
+    headline: str
+    bound: dict[str, Any]
+    advice: tuple[Advice, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Ctx:
+    """What every rule reads: the features, the fitted model (or None), and derived facts."""
+
+    f: Features
+    model: BoundModel | None
+    max_workers: int
+    advice: list[Advice] = field(default_factory=list)
+
+    @property
+    def saturated(self) -> bool:
+        return self.f.cpu_busy_fraction is not None and \
+            self.f.cpu_busy_fraction >= CPU_SATURATED
+
+    @property
+    def io_ratio(self) -> float | None:
+        return self.f.loading_cpu_per_wall
+
+    def add(self, param: str, value: Any, pred: float | None, reason: str) -> None:
+        self.advice.append(Advice(param, value, pred, reason))
+
+    def worker_advice(self) -> None:
+        """The knee of the bound model's num_workers curve, if it gains MIN_GAIN."""
+        if self.model is None:
+            return
+        f, nw, cores = self.f, self.f.num_workers, self.f.usable_cores
+        n = best_workers(self.model, self.max_workers)
+        pred, then = self.model.predict(n)
+        if n == nw or pred < MIN_GAIN * f.throughput:
+            return
+        self.add("num_workers", n, pred, f"num_workers {nw} → {n}: predicted {pred:,.0f} "
+                 f"samples/s, {gain(pred, f.throughput)} (limit then: {then})")
+        if then == "cores":
+            self.add("dataset", "cheaper transforms", None, f"at {n} workers the {cores} "
+                     "usable cores are the limit: more workers will not help; cut per-sample "
+                     "CPU work (caching, GPU-side augmentation, pre-processed data)")
+
+
+def gain(new: float, now: float) -> str:
+    return f"{(new / now - 1) * 100:+.0f}%" if now > 0 else ""
+
+
+Rule = Callable[[Ctx], "str | None"]  # returns the headline when the rule fires
+
+
+def memory_pressure(c: Ctx) -> str | None:
+    f = c.f
+    if f.memory_fraction is None or f.memory_fraction < MEMORY_HEADROOM:
+        return None
+    nw, pf = f.num_workers, f.config.get("prefetch_factor") or 2
+    if nw > 0 and pf > 1:
+        c.add("prefetch_factor", 1, None, f"prefetch_factor {pf} → 1: {nw * (pf - 1)} fewer "
+              "batches held in memory at once")
+    if nw > 1:
+        per, fewer = f.worker_uss_mb or f.worker_rss_mb, max(1, nw // 2)
+        c.add("num_workers", fewer, c.model.predict(fewer)[0] if c.model else None,
+              f"num_workers {nw} → {fewer}: frees about {(nw - fewer) * per:,.0f} MB"
+              if per else f"num_workers {nw} → {fewer}")
+    if f.config.get("pin_memory"):
+        c.add("pin_memory", False, None, "pinned pages cannot be swapped or reclaimed")
+    if f.memory_budget_mb:
+        of = f"the budget ({f.workload_mem_mb or 0:,.0f} of {f.memory_budget_mb:,.0f} MB)"
+    else:
+        of = f"memory ({f.mem_total_mb or 0:,.0f} MB in all)"
+    return f"Memory pressure: the workload uses {f.memory_fraction:.0%} of {of}."
+
+
+def transfer_bound(c: Ctx) -> str | None:
+    f = c.f
+    if f.copy_share is None or f.copy_share < TRANSFER_SHARE or f.config.get("pin_memory"):
+        return None
+    c.add("pin_memory", True, None, "page-locked batches copy by DMA and overlap compute "
+          "with non_blocking=True")
+    return (f"Transfer-bound: copying batches to the GPU takes {f.copy_share:.0%} of the "
+            "step; pageable memory makes non_blocking copies synchronous.")
+
+
+def healthy(c: Ctx) -> str | None:
+    f, nw = c.f, c.f.num_workers
+    if f.data_wait_share >= STARVING_SHARE:
+        return None
+    if nw > 1 and c.model is not None:
+        n = best_workers(c.model, nw)
+        if n < nw:
+            c.add("num_workers", n, c.model.predict(n)[0], f"num_workers {nw} → {n} keeps "
+                  f"the device fed with {nw - n} fewer processes (less memory and start-up)")
+    return (f"Healthy: data wait is {f.data_wait_share:.0%} of step time (below "
+            f"{STARVING_SHARE:.0%}); the device is fed.")
+
+
+def epoch_stall(c: Ctx) -> str | None:
+    f = c.f
+    if (f.num_workers == 0 or f.config.get("persistent_workers") or f.epoch_starts < 1
+            or not f.epoch_stall_share >= EPOCH_STALL_SHARE):
+        return None
+    pred = f.throughput * f.window_s / max(f.window_s - f.epoch_stall_s, 1e-9)
+    c.add("persistent_workers", True, pred, "keeps workers (and what they opened) alive "
+          f"between epochs: up to {f.epoch_stall_s:.1f} s back in this window, "
+          f"{gain(pred, f.throughput)}")
+    return (f"Epoch stalls: {f.epoch_stall_share:.0%} of the time is lost at "
+            f"{f.epoch_starts} epoch start(s) (first batch after {f.first_batch_s or 0:.2f} s)"
+            " while workers restart.")
+
+
+def oversubscribed(c: Ctx) -> str | None:
+    f, nw, cores = c.f, c.f.num_workers, c.f.usable_cores
+    io = c.io_ratio
+    if not (nw > cores and c.saturated and (io is None or io >= IO_CPU_RATIO)):
+        return None
+    pred = c.model.predict(cores)[0] if c.model else None
+    c.add("num_workers", cores, pred, f"num_workers {nw} → {cores}: as fast with less "
+          "memory and contention" + (f" (predicted {pred:,.0f} samples/s)" if pred else ""))
+    return (f"Oversubscribed: {nw} workers on {cores} usable cores, CPU "
+            f"{f.cpu_busy_fraction:.0%} busy; the extra processes only compete.")
+
+
+def cpu_bound(c: Ctx) -> str | None:
+    f, cores = c.f, c.f.usable_cores
+    if not c.saturated:
+        return None
+    other = f.other_cpu_cores or 0.0
+    text = (f"CPU-bound: the {cores} usable cores are {f.cpu_busy_fraction:.0%} busy and the "
+            f"device still waits {f.data_wait_share:.0%} of the time; more workers will not "
+            "help.")
+    if other >= OTHER_LOAD_CORES:
+        text += f" {other:.1f} of those cores go to other processes, not the loader."
+        c.add("host", "free cores", None, f"other processes take {other:.1f} of the {cores} "
+              "usable cores (another job, a browser, a notebook): stop or move them, or give "
+              "this job more cores")
+    c.add("dataset", "cheaper transforms", None, "the cores are saturated by per-sample work: "
+          "cache decoded samples, move augmentation to the GPU (e.g. DALI, "
+          "torchvision.transforms.v2 on tensors), or store pre-processed data")
+    if f.cpu_throttled and f.cpu_throttled > 0.1:
+        c.add("dataset", "raise the CPU quota", None, f"the cgroup was throttled in "
+              f"{f.cpu_throttled:.0%} of periods (quota {f.cpu_quota} cores)")
+    return text
+
+
+def io_bound(c: Ctx) -> str | None:
+    io = c.io_ratio
+    if io is None or io >= IO_CPU_RATIO:
+        return None
+    c.worker_advice()
+    c.add("dataset", "faster storage", None, "local NVMe, a page-cache-friendly format "
+          "(WebDataset shards, LMDB), or caching the dataset in memory")
+    busy = c.f.cpu_busy_fraction
+    return (f"IO-bound: loading spends {1 - io:.0%} of its time off-CPU (storage) with CPU "
+            f"{busy:.0%} busy; workers beyond the core count help." if busy is not None
+            else "IO-bound: loading waits on storage.")
+
+
+def starving(c: Ctx) -> str:
+    f, nw = c.f, c.f.num_workers
+    c.worker_advice()
+    loader = (f.workers_cpu_cores if nw > 0 else f.main_cpu_cores) or 0.0
+    where = "loading runs in the main process" if nw == 0 else "the workers"
+    return (f"Starving: the device waits for data {f.data_wait_share:.0%} of step time; "
+            f"{where} cannot keep up ({loader:.1f} of {f.usable_cores} cores busy loading).")
+
+
+RULES: tuple[tuple[str, Rule], ...] = (
+    (MEMORY_PRESSURE, memory_pressure), (TRANSFER_BOUND, transfer_bound), (HEALTHY, healthy),
+    (EPOCH_STALL, epoch_stall), (OVERSUBSCRIBED, oversubscribed), (CPU_BOUND, cpu_bound),
+    (IO_BOUND, io_bound), (STARVING, starving),
+)
+
+
+def bound_text(c: Ctx) -> dict[str, Any]:
+    """The bound for the JSON and the page: throughput now, the limit, the prediction."""
+    f = c.f
+    out: dict[str, Any] = {"throughput": f.throughput, "limit": None, "text": "",
+                           "predicted_now": None}
+    if c.model is None:
+        return out
+    pred_now, limit = c.model.predict(f.num_workers)
+    loader = (f.workers_cpu_cores if f.num_workers > 0 else f.main_cpu_cores) or 0.0
+    limit_text = {
+        "device": "the device (the loader keeps up)",
+        "workers": f"workers ({loader:.1f} of {f.usable_cores} usable cores busy producing)",
+        "cores": f"cores ({f.usable_cores} usable cores saturated)",
+        "main process": "loading in the main process (num_workers=0)",
+    }[limit]
+    text = f"now {f.throughput:,.0f} samples/s; limit: {limit_text}"
+    first = c.advice[0] if c.advice else None
+    if first is not None and first.param == "num_workers" and first.predicted_throughput:
+        text += (f"; predicted at num_workers={first.value}: "
+                 f"{first.predicted_throughput:,.0f}")
+    return {**out, "limit": limit, "text": text, "predicted_now": pred_now}
+
+
+def diagnose(f: Features, max_workers: int | None = None) -> Diagnosis:
+    """The verdict, the bound, and ordered advice for one window."""
+    if f.steps < MIN_STEPS or math.isnan(f.data_wait_share):
+        return Diagnosis(NO_DATA, "Not enough steps in this window to judge.",
+                         {"throughput": None, "limit": None, "text": "",
+                          "predicted_now": None})
+    c = Ctx(f, fit_bound(f), max_workers if max_workers is not None else 2 * f.usable_cores)
+    for verdict, rule in RULES:
+        headline = rule(c)
+        if headline is not None:
+            return Diagnosis(verdict, headline, bound_text(c), tuple(c.advice))
+    raise AssertionError("the starving rule always fires")

@@ -1,0 +1,79 @@
+"""Every threshold of the project, each with where it comes from. Nothing else defines one.
+
+Grouped by who reads them: the verdict rules, the bound model and advice, the sweep and
+autotune search, and the measurement windows. Changing a number here changes it everywhere.
+"""
+from __future__ import annotations
+
+import os
+
+# -- verdicts --------------------------------------------------------------------------------
+# The device waits on data for at least this share of step time: starving. 10% is where the
+# PyTorch profiler's and Lightning's own "dataloader bottleneck" hints start to fire, and
+# below it a loader change rarely buys more than the run-to-run noise on a shared host.
+STARVING_SHARE = 0.10
+# Host CPU busy over the usable cores above which more loader processes cannot run in
+# parallel: 85% leaves room for the sampling jitter of 0.25 s psutil readings.
+CPU_SATURATED = 0.85
+# Loading CPU time / loading wall time per sample below which a loader mostly waits on
+# storage (sleeping in read()), so workers beyond the core count still help.
+IO_CPU_RATIO = 0.5
+# Time lost at epoch starts over the window above which restarting workers per epoch matters.
+EPOCH_STALL_SHARE = 0.10
+# Host-to-device copy time over compute above which the copy, not the model, is the step.
+TRANSFER_SHARE = 0.30
+# CPU taken by processes outside the workload above which the verdict names them: half a
+# core is more than the sampling noise of the host total minus the workload's own.
+OTHER_LOAD_CORES = 0.5
+# Fewest steps a window needs before any verdict is given.
+MIN_STEPS = 3
+
+# -- memory ----------------------------------------------------------------------------------
+# Share of the memory budget (or of the machine's memory) above which the verdict is
+# memory-pressure and above which the sweep will not start a configuration: 85%, as
+# Kubernetes' default eviction margin and earlyoom's defaults sit around 10-15% free.
+MEMORY_HEADROOM = 0.85
+BUDGET_ENV = "STARVATION_MONITOR_MEMORY_BUDGET_MB"
+
+# -- bound model and advice ------------------------------------------------------------------
+# Advise a change only when it is predicted to gain at least this much (noise on a shared
+# host is about ±5%).
+MIN_GAIN = 1.10
+# The knee: the cheapest setting within this share of the best (predicted for advice,
+# measured for a sweep). More processes cost memory and start-up for the last few percent.
+KNEE_SHARE = 0.97
+# Per-step cost in the main process with workers on (collate, queue, unpickle), when the
+# window cannot show it: about a millisecond in torch's own DataLoader benchmarks.
+DEFAULT_OVERHEAD_S = 0.001
+
+# -- search (sweep, tune) --------------------------------------------------------------------
+# A step of the hill climb must gain more than this to be taken; below it is the plateau.
+MIN_STEP_GAIN = 0.03
+# Data-wait share above which the search tries one deeper prefetch_factor.
+PREFETCH_TRY_SHARE = 0.05
+
+# -- windows ---------------------------------------------------------------------------------
+# Discarded start of a measured window: worker start-up and the first batches. A fifth of
+# the window, at most WARMUP_MAX_S. Used by measure, attached runs, sweeps and the page
+# (after a loader change).
+WARMUP_FRACTION = 0.2
+WARMUP_MAX_S = 2.0
+# The page's KPI window: the last this-many seconds.
+KPI_WINDOW_S = 10.0
+
+
+def warmup_seconds(seconds: float) -> float:
+    """Warm-up to discard from a window of `seconds`."""
+    return min(WARMUP_MAX_S, WARMUP_FRACTION * max(0.0, seconds))
+
+
+def memory_budget_mb(explicit: float | None = None) -> float | None:
+    """The one memory-budget resolver: an explicit budget, else $STARVATION_MONITOR_MEMORY_
+    BUDGET_MB, else None (callers then judge against the machine's memory)."""
+    if explicit is not None:
+        return float(explicit)
+    env = os.environ.get(BUDGET_ENV)
+    try:
+        return float(env) if env else None
+    except ValueError:
+        return None

@@ -1,0 +1,90 @@
+"""The one composition root: a Store, a Collector, a SessionManager and the background jobs,
+put together the same way for the dashboard, the CLI, measure, attached runs and the benches.
+
+NOTE [shutdown protocol] -- the one place that says how things end. Functions that take part
+cite it.
+  Workload process (workloads/runner.py):
+  1. Stop request: SessionManager.stop writes a `stop` control row; the workload polls
+     control between steps (every 0.25 s), shuts its DataLoader workers down, flushes, marks
+     the run `stopped` and exits 0.
+  2. Parent gone: the workload watches its parent's PID; when it changes it stops as in 1,
+     with the reason.
+  3. SIGTERM: turned into SystemExit in the workload, so the same `finally` shuts workers
+     down, flushes and marks the run `stopped`. The manager sends it when a stop request is
+     not honoured within its timeout (a step stuck in the dataset), then SIGKILL.
+  4. Errors: any exception marks the run `failed` with the error text; workers are still
+     shut down. Exit code 1.
+  5. SIGKILL of the workload: nothing runs there. Its DataLoader workers see their parent
+     gone and exit; the manager's reaper marks the run failed with the exit status and
+     kills any remembered child still alive (session.py `_kill_tree`).
+  The first writer of a run's final status wins (Store.finish_run): 4 and 5 never overwrite
+  each other.
+  Owners:
+  6. Runtime.close (CLI commands, benches, the dashboard at interpreter exit): cancel a
+     running sweep or tune first (it owns the manager's workload), then close the manager
+     (1, then 3), then stop the collector (it flushes its last samples).
+  7. The CLI turns SIGTERM into KeyboardInterrupt so 6 runs from its `finally`; exit 130.
+  8. Attached runs (`monitor run`): the script is not ours to stop. Signals sent to the
+     wrapper are forwarded to the script; the wrapper waits for it and ends the run with the
+     script's status; the probe in the script flushes at exit (atexit).
+"""
+from __future__ import annotations
+
+import atexit
+from pathlib import Path
+from typing import Any
+
+from monitor.assess import Context
+from monitor.collector import Collector
+from monitor.config import LoaderConfig, max_workers
+from monitor.host import cpu_budget, usable_cores
+from monitor.session import SessionManager
+from monitor.store import Store
+from monitor.tuning.jobs import JobHolder
+
+
+class Runtime:
+    """Owns the store, the collector thread, the session manager and the job holder.
+
+    `start()` starts the collector; `close()` ends everything in the NOTE's order (6). Usable
+    as a context manager."""
+
+    def __init__(self, db: str | Path | None = None, config: LoaderConfig | None = None,
+                 gpu: Any = None, memory_budget_mb: float | None = None,
+                 store: Store | None = None) -> None:
+        self.store = store if store is not None else Store(db)
+        self.collector = Collector(self.store, gpu=gpu)
+        self.manager = SessionManager(self.store, config, on_start=self.collector.follow)
+        self.jobs = JobHolder(self)
+        self.memory_budget_mb = memory_budget_mb
+        self.max_workers = max_workers(usable_cores())
+        self.workload: dict | None = None  # a user dataset named at launch, checked
+        self.workload_error: str | None = None  # why that dataset could not be used
+        self._closed = False
+
+    def start(self) -> Runtime:
+        self.collector.start()
+        atexit.register(self.close)
+        return self
+
+    def context(self) -> Context:
+        """The machine's limits for an assessment, read now (cgroup throttling changes)."""
+        return Context(cpu_budget(), self.max_workers, self.memory_budget_mb)
+
+    def close(self) -> None:
+        """NOTE [shutdown protocol] 6: jobs, then the workload, then the collector."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self.jobs.stop()
+            self.manager.close()
+        finally:
+            self.collector.stop()
+            atexit.unregister(self.close)
+
+    def __enter__(self) -> Runtime:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,315 @@
+"""The pure search behind sweep and tune: grids, the knee, memory skips, and the seeded hill
+climb. No store, no processes: a search is given a `measure_fn(config) -> ConfigResult`
+(monitor/tuning/experiment.py runs real workloads; tests pass synthetic surfaces).
+
+A sweep measures each configuration of a grid in turn, skipping those predicted not to fit
+in memory (from the per-worker memory measured so far). The knee is the cheapest
+configuration within KNEE_SHARE of the best, "cheapest" meaning fewer worker processes, then
+fewer prefetched batches, then smaller batches.
+
+Autotune measures the starting point, jumps to the bound model's predicted knee, then takes
+single steps of num_workers (and one of prefetch_factor) until no neighbour gains more than
+MIN_STEP_GAIN; no step up where the diagnosis found the cores saturated; it stops early on
+the time budget. It usually needs three or four configurations where a grid needs ten.
+"""
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from monitor.config import LoaderConfig
+from monitor.diagnosis.rules import CORES_BOUND
+from monitor.diagnosis.thresholds import (
+    KNEE_SHARE,
+    MEMORY_HEADROOM,
+    MIN_STEP_GAIN,
+    PREFETCH_TRY_SHARE,
+)
+
+SWEEP_PARAMS = ("num_workers", "prefetch_factor", "batch_size", "pin_memory",
+                "persistent_workers")
+
+
+@dataclass(frozen=True, slots=True)
+class ConfigResult:
+    """One configuration's measurement (or why it was skipped). The figures are those of
+    the run's steady-state assessment (monitor/assess.py), kept whole in `assessment`."""
+
+    config: LoaderConfig
+    run_id: int | None = None
+    throughput: float | None = None  # samples/s over the steady-state window
+    throughput_spread: float | None = None  # (max - min) / median over its parts
+    data_wait_share: float | None = None
+    device_busy_mean: float | None = None
+    peak_memory_mb: float | None = None  # main RSS + workers' USS, the window's peak
+    status: str = "ok"  # ok | skipped | failed | cancelled
+    reason: str | None = None
+    seconds: float = 0.0  # wall time this configuration took, start-up included
+    advised_workers: int | None = None  # the diagnosis's num_workers advice, if any
+    verdict: str | None = None
+    assessment: dict[str, Any] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """A sweep --json row: the assessment's keys (as measure --json), plus the config,
+        run, status and time."""
+        out = {k: None for k in ("throughput", "throughput_spread", "data_wait_share",
+                                 "device_busy_mean", "peak_memory_mb", "verdict")}
+        out.update(self.assessment or {})
+        out.update(config={k: getattr(self.config, k) for k in SWEEP_PARAMS},
+                   run_id=self.run_id, status=self.status, reason=self.reason,
+                   seconds=self.seconds)
+        return out
+
+
+def grid(base: LoaderConfig, params: dict[str, list[Any]]) -> list[LoaderConfig]:
+    """Every combination, validated; settings that do not apply (prefetch_factor or
+    persistent_workers with num_workers=0) collapse into one configuration."""
+    names = list(params)
+    seen: dict[LoaderConfig, None] = {}
+    for combo in itertools.product(*(params[n] for n in names)):
+        values = dict(zip(names, combo, strict=True))
+        if values.get("num_workers", base.num_workers) == 0:
+            values.pop("prefetch_factor", None)
+            values.pop("persistent_workers", None)
+        seen.setdefault(base.replace(**values), None)
+    return list(seen)
+
+
+def cost_key(cfg: LoaderConfig) -> tuple:
+    """Cheaper first: fewer processes, fewer batches in flight, smaller batches, no pinning."""
+    return (cfg.num_workers, (cfg.prefetch_factor or 0) * max(cfg.num_workers, 1),
+            cfg.batch_size, cfg.pin_memory, cfg.persistent_workers)
+
+
+@dataclass(frozen=True, slots=True)
+class Knee:
+    best: ConfigResult
+    knee: ConfigResult
+    text: str
+
+
+def find_knee(results: Iterable[ConfigResult], tol: float = 1 - KNEE_SHARE,
+              ) -> Knee | None:
+    ok = [r for r in results if r.status == "ok" and r.throughput]
+    if not ok:
+        return None
+    best = max(ok, key=lambda r: r.throughput)
+    near = [r for r in ok if r.throughput >= (1 - tol) * best.throughput]
+    knee = min(near, key=lambda r: cost_key(r.config))
+    share = knee.throughput / best.throughput
+    if knee is best:
+        return Knee(best, knee, f"best: {describe(best.config)} at {best.throughput:,.0f} "
+                                f"samples/s; nothing cheaper comes within {tol:.0%}")
+    text = (f"{describe(knee.config)} reaches {share:.0%} of the best "
+            f"({knee.throughput:,.0f} of {best.throughput:,.0f} samples/s)")
+    if knee is not best:
+        more = []
+        dn = best.config.num_workers - knee.config.num_workers
+        if dn:
+            more.append(f"{dn:+d} process{'es' if abs(dn) != 1 else ''}")
+        if best.peak_memory_mb and knee.peak_memory_mb:
+            more.append(f"{best.peak_memory_mb - knee.peak_memory_mb:+,.0f} MB")
+        text += (f"; {_short(best.config, knee.config)} adds "
+                 f"{(best.throughput / knee.throughput - 1):.0%}"
+                 + (f" for {' and '.join(more)}" if more else ""))
+    return Knee(best, knee, text)
+
+
+def describe(cfg: LoaderConfig) -> str:
+    """'num_workers=2, prefetch_factor=4, batch_size=32' (plus pin/persistent when on)."""
+    parts = [f"num_workers={cfg.num_workers}"]
+    if cfg.num_workers:
+        parts.append(f"prefetch_factor={cfg.prefetch_factor}")
+    parts.append(f"batch_size={cfg.batch_size}")
+    parts += [k for k in ("pin_memory", "persistent_workers") if getattr(cfg, k)]
+    return ", ".join(parts)
+
+
+def _short(cfg: LoaderConfig, other: LoaderConfig) -> str:
+    """The settings where `cfg` differs from `other` ('num_workers=3'), or num_workers."""
+    diff = [f"{k}={getattr(cfg, k)}" for k in SWEEP_PARAMS if getattr(cfg, k) != getattr(other, k)]
+    return ", ".join(diff) if diff else f"num_workers={cfg.num_workers}"
+
+
+MeasureFn = Callable[[LoaderConfig], ConfigResult]
+
+
+def memory_fits(cfg: LoaderConfig, seen: list[ConfigResult], available_mb: float | None,
+                ) -> str | None:
+    """Why `cfg` would not fit (None when it fits or nothing is known yet): the peak RSS
+    measured so far, extrapolated linearly in worker processes."""
+    ok = [r for r in seen if r.status == "ok" and r.peak_memory_mb]
+    if available_mb is None or not ok:
+        return None
+    with_workers = [r for r in ok if r.config.num_workers > 0]
+    base = min(ok, key=lambda r: r.config.num_workers)
+    per_worker = 0.0
+    if with_workers:
+        w = max(with_workers, key=lambda r: r.config.num_workers)
+        if w.config.num_workers > base.config.num_workers:
+            per_worker = max(0.0, (w.peak_memory_mb - base.peak_memory_mb)
+                             / (w.config.num_workers - base.config.num_workers))
+    predicted = base.peak_memory_mb + per_worker * (cfg.num_workers - base.config.num_workers)
+    if predicted > MEMORY_HEADROOM * available_mb:
+        return (f"predicted {predicted:,.0f} MB ({per_worker:,.0f} MB per worker measured) "
+                f"exceeds {MEMORY_HEADROOM:.0%} of {available_mb:,.0f} MB available")
+    return None
+
+
+@dataclass
+class SweepState:
+    """Progress of a sweep or tune, readable from another thread (the page)."""
+
+    kind: str  # sweep | tune
+    total: int
+    results: list[ConfigResult] = field(default_factory=list)
+    current: LoaderConfig | None = None
+    done: bool = False
+    error: str | None = None
+    started: float = field(default_factory=time.monotonic)
+    finished: float | None = None
+    best: dict[str, Any] | None = None
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def add(self, r: ConfigResult) -> None:
+        with self.lock:
+            self.results.append(r)
+
+    def snapshot(self) -> tuple[list[ConfigResult], LoaderConfig | None, bool]:
+        with self.lock:
+            return list(self.results), self.current, self.done
+
+    def finish(self) -> None:
+        self.current = None
+        self.finished = time.monotonic()
+        self.done = True
+
+    @property
+    def seconds(self) -> float:
+        return (self.finished or time.monotonic()) - self.started
+
+
+def run_sweep(
+    configs: list[LoaderConfig], measure_fn: MeasureFn, state: SweepState | None = None,
+    cancel: threading.Event | None = None, available_mb: float | None = None,
+) -> SweepState:
+    """Measure each configuration in turn (skipping those that will not fit)."""
+    state = state or SweepState("sweep", len(configs))
+    try:
+        for cfg in configs:
+            if cancel is not None and cancel.is_set():
+                break
+            why = memory_fits(cfg, state.results, available_mb)
+            if why is not None:
+                state.add(ConfigResult(cfg, status="skipped", reason=why))
+                continue
+            state.current = cfg
+            r = measure_fn(cfg)
+            state.add(r)
+            if r.status == "cancelled":
+                break
+    except Exception as exc:  # reported on the page / CLI, never a dead thread
+        state.error = f"{type(exc).__name__}: {exc}"
+    finally:
+        state.finish()
+    return state
+
+
+class _Climb:
+    """The state of one autotune: every configuration measured once, the best kept."""
+
+    def __init__(self, measure_fn: MeasureFn, state: SweepState, budget_s: float | None,
+                 cancel: threading.Event | None, clock: Callable[[], float]) -> None:
+        self.measure_fn, self.state, self.budget_s = measure_fn, state, budget_s
+        self.cancel, self.clock, self.t0 = cancel, clock, clock()
+        self.tried: dict[LoaderConfig, ConfigResult] = {}
+
+    def out_of_time(self) -> bool:
+        return (self.cancel is not None and self.cancel.is_set()) or (
+            self.budget_s is not None and self.clock() - self.t0 >= self.budget_s)
+
+    def run(self, cfg: LoaderConfig) -> ConfigResult | None:
+        if cfg in self.tried:
+            return self.tried[cfg]
+        if self.out_of_time():
+            return None
+        self.state.current = cfg
+        r = self.measure_fn(cfg)
+        self.tried[cfg] = r
+        self.state.add(r)
+        self.state.total = len(self.tried)
+        return r
+
+
+def score(r: ConfigResult | None) -> float:
+    return r.throughput if r is not None and r.status == "ok" and r.throughput else -1.0
+
+
+def beats(r: ConfigResult | None, best: ConfigResult | None) -> bool:
+    """r gains more than MIN_STEP_GAIN over best."""
+    return score(r) > (1 + MIN_STEP_GAIN) * score(best)
+
+
+def _cores_bound(r: ConfigResult) -> bool:
+    # the diagnosis saw the cores saturated: more workers or prefetch cannot help
+    return r.verdict in CORES_BOUND
+
+
+def _step_workers(c: _Climb, best: ConfigResult, max_workers: int) -> ConfigResult:
+    """Single num_workers steps from `best` until neither neighbour gains."""
+    improved = True
+    while improved and not c.out_of_time():
+        improved = False
+        n = best.config.num_workers
+        for m in (n + 1, n - 1):
+            if not 0 <= m <= max_workers or (m > n and _cores_bound(best)):
+                continue
+            cand = best.config.replace(num_workers=m)
+            if cand in c.tried:
+                continue
+            r = c.run(cand)
+            if beats(r, best):
+                best, improved = r, True
+                break
+            if m == n + 1 and score(r) >= 0:
+                break  # going up did not pay: the plateau starts here
+    return best
+
+
+def autotune(
+    base: LoaderConfig, measure_fn: MeasureFn, predict: Callable[[ConfigResult], int | None],
+    max_workers: int, budget_s: float | None = None, state: SweepState | None = None,
+    cancel: threading.Event | None = None, clock: Callable[[], float] = time.monotonic,
+) -> SweepState:
+    """Seeded local search over num_workers (then one prefetch_factor step).
+
+    `predict(result)` returns the bound model's advised num_workers for a measured start (or
+    None). Each configuration is measured once; the best measured one wins.
+    """
+    state = state or SweepState("tune", 0)
+    c = _Climb(measure_fn, state, budget_s, cancel, clock)
+    try:
+        best = c.run(base)
+        seed = predict(best) if best is not None and best.status == "ok" else None
+        if seed is not None and seed != base.num_workers:
+            r = c.run(base.replace(num_workers=seed))
+            best = r if score(r) > score(best) else best
+        if best is not None:
+            best = _step_workers(c, best, max_workers)
+        if best is not None and best.config.num_workers > 0 and (best.data_wait_share or 0) \
+                > PREFETCH_TRY_SHARE and not _cores_bound(best) and not c.out_of_time():
+            r = c.run(best.config.replace(prefetch_factor=(best.config.prefetch_factor or 2)
+                                          * 2))
+            best = r if beats(r, best) else best
+        if best is not None and best.status == "ok":
+            state.best = {"config": best.config.to_dict(), "throughput": best.throughput,
+                          "run_id": best.run_id}
+    except Exception as exc:
+        state.error = f"{type(exc).__name__}: {exc}"
+    finally:
+        state.finish()
+    return state

@@ -1,0 +1,133 @@
+"""One assessment pipeline: the page, `measure --json`, `run --json` and `sweep --json` give
+the same verdict and figures for the same window, and the accelerator kind a run recorded
+(not its description) decides whether its device is simulated."""
+from __future__ import annotations
+
+import json
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+from monitor.assess import Context, assess_run
+from monitor.config import LoaderConfig, max_workers
+from monitor.diagnosis import fit_bound
+from monitor.host import cpu_budget, usable_cores
+from monitor.records import HostSample, StepRecord
+
+ROOT = Path(__file__).resolve().parent.parent
+CONFIG = LoaderConfig.build(preset="starving", num_workers=0, batch_size=32,
+                            step_time_ms=40.0)
+
+
+def stored_run(store, kind: str = "simulated", status: str = "stopped",
+               config: dict | None = None, run_kind: str = "managed") -> int:
+    """A finished run of 20 s: a starving sawtooth (60 ms wait, 40 ms compute per step) with
+    host samples at 4 Hz showing the main process loading on one core."""
+    cfg = config if config is not None else CONFIG.to_dict()
+    run = store.create_run("synthetic", run_kind, cfg)
+    store.update_run(run, accelerator_kind=kind, accelerator=f"test device ({kind})")
+    t0 = 1_700_000_000.0
+    steps, t = [], t0
+    for i in range(200):
+        wait = 0.06 + 0.01 * (i % 3)
+        t += wait
+        steps.append(StepRecord(run, i, i // 100, t, wait, 0.04, 32, 0))
+        t += 0.04
+    store.insert(steps)
+    store.insert([HostSample(ts=t0 + k * 0.25, run_id=run, cpu_total_pct=50.0,
+                             cpu_per_core=json.dumps([95.0, 5.0]), mem_used_mb=4000.0,
+                             mem_total_mb=24000.0, mem_available_mb=20000.0,
+                             shm_used_mb=1.0, proc_cpu_pct=95.0, proc_rss_mb=300.0,
+                             workers=0, workers_cpu_pct=0.0, workers_rss_mb=0.0,
+                             workers_uss_mb=0.0) for k in range(int((t - t0) / 0.25))])
+    store.finish_run(run, status)
+    return run
+
+
+def context() -> Context:
+    return Context(cpu_budget(), max_workers(usable_cores()))
+
+
+KEYS = ("verdict", "steps", "window_s", "throughput", "data_wait_share", "device_busy_mean",
+        "device_busy_cv")
+
+
+def test_four_paths_agree_on_one_window(store, db_path, monkeypatch):
+    from streamlit.testing.v1 import AppTest
+
+    from monitor.attached_run import summary
+    from monitor.measure import summarise
+    from monitor.tuning.experiment import result_from_measurement
+    from monitor.ui.resources import get_runtime
+
+    run = stored_run(store)
+    m = summarise(store, run, CONFIG, context())
+    measure_json = json.loads(json.dumps(m.to_dict()))
+    run_json = json.loads(json.dumps(summary(store, run, context()), default=str))
+    sweep_json = json.loads(json.dumps(result_from_measurement(m, CONFIG, 20.0).to_dict()))
+    for key in KEYS:
+        assert measure_json[key] == run_json[key] == sweep_json[key], key
+    assert measure_json["verdict"] == "starving"
+    assert measure_json["advice"] == run_json["advice"] == sweep_json["advice"]
+
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setenv("STARVATION_MONITOR_AUTOSTART", "0")
+    get_runtime.clear()
+    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=60)
+    try:
+        at.run()
+        assert not at.exception
+        assert at.selectbox(key="selected_run").value == run
+        metrics = {x.label: x.value for x in at.metric}
+        assert metrics["Throughput"] == f"{measure_json['throughput']:,.0f} samples/s"
+        assert metrics["Data-wait share"] == f"{measure_json['data_wait_share']:.0%}"
+        assert metrics["Device busy (mean)"] == f"{measure_json['device_busy_mean']:.0%}"
+        banner = " ".join(e.value for e in at.error)
+        assert banner.startswith(f"{measure_json['verdict']} · ")
+        assert any("steady state of the final settings" in c.value for c in at.caption)
+    finally:
+        rt = get_runtime()
+        rt.close()
+        get_runtime.clear()
+
+
+@pytest.mark.parametrize(("kind", "scales"), [("simulated", False), ("cuda", True),
+                                               ("cpu", True)])
+def test_the_stored_accelerator_kind_decides_simulation(store, kind, scales):
+    a = assess_run(store, stored_run(store, kind), context())
+    assert a.features.accelerator == kind and a.features.simulated is (not scales)
+    model = fit_bound(a.features)
+    assert model is not None and model.device_scales is scales
+    assert a.to_dict()["accelerator_kind"] == kind
+
+
+def test_attached_run_on_cuda_is_judged_as_cuda(store):
+    """The probe records the kind from the script's torch; assess reads it back."""
+    from monitor import attach
+
+    fake_cuda = types.SimpleNamespace(is_initialized=lambda: True, is_available=lambda: True)
+    old = sys.modules.get("torch")
+    sys.modules["torch"] = types.SimpleNamespace(cuda=fake_cuda)  # type: ignore[assignment]
+    try:
+        kind = attach.accelerator_kind()
+    finally:
+        if old is None:
+            sys.modules.pop("torch", None)
+        else:
+            sys.modules["torch"] = old
+    assert kind == "cuda"
+    cfg = {"preset": "custom", "workload": "attached:train.py", "num_workers": 0,
+           "batch_size": 32, "prefetch_factor": None, "pin_memory": False,
+           "persistent_workers": False}
+    a = assess_run(store, stored_run(store, kind, config=cfg, run_kind="attached"),
+                   context())
+    assert not a.features.simulated and fit_bound(a.features).device_scales
+
+
+def test_attached_run_before_its_first_epoch_has_no_data_not_an_error(store):
+    run = store.create_run("train.py", "attached",
+                           {"preset": "custom", "workload": "attached:train.py"})
+    a = assess_run(store, run, context())
+    assert a.verdict == "no data" and a.features.steps == 0
