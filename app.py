@@ -12,6 +12,8 @@ from monitor.ui import panels
 from monitor.ui.controls import render_controls
 from monitor.ui.resources import get_runtime
 from monitor.ui.sweep_panel import render_sweep_controls, render_sweep_progress
+from monitor.ui.text import plain
+from monitor.watchdog import STALL_KINDS, active_stall
 
 st.set_page_config(page_title="Starvation Monitor", page_icon="📉", layout="wide")
 
@@ -34,11 +36,11 @@ if simulated and live_run is not None:
             "`torch.cuda.synchronize()` would. Device busy is derived from step timings.",
             icon="ℹ️")
 if rt.workload_error:
-    st.error(f"{rt.workload_error}\n\nFix it and restart the dashboard; the presets work "
+    st.error(f"{plain(rt.workload_error)}\n\nFix it and restart the dashboard; the presets work "
              "meanwhile.", icon="🛑")
 gpu_available, gpu_notice, devices = rt.store.gpu_inventory()
 if not gpu_available:
-    st.caption(f"GPU telemetry: {gpu_notice}")
+    st.caption(f"GPU telemetry: {plain(gpu_notice)}")
 
 live_tab, sweep_tab = st.tabs(["Live", "Sweep & tune"])
 top = live_tab.columns([3, 2])
@@ -77,6 +79,10 @@ def live() -> None:
         st.warning(f"Run {run_id} is not in the store.")
         return
     panels.render_run_status(view.run)
+    stall = active_stall(rt.store.events(run_id, kinds=STALL_KINDS)) \
+        if view.run["status"] == "running" else None
+    if stall:
+        st.warning(plain(stall), icon="⏳")
     if view.run["kind"] == "attached" and view.run["status"] == "running":
         panels.render_attached_controls(rt.store, view.run)
     window = panels.assessed_window(rt.store, view)
@@ -96,7 +102,7 @@ def live() -> None:
     panels.render_charts(view, simulated_run, gpu_pick if devices else None)
     if devices:
         st.subheader("GPU (NVML)")
-        st.caption(gpu_notice)
+        st.caption(plain(gpu_notice))
         panels.render_gpu_panel(view, devices, default_gpu)
 
 

@@ -91,15 +91,16 @@ def _print_measurement(result: Any) -> None:
 
 
 def _measure(args: argparse.Namespace, config: LoaderConfig, rt: Any) -> int:
-    from monitor.measure import measure
+    from monitor.measure import failure_line, measure
 
     result = measure(rt, config, args.seconds)
+    rt.store.check()  # a store deleted under the run: say so rather than print lost figures
     if args.json:
         print(json.dumps(result.to_dict()))
     else:
         _print_measurement(result)
     if result.status == "failed":
-        print(f"error: the workload failed: {(result.error or '').splitlines()[0]}",
+        print(f"error: run {result.run_id} failed: {failure_line(result.error)}",
               file=sys.stderr)
         return 1
     return 0
@@ -223,8 +224,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     from monitor.runtime import Runtime
+    from monitor.store import StoreError
 
-    rt = Runtime(args.db, memory_budget_mb=args.memory_budget_mb).start()
+    try:
+        rt = Runtime(args.db, memory_budget_mb=args.memory_budget_mb).start()
+    except StoreError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     try:
         if args.command == "measure":
             return _measure(args, config, rt)
@@ -235,6 +241,9 @@ def main(argv: list[str] | None = None) -> int:
         print("interrupted: workloads stopped, finished runs kept in the store",
               file=sys.stderr)
         return 130
+    except StoreError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     finally:
         rt.close()  # NOTE [shutdown protocol] in monitor/runtime.py, 6
 

@@ -31,6 +31,7 @@ from typing import Any
 from monitor.config import ATTACHED_PREFIX, ConfigError, LoaderConfig, describe_change
 from monitor.probe import Probe
 from monitor.store import Store
+from monitor.watchdog import Watchdog
 
 RUN_ENV = "STARVATION_MONITOR_RUN_ID"
 DB_ENV = "STARVATION_MONITOR_DB"
@@ -74,35 +75,61 @@ class Recorder:
         self.last_control = 0
         self.loader_id: int | None = None
         self.lock = threading.Lock()
-        atexit.register(self.flush)
+        self.stopped: str | None = None  # why recording stopped (the training goes on)
+        self.watchdog = Watchdog(self.probe, on_stall=self._say).start()
+        atexit.register(self.close)
 
     @property
     def config_seq(self) -> int:
         return self.probe.config_seq
 
     def record(self, t_req: float, t_got: float, t_next: float, batch: Any) -> None:
+        if self.stopped:
+            return
         with self.lock:
             try:
                 self.probe.record(self.epoch, t_req, t_got, t_next, batch)
             except Exception as exc:  # never break the user's training for our records
-                self._dropped(exc)
+                self._stop_recording(exc)
 
     def flush(self) -> None:
+        if self.stopped:
+            return
         with self.lock:
             try:
                 self.probe.flush()
             except Exception as exc:
-                self._dropped(exc)
+                self._stop_recording(exc)
 
-    def _dropped(self, exc: Exception) -> None:
-        print(f"starvation-monitor: could not write steps: {exc}", file=sys.stderr)
+    def close(self) -> None:
+        self.watchdog.stop()
+        self.flush()
+
+    @staticmethod
+    def _say(text: str) -> None:
+        print(f"starvation-monitor: {text}", file=sys.stderr)
+
+    def _stop_recording(self, exc: Exception) -> None:
+        """Say once why recording stopped; the training goes on untouched."""
+        self.stopped = str(exc)
         self.probe.discard()
+        self.watchdog.stop()
+        self._say(f"recording stopped: {exc}. Your training goes on; its steps are no "
+                  "longer recorded.")
 
     # -- epochs and control --------------------------------------------------------------
     def start_epoch(self, loader: Any) -> None:
         """At iter(loader): apply pending loader changes, count the epoch."""
         self.flush()
         self.epoch += 1
+        if self.stopped:
+            return
+        try:
+            self._epoch_control(loader)
+        except Exception as exc:  # the store failed: the training goes on without us
+            self._stop_recording(exc)
+
+    def _epoch_control(self, loader: Any) -> None:
         first = self.epoch == 0
         if first:
             settings = loader_settings(loader)
@@ -115,8 +142,12 @@ class Recorder:
             reqs = self.store.pending_control(self.run_id, self.last_control)
         except Exception:
             reqs = []
-        for cid, kind, payload in reqs:
+        for i, (cid, kind, payload) in enumerate(reqs):
             self.last_control = cid
+            later = _covering(payload, reqs[i + 1:]) if kind == "config" else None
+            if later is not None:  # a later request sets every setting this one asks for
+                self.store.mark_control(cid, f"superseded by request {later}")
+                continue
             if kind != "config" or not isinstance(payload, dict):
                 self.store.mark_control(cid, f"refused: attached runs take loader settings "
                                              f"only, not {kind!r}")
@@ -162,6 +193,15 @@ class Recorder:
                                  {"worker_pids": pids})
 
 
+def _covering(payload: Any, later: list[tuple[int, str, Any]]) -> int | None:
+    """The id of a later config request that sets every key of `payload`, if any."""
+    keys = set(payload) if isinstance(payload, dict) else set()
+    for cid, kind, p in later:
+        if kind == "config" and isinstance(p, dict) and keys and keys <= set(p):
+            return cid
+    return None
+
+
 class TimedIterator:
     """Wraps a DataLoader iterator: times each next() and the gap until the following one."""
 
@@ -176,15 +216,19 @@ class TimedIterator:
 
     def __next__(self) -> Any:
         now = time.perf_counter()
+        probe = self._rec.probe
         if self._t_got is not None:
             self._rec.record(self._t_req, self._t_got, now, self._batch)
             self._t_req = time.perf_counter()  # a flush in record() is neither wait nor step
+        probe.waiting_since = self._t_req  # the watchdog's clock: waiting for data
         try:
             batch = next(self._inner)
         except StopIteration:
             self._t_got = None
             self._rec.flush()
             raise
+        finally:
+            probe.waiting_since = None
         self._t_got, self._batch = time.perf_counter(), batch
         return batch
 

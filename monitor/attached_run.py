@@ -19,11 +19,11 @@ from monitor.assess import Context, assess_run
 from monitor.attach import DB_ENV, RUN_ENV
 from monitor.config import ATTACHED_PREFIX
 from monitor.runtime import Runtime
-from monitor.store import Store
+from monitor.store import Store, StoreError, explain
 
 ROOT = Path(__file__).resolve().parent.parent
 INJECT = Path(__file__).resolve().parent / "_inject"
-FORWARDED = (signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
+FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
 
 
 def summary(store: Store, run_id: int, ctx: Context) -> dict[str, Any]:
@@ -40,6 +40,76 @@ def summary(store: Store, run_id: int, ctx: Context) -> dict[str, Any]:
     return out
 
 
+STOPPING = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # asking the script to stop
+
+
+def end_status(rc: int, asked: int | None) -> tuple[str, str | None]:
+    """How an attached run ended: `finished` (exit 0), `stopped` (interrupted: Ctrl-C, or a
+    stop signal that we forwarded), else `failed` with the exit status."""
+    if rc == 0:
+        return "finished", None
+    sig = -rc if rc < 0 else (rc - 128 if rc > 128 else None)
+    if sig == signal.SIGINT or (asked is not None and asked in STOPPING):
+        name = signal.Signals(asked or sig).name
+        return "stopped", f"interrupted ({name}): the script was asked to stop"
+    how = f"signal {-rc} ({signal.Signals(-rc).name})" if rc < 0 else f"exit code {rc}"
+    return "failed", f"the script ended with {how}"
+
+
+def _take_terminal(pgid: int) -> int | None:
+    """Make the script's group the terminal's foreground group (as a shell does for a job),
+    so Ctrl-C and terminal reads are the script's. Returns the group to give it back to."""
+    try:
+        fd = sys.stdin.fileno()
+        if not os.isatty(fd) or os.tcgetpgrp(fd) != os.getpgrp():
+            return None
+        old = signal.signal(signal.SIGTTOU, signal.SIG_IGN)
+        try:
+            os.tcsetpgrp(fd, pgid)
+        finally:
+            signal.signal(signal.SIGTTOU, old)
+        os.killpg(pgid, signal.SIGCONT)  # in case it read the terminal before it was its own
+        return os.getpgrp()
+    except (OSError, ValueError):
+        return None
+
+
+def _give_back_terminal(pgid: int | None) -> None:
+    if pgid is None:
+        return
+    old = signal.signal(signal.SIGTTOU, signal.SIG_IGN)
+    try:
+        os.tcsetpgrp(sys.stdin.fileno(), pgid)
+    except OSError:
+        pass
+    finally:
+        signal.signal(signal.SIGTTOU, old)
+
+
+def _supervise(proc: subprocess.Popen, rt: Runtime) -> tuple[int, int | None]:
+    """Wait for the script, forwarding signals to its process group (NOTE [shutdown
+    protocol] in monitor/runtime.py, 8). Returns (exit status, the stop signal forwarded)."""
+    asked: list[int] = []
+
+    def forward(signum: int, frame: Any) -> None:
+        if signum in STOPPING:
+            asked.append(signum)
+        try:
+            os.killpg(proc.pid, signum)
+        except ProcessLookupError:
+            pass
+
+    for s in FORWARDED:
+        signal.signal(s, forward)
+    tty = _take_terminal(proc.pid)
+    try:
+        rc = proc.wait()
+    finally:
+        _give_back_terminal(tty)
+        rt.close()
+    return rc, (asked[0] if asked else None)
+
+
 def run_attached(args: argparse.Namespace) -> int:
     cmd = list(args.cmd)
     if cmd and cmd[0] == "--":
@@ -48,7 +118,11 @@ def run_attached(args: argparse.Namespace) -> int:
         print("error: give the command after --, e.g. python -m monitor run -- python "
               "train.py", file=sys.stderr)
         return 2
-    rt = Runtime(args.db)
+    try:
+        rt = Runtime(args.db)
+    except StoreError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     store = rt.store
     script = next((Path(c).name for c in cmd[1:] if c.endswith(".py")), Path(cmd[0]).name)
     run_id = store.create_run(args.name or script, "attached",
@@ -60,7 +134,9 @@ def run_attached(args: argparse.Namespace) -> int:
     env[DB_ENV] = str(store.path.resolve())
     rt.start()
     try:
-        proc = subprocess.Popen(cmd, env=env)
+        # its own process group, so signals reach the script and its DataLoader workers
+        # together, and the terminal's Ctrl-C is the script's alone (as run bare)
+        proc = subprocess.Popen(cmd, env=env, process_group=0)
     except OSError as exc:
         store.finish_run(run_id, "failed", f"could not start {cmd[0]!r}: {exc}")
         rt.close()
@@ -70,25 +146,13 @@ def run_attached(args: argparse.Namespace) -> int:
     rt.collector.follow(proc.pid, run_id)
     print(f"starvation-monitor: run {run_id} recording to {store.path} (pid {proc.pid})",
           file=sys.stderr)
-
-    def forward(signum: int, frame: Any) -> None:
-        if proc.poll() is None:
-            proc.send_signal(signum)
-
-    # NOTE [shutdown protocol] in monitor/runtime.py, 8. Ctrl-C reaches the script from the
-    # terminal (same process group): don't die first.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    for s in FORWARDED:
-        signal.signal(s, forward)
+    rc, asked = _supervise(proc, rt)
+    code = rc if rc >= 0 else 128 - rc  # the script's own exit status, as a shell gives it
     try:
-        rc = proc.wait()
-    finally:
-        rt.close()
-    if rc == 0:
-        store.finish_run(run_id, "finished")
-    else:
-        how = f"signal {-rc}" if rc < 0 else f"exit code {rc}"
-        store.finish_run(run_id, "failed", f"the script ended with {how}")
-    if args.json:
-        print(json.dumps(summary(store, run_id, rt.context()), default=str))
-    return rc if rc >= 0 else 128 - rc
+        store.finish_run(run_id, *end_status(rc, asked))
+        if args.json:
+            print(json.dumps(summary(store, run_id, rt.context()), default=str))
+    except Exception as exc:  # the store failed: the script's status still passes through
+        print(f"starvation-monitor: could not record the end of run {run_id}: "
+              f"{explain(store.path, exc)}", file=sys.stderr)
+    return code

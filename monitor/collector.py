@@ -1,10 +1,25 @@
-"""The sampling thread: host (psutil) and GPU (NVML) readings on a drift-free schedule,
-written to the store in batches (one transaction per `flush_interval`)."""
+"""The sampler: host (psutil) and GPU (NVML) readings on a drift-free schedule, written to the
+store in batches (one transaction per `flush_interval`).
+
+`Collector` samples in a thread of the process that owns it (the CLI, attached runs, tests).
+The dashboard runs it in a process of its own instead (`CollectorProcess`, `python -m
+monitor.collector`): page rendering holds the dashboard's interpreter for most of each
+second with a few tabs open, and a sampling thread there fell to 1.6-3.8 passes/s with gaps
+of 3 s. The process learns which workload to follow from the store (`follow`), exits when its
+parent does, and stops on SIGTERM after a last flush.
+"""
 from __future__ import annotations
 
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 from monitor.gpu import GpuBackend, open_backend
 from monitor.host import HostSampler
@@ -110,3 +125,75 @@ class Collector:
                 next_t = now + self.interval
             self._stop.wait(max(0.0, next_t - self.clock()))
         self.store.close()
+
+
+FOLLOW_KEY = "collector_follow:{owner}"  # meta key: [pid, run_id] the process follows
+ROOT = Path(__file__).resolve().parent.parent
+
+
+class CollectorProcess:
+    """A Collector in its own process, driven through the store; the same calls as
+    Collector for the Runtime (start, follow, stop)."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self.key = FOLLOW_KEY.format(owner=os.getpid())
+        self._proc: subprocess.Popen | None = None
+
+    def start(self) -> CollectorProcess:
+        if self._proc is None or self._proc.poll() is not None:
+            self.store.set_meta(self.key, json.dumps([None, None]))
+            env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+                p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
+            self._proc = subprocess.Popen(
+                [sys.executable, "-m", "monitor.collector", "--db", str(self.store.path),
+                 "--key", self.key, "--parent-pid", str(os.getpid())],
+                stdin=subprocess.DEVNULL, stdout=sys.stderr, stderr=sys.stderr, env=env)
+        return self
+
+    def follow(self, pid: int | None, run_id: int | None) -> None:
+        self.store.set_meta(self.key, json.dumps([pid, run_id]))
+
+    def alive(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """SIGTERM: the process flushes and exits (NOTE [shutdown protocol] in
+        monitor/runtime.py, 6); SIGKILL if it does not."""
+        proc, self._proc = self._proc, None
+        if proc is None or proc.poll() is not None:
+            return
+        proc.terminate()
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout)
+
+
+def serve(db: str, key: str, parent_pid: int, poll_s: float = 0.2) -> None:
+    """The collector process: follow what the store says, until SIGTERM or the parent exits."""
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the dashboard's Ctrl-C is the parent's
+    store = Store(db)
+    col = Collector(store).start()
+    current: str | None = None
+    try:
+        while not stop.wait(poll_s) and os.getppid() == parent_pid:
+            want = store.meta(key)
+            if want != current:
+                current = want
+                pid, run_id = json.loads(want) if want else (None, None)
+                col.follow(pid, run_id)
+    finally:
+        col.stop()
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser(prog="python -m monitor.collector")
+    ap.add_argument("--db", required=True)
+    ap.add_argument("--key", required=True)
+    ap.add_argument("--parent-pid", type=int, required=True)
+    a = ap.parse_args()
+    serve(a.db, a.key, a.parent_pid)

@@ -11,6 +11,8 @@ from monitor import analysis
 from monitor.assess import Assessment, Context, assess_run
 from monitor.config import LoaderConfig
 from monitor.gpu import workload_gpu
+from monitor.store import StoreError
+from monitor.watchdog import STALL_KINDS, active_stall
 
 if TYPE_CHECKING:
     from monitor.runtime import Runtime
@@ -47,11 +49,31 @@ class Measurement:
         return d
 
 
-def _wait_for_first_batch(rt: Runtime, cancel: threading.Event | None) -> None:
-    """The clock starts at the first batch: spawning and importing torch is not the loader."""
+HINTS = (  # (words in the error, what to do)
+    ("killed by signal 9", "the kernel's OOM killer or another process killed it: check "
+                           "`dmesg`, or lower num_workers / prefetch_factor / batch_size"),
+    ("looks stuck", "a read in the dataset's __getitem__ never returned: check its storage "
+                    "(a hung network mount?), or add a timeout to it"),
+    ("killed by signal", "another process sent it that signal"),
+    ("the store", "keep the store on a disk with room, where nothing deletes it (--db)"),
+)
+
+
+def failure_line(error: str | None) -> str:
+    """The error's first line and, where the cause is known, what to do about it."""
+    first = (error or "unknown error").strip().splitlines()[0]
+    hint = next((h for words, h in HINTS if words in first), None)
+    return f"{first}. What to do: {hint}" if hint else first
+
+
+def _wait_for_first_batch(rt: Runtime, run_id: int, cancel: threading.Event | None) -> None:
+    """The clock starts at the first batch: spawning and importing torch is not the loader.
+    A loader stuck before its first batch ends the wait (the watchdog says so)."""
     deadline = time.monotonic() + FIRST_BATCH_TIMEOUT_S
     while not rt.manager.wait_for_steps(1, timeout=0.5) and time.monotonic() < deadline:
         if (cancel is not None and cancel.is_set()) or not rt.manager.is_alive():
+            return
+        if active_stall(rt.store.events(run_id, kinds=STALL_KINDS)):
             return
 
 
@@ -70,25 +92,32 @@ def measure(rt: Runtime, config: LoaderConfig, seconds: float, name: str | None 
     stays in the store; `cancel` ends it early (the result says so)."""
     run_id = rt.manager.start(config, name=name)
     try:
-        _wait_for_first_batch(rt, cancel)
+        _wait_for_first_batch(rt, run_id, cancel)
         _wait(rt, seconds, cancel)
+        stall = active_stall(rt.store.events(run_id, kinds=STALL_KINDS))
+        if stall:  # a stuck loader fails the run; measure still ends at its deadline
+            rt.store.finish_run(run_id, "failed", f"{stall} (measure stopped it)")
     finally:
         rt.manager.stop()
         rt.collector.follow(None, None)
+    rt.store.check()
+    if (rt.store.run(run_id) or {}).get("status") == "running":  # its end could not be saved
+        raise StoreError(rt.manager.last_error or f"run {run_id} ended but the store "
+                         f"{rt.store.path} could not record it")
     cancelled = cancel is not None and cancel.is_set()
-    return summarise(rt.store, run_id, config, rt.context(), rt.collector.gpu, parts,
-                     cancelled)
+    return summarise(rt.store, run_id, config, rt.context(), parts, cancelled)
 
 
-def summarise(store: Store, run_id: int, config: LoaderConfig, ctx: Context, gpu: Any = None,
-              parts: int = 1, cancelled: bool = False) -> Measurement:
+def summarise(store: Store, run_id: int, config: LoaderConfig, ctx: Context, parts: int = 1,
+              cancelled: bool = False) -> Measurement:
     """The Measurement of a stored run: its steady-state assessment and NVML's utilization
     over the same window (what `measure --json` prints)."""
     run = store.run(run_id) or {}
     a = assess_run(store, run_id, ctx, parts)
     dev, mean, cv = None, None, None
-    if gpu is not None and gpu.available and a is not None and a.features.steps:
-        dev = workload_gpu(gpu.devices(), run.get("device"))
+    available, _, devices = store.gpu_inventory()
+    if available and a is not None and a.features.steps:
+        dev = workload_gpu(devices, run.get("device"))
         util = store.gpu_util(a.start, a.end)
         if dev is not None:
             util = util[util["gpu"] == dev]

@@ -8,7 +8,9 @@ own cost is in neither. It also polls the store's control table for the workload
 """
 from __future__ import annotations
 
+import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -60,6 +62,11 @@ class Probe:
         self.config_seq = 0
         self.copy_s: float | None = None  # set by a CUDA step: its host-to-device copy
         self.current_iterator: Iterator[Any] | None = None
+        # For the watchdog (another thread): since when the loop has waited for a batch
+        # (None while it computes), and the last steps' durations.
+        self.waiting_since: float | None = None
+        self.recent_steps: deque[float] = deque(maxlen=64)
+        self._lock = threading.Lock()  # the buffer is flushed by the watchdog too
 
     def wall(self, t: float) -> float:
         return self._anchor_wall + (t - self._anchor_clock)
@@ -72,44 +79,56 @@ class Probe:
         `between` runs in the gap after each step's compute is stamped and before the next
         wait starts (so its cost is in neither); when it returns True the iteration ends.
         """
-        t0 = self.clock()
+        t0 = self.waiting_since = self.clock()
         it = iter(loader)
         self.current_iterator = it
         while True:
             try:
                 batch = next(it)
             except StopIteration:
+                self.waiting_since = None
                 return
             t1 = self.clock()
+            self.waiting_since = None
             yield batch
             self.record(epoch, t0, t1, self.clock(), batch)
             if between is not None and between():
                 return
-            t0 = self.clock()
+            t0 = self.waiting_since = self.clock()
 
     def record(self, epoch: int, t_req: float, t_got: float, t_next: float, batch: Any) -> None:
         """One step: asked for the batch at t_req, got it at t_got, asked for the next at
         t_next (this probe's clock). Writes the buffer when flush_interval has passed."""
-        self._buffer.append(StepRecord(
+        rec = StepRecord(
             run_id=self.run_id, step=self.step, epoch=epoch, ts=self.wall(t_got),
             wait_s=t_got - t_req, compute_s=t_next - t_got, samples=batch_len(batch),
             config_seq=self.config_seq, copy_s=self.copy_s,
-        ))
+        )
+        with self._lock:
+            self._buffer.append(rec)
+        self.recent_steps.append(t_next - t_req)
         self.copy_s = None
         self.step += 1
         if t_next - self._last_flush >= self.flush_interval:
             self.flush()
 
     def flush(self) -> None:
-        if self._buffer:
-            self.store.insert(self._buffer)
-            self._buffer = []
-        self._last_flush = self.clock()
+        with self._lock:
+            buf, self._buffer = self._buffer, []
+            self._last_flush = self.clock()
+        if buf:
+            self.store.insert(buf)
+
+    def flush_if_due(self) -> None:
+        """Write what a stuck loop buffered (the watchdog calls this once a second)."""
+        if self.clock() - self._last_flush >= self.flush_interval:
+            self.flush()
 
     def discard(self) -> None:
         """Drop unwritten records (after a write failed: the run goes on without them)."""
-        self._buffer = []
-        self._last_flush = self.clock()
+        with self._lock:
+            self._buffer = []
+            self._last_flush = self.clock()
 
     def control_due(self) -> bool:
         now = self.clock()

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from monitor.assess import Context
-from monitor.collector import Collector
+from monitor.collector import Collector, CollectorProcess
 from monitor.config import LoaderConfig, max_workers
 from monitor.host import cpu_budget, usable_cores
 from monitor.session import SessionManager
@@ -51,9 +51,13 @@ class Runtime:
 
     def __init__(self, db: str | Path | None = None, config: LoaderConfig | None = None,
                  gpu: Any = None, memory_budget_mb: float | None = None,
-                 store: Store | None = None) -> None:
+                 store: Store | None = None, collector_process: bool = False) -> None:
+        """`collector_process`: sample in a process of its own (the dashboard's choice, see
+        monitor/collector.py); else in a thread here, where `gpu` may inject a backend."""
         self.store = store if store is not None else Store(db)
-        self.collector = Collector(self.store, gpu=gpu)
+        self.collector: Collector | CollectorProcess = (
+            CollectorProcess(self.store) if collector_process
+            else Collector(self.store, gpu=gpu))
         self.manager = SessionManager(self.store, config, on_start=self.collector.follow)
         self.jobs = JobHolder(self)
         self.memory_budget_mb = memory_budget_mb
@@ -63,6 +67,8 @@ class Runtime:
         self._closed = False
 
     def start(self) -> Runtime:
+        """Close runs whose recording process is gone, then start sampling."""
+        self.orphans_closed = self.store.close_orphans()
         self.collector.start()
         atexit.register(self.close)
         return self

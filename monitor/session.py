@@ -13,6 +13,7 @@ from __future__ import annotations
 import atexit
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -23,7 +24,7 @@ from typing import Any
 import psutil
 
 from monitor.config import ConfigError, LoaderConfig
-from monitor.store import Store
+from monitor.store import Store, explain
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -52,6 +53,17 @@ def _kill_tree(procs: list[psutil.Process], timeout: float = 3.0) -> None:
     psutil.wait_procs(alive, timeout=timeout)
 
 
+def exit_text(code: int) -> str:
+    """'workload process killed by signal 9 (SIGKILL)' or '... exited with code 1'."""
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = "unknown signal"
+        return f"workload process killed by signal {-code} ({name})"
+    return f"workload process exited with code {code}"
+
+
 def _wait(proc: subprocess.Popen, timeout: float) -> None:
     try:
         proc.wait(timeout)
@@ -76,6 +88,7 @@ class SessionManager:
         self.on_start = on_start  # callback(pid, run_id), e.g. Collector.watch
         self.run_id: int | None = None
         self.started_once = False
+        self.last_error: str | None = None
         self._proc: subprocess.Popen | None = None
         self._children: dict[int, psutil.Process] = {}
         self._lock = threading.RLock()
@@ -146,6 +159,10 @@ class SessionManager:
                 return
             timeout = self.stop_timeout if timeout is None else timeout
             self._snapshot_children()
+            if proc.poll() is not None:  # it ended before we asked: not a stop
+                self._finish_dead(proc, run_id, "failed" if proc.returncode else "finished")
+                self._proc = None
+                return
             if proc.poll() is None:
                 self.store.request_control(run_id, "stop")
                 _wait(proc, timeout)
@@ -199,11 +216,15 @@ class SessionManager:
             _kill_tree(leftovers)
         self._children = {}
         code = proc.returncode
-        if code not in (0, None) and status != "stopped":
-            self.store.finish_run(run_id, "failed", f"workload process exited with code {code}"
-                                  + (f" (signal {-code})" if code < 0 else ""))
-        else:
-            self.store.finish_run(run_id, status)
+        try:
+            if code not in (0, None) and status != "stopped":
+                self.store.finish_run(run_id, "failed", exit_text(code))
+            else:
+                self.store.finish_run(run_id, status)
+        except Exception as exc:  # the store itself failed (disk full, file gone): say so
+            self.last_error = (f"could not record the end of run {run_id}: "
+                               f"{explain(self.store.path, exc)}")
+            print(f"starvation-monitor: {self.last_error}", file=sys.stderr)
 
     def _reap_loop(self, interval: float) -> None:
         while not self._closed.wait(interval):

@@ -6,6 +6,7 @@ workload loses at most its last flush interval. Window queries return pandas Dat
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sqlite3
@@ -84,6 +85,35 @@ CREATE INDEX IF NOT EXISTS control_run ON control(run_id, id);
 """
 
 
+class StoreError(RuntimeError):
+    """The store cannot be opened or written; the message names the path and the fix."""
+
+
+def explain(path: Path, exc: BaseException) -> str:
+    """One line for a failed open or write of the store at `path`."""
+    msg = str(exc)
+    folder = path.parent if path.parent.exists() else None
+    if folder is not None and not os.access(folder, os.W_OK) or (
+            path.exists() and not os.access(path, os.W_OK)):
+        msg = "read-only"
+    if "disk is full" in msg or getattr(exc, "errno", None) == 28:
+        return (f"the disk holding the store {path} is full: free some space, or pass --db "
+                "with a path on another disk")
+    if "file is not a database" in msg:
+        return (f"{path} is not a Starvation Monitor store (not an SQLite file): pass --db "
+                "with a new file name or an existing store")
+    if ("readonly" in msg or "read-only" in msg) and not path.exists():
+        return (f"cannot create the store {path}: its folder is read-only: pass --db with a "
+                "path in a folder you can write")
+    if "readonly" in msg or "read-only" in msg:
+        return (f"the store {path} is read-only: pass --db with a path you can write, or "
+                "fix its permissions")
+    if "unable to open" in msg or isinstance(exc, OSError):
+        return (f"cannot open or create the store {path} ({msg}): pass --db with a path in "
+                "a folder you can write")
+    return f"cannot use the store {path}: {msg}"
+
+
 def default_path() -> Path:
     """The store's path: $STARVATION_MONITOR_DB, else runs/monitor.db."""
     return Path(os.environ.get(ENV_VAR) or DEFAULT_PATH)
@@ -93,10 +123,38 @@ class Store:
     """Thread-safe access to one SQLite file (a connection per thread)."""
 
     def __init__(self, path: str | os.PathLike[str] | None = None) -> None:
+        """Open (or create) the store; StoreError, with nothing left behind, when the path
+        cannot be one."""
         self.path = Path(path) if path is not None else default_path()
-        self.path.parent.mkdir(parents=True, exist_ok=True)
         self._local = threading.local()
-        self._init_schema()
+        made = [p for p in (self.path.parent, *self.path.parent.parents) if not p.exists()]
+        existed = self.path.exists()
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._init_schema()
+            self._inode = os.stat(self.path).st_ino
+        except (sqlite3.Error, OSError, RuntimeError) as exc:
+            self.close()
+            if not existed:  # nothing created: not the file, not its folders
+                for suffix in ("", "-wal", "-shm", "-journal"):
+                    with contextlib.suppress(OSError):
+                        Path(f"{self.path}{suffix}").unlink(missing_ok=True)
+                for d in made:
+                    with contextlib.suppress(OSError):
+                        d.rmdir()
+            raise StoreError(explain(self.path, exc)) from None
+
+    def check(self) -> None:
+        """Raise StoreError when the file was deleted or replaced since it was opened (a
+        connection would go on writing into the deleted file, unseen)."""
+        try:
+            ino = os.stat(self.path).st_ino
+        except OSError:
+            ino = None
+        if ino != self._inode:
+            raise StoreError(f"the store {self.path} was deleted or replaced while recording: "
+                             "what follows cannot be saved; keep the store where nothing "
+                             "cleans it up (--db)")
 
     # -- connections -------------------------------------------------------------------
     def _conn(self) -> sqlite3.Connection:
@@ -149,10 +207,14 @@ class Store:
         table = next(t for t, r in RECORD_TABLES.items() if r is rec_type)
         names = columns(rec_type)
         sql = f"INSERT INTO {table} ({', '.join(names)}) VALUES ({', '.join('?' * len(names))})"
+        self.check()
         conn = self._conn()
-        with conn:
-            conn.execute("BEGIN")
-            conn.executemany(sql, [as_row(r) for r in records])
+        try:
+            with conn:
+                conn.execute("BEGIN")
+                conn.executemany(sql, [as_row(r) for r in records])
+        except sqlite3.Error as exc:
+            raise StoreError(explain(self.path, exc)) from exc
         return len(records)
 
     def create_run(
@@ -175,6 +237,29 @@ class Store:
                 values[k] = json.dumps(v, sort_keys=True)
         sets = ", ".join(f"{k} = ?" for k in values)
         self._conn().execute(f"UPDATE runs SET {sets} WHERE id = ?", (*values.values(), run_id))
+
+    def close_orphans(self, alive: Any = None, grace_s: float = 60.0) -> list[int]:
+        """Fail every `running` run whose recording process is gone (a dashboard or CLI
+        that was killed): it can never end by itself. `alive(pid) -> bool` is injected for
+        tests. Returns the runs closed."""
+        if alive is None:
+            def alive(pid: int) -> bool:
+                try:
+                    os.kill(pid, 0)
+                except ProcessLookupError:
+                    return False
+                except PermissionError:
+                    return True
+                return True
+        rows = self._conn().execute(
+            "SELECT id, pid, started_at FROM runs WHERE status = 'running'").fetchall()
+        closed = []
+        for run_id, pid, started in rows:
+            gone = (not alive(int(pid))) if pid else time.time() - started > grace_s
+            if gone and self.finish_run(run_id, "failed", "the process recording this run "
+                                        "is gone (killed before it could end the run)"):
+                closed.append(run_id)
+        return closed
 
     def finish_run(self, run_id: int, status: str, error: str | None = None) -> bool:
         """Mark a running run ended. The first writer wins: a later call (say the session
@@ -207,6 +292,15 @@ class Store:
     def set_calibration(self, key: str, value: float) -> None:
         self._conn().execute("INSERT OR REPLACE INTO calibration (key, value, ts) "
                              "VALUES (?, ?, ?)", (key, value, time.time()))
+
+    # -- small shared state (the collector process's follow request) ------------------------
+    def set_meta(self, key: str, value: str | None) -> None:
+        self._conn().execute("INSERT OR REPLACE INTO meta (key, value, ts) VALUES (?, ?, ?)",
+                             (key, value, time.time()))
+
+    def meta(self, key: str) -> str | None:
+        row = self._conn().execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+        return row[0] if row else None
 
     # -- GPU inventory: collector -> page ---------------------------------------------------
     def set_gpu_inventory(self, available: bool, notice: str,
@@ -315,11 +409,14 @@ class Store:
             (since, until if until is not None else 1e18),
         )
 
-    def events(self, run_id: int, since: float | None = None) -> pd.DataFrame:
-        return self._frame(
-            "SELECT * FROM events WHERE run_id = ? AND ts >= ? ORDER BY ts",
-            (run_id, since if since is not None else 0.0),
-        )
+    def events(self, run_id: int, since: float | None = None,
+               kinds: tuple[str, ...] | None = None) -> pd.DataFrame:
+        sql, params = "SELECT * FROM events WHERE run_id = ? AND ts >= ?", [
+            run_id, since if since is not None else 0.0]
+        if kinds:
+            sql += f" AND kind IN ({', '.join('?' * len(kinds))})"
+            params += list(kinds)
+        return self._frame(sql + " ORDER BY ts, id", params)
 
     def integrity_ok(self) -> bool:
         return self._conn().execute("PRAGMA integrity_check").fetchone()[0] == "ok"

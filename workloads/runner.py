@@ -5,6 +5,7 @@ interpreter). How it ends is NOTE [shutdown protocol] in monitor/runtime.py, poi
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import multiprocessing as mp
 import os
@@ -20,7 +21,8 @@ from torch.utils.data import DataLoader
 
 from monitor.config import USER_STEP_TIME_MS, ConfigError, LoaderConfig, describe_change
 from monitor.probe import Probe
-from monitor.store import Store
+from monitor.store import Store, StoreError, explain
+from monitor.watchdog import Watchdog
 from workloads.accelerator import SimulatedAccelerator, UserStep, make_accelerator
 from workloads.synthetic import PRESET_SPECS, make_dataset, worker_init
 from workloads.user import GuardedDataset, Workload, WorkloadError, load, pickling_problem
@@ -91,6 +93,7 @@ class ManagedWorkload:
                 # their batches are not our conv net's images: simulate the device instead
                 self.accel = SimulatedAccelerator(self._step_time(config))
         self.probe = Probe(store, run_id)
+        self.watchdog = Watchdog(self.probe)  # reports a stuck loader; never stops it
         self.loader: DataLoader | None = None
         self.pending: LoaderConfig | None = None
         self.pending_id = 0
@@ -157,6 +160,8 @@ class ManagedWorkload:
                 except (ConfigError, TypeError) as exc:
                     self.store.mark_control(cid, f"refused: {exc}")
                     continue
+                if self.pending is not None:  # a newer request replaces it unapplied
+                    self.store.mark_control(self.pending_id, f"superseded by request {cid}")
                 self.pending = new
                 self.pending_id = cid
         return self.pending is not None and self._needs_rebuild(self.pending)
@@ -186,6 +191,7 @@ class ManagedWorkload:
                               device=self.accel.device_info())
         self.store.add_event(self.run_id, "config", "start", self.config.to_dict())
         epoch = 0
+        self.watchdog.start()
         try:
             self.loader = self._build_loader()
             while self.stop_reason is None:
@@ -198,9 +204,19 @@ class ManagedWorkload:
                     self._apply(self.pending)
                     self.loader = self._build_loader()
         finally:
+            self.watchdog.stop()
             self._close_loader()
             self.probe.flush()
+            self._close_requests()
         return self.stop_reason or "stopped"
+
+    def _close_requests(self) -> None:
+        """Requests the run will never apply are marked, not left waiting."""
+        with contextlib.suppress(Exception):
+            if self.pending is not None:
+                self.store.mark_control(self.pending_id, "superseded: the run ended first")
+            for cid, _, _ in self.store.pending_control(self.run_id):
+                self.store.mark_control(cid, "superseded: the run ended first")
 
 
 def main(store_path: str, run_id: int, config: dict[str, Any], parent_pid: int) -> None:
@@ -210,7 +226,11 @@ def main(store_path: str, run_id: int, config: dict[str, Any], parent_pid: int) 
     # More workers than cores is a setting we measure (io-bound loaders gain from it) and
     # diagnose (oversubscribed), not one to warn about on every loader rebuild.
     warnings.filterwarnings("ignore", message="This DataLoader will create")
-    store = Store(store_path)
+    try:
+        store = Store(store_path)
+    except StoreError as exc:
+        print(f"starvation-monitor workload: {exc}", file=sys.stderr)
+        raise SystemExit(1) from None
     try:
         cfg = LoaderConfig.from_dict(config)
         if os.environ.get("STARVATION_MONITOR_TORCH_THREADS", "1") != "0":
@@ -218,15 +238,27 @@ def main(store_path: str, run_id: int, config: dict[str, Any], parent_pid: int) 
             # num_workers=0 loader from borrowing every core, as it would beside a busy GPU.
             torch.set_num_threads(1)
         reason = ManagedWorkload(store, run_id, cfg, parent_pid).run()
-        store.finish_run(run_id, "stopped", None if reason == "stopped on request" else reason)
+        _finish(store, run_id, "stopped", None if reason == "stopped on request" else reason)
     except (SystemExit, KeyboardInterrupt) as exc:
         code = getattr(exc, "code", None) or "interrupted (SIGINT)"
-        store.finish_run(run_id, "stopped", str(code))
+        _finish(store, run_id, "stopped", str(code))
     except BaseException as exc:
-        store.finish_run(run_id, "failed", format_error(exc))
+        text = str(exc) if isinstance(exc, StoreError) else format_error(exc)
+        if isinstance(exc, StoreError):
+            print(f"starvation-monitor workload: {exc}", file=sys.stderr)
+        _finish(store, run_id, "failed", text)
         raise SystemExit(1) from None
     finally:
         store.close()
+
+
+def _finish(store: Store, run_id: int, status: str, error: str | None) -> None:
+    """Record how the run ended where the store can still be written; else say so."""
+    try:
+        store.finish_run(run_id, status, error)
+    except Exception as exc:
+        print(f"starvation-monitor workload: could not record that run {run_id} ended "
+              f"({status}): {explain(store.path, exc)}", file=sys.stderr)
 
 
 def cli(argv: list[str] | None = None) -> None:

@@ -52,6 +52,14 @@ MIN_STEP_GAIN = 0.03
 # Data-wait share above which the search tries one deeper prefetch_factor.
 PREFETCH_TRY_SHARE = 0.05
 
+# -- faults ----------------------------------------------------------------------------------
+# No batch for this long means the loader looks stuck: at least STALL_MIN_S, and
+# STALL_STEPS typical steps (a job whose steps take 2 s is not stuck after 10 s). Slower than
+# any healthy epoch start we have seen (worker start-up plus a full prefetch queue: ~3 s).
+STALL_MIN_S = 10.0
+STALL_STEPS = 20
+STALL_ENV = "STARVATION_MONITOR_STALL_MIN_S"  # tests shorten STALL_MIN_S
+
 # -- windows ---------------------------------------------------------------------------------
 # Discarded start of a measured window: worker start-up and the first batches. A fifth of
 # the window, at most WARMUP_MAX_S. Used by measure, attached runs, sweeps and the page
@@ -65,6 +73,15 @@ KPI_WINDOW_S = 10.0
 def warmup_seconds(seconds: float) -> float:
     """Warm-up to discard from a window of `seconds`."""
     return min(WARMUP_MAX_S, WARMUP_FRACTION * max(0.0, seconds))
+
+
+def stall_limit_s(median_step_s: float | None) -> float:
+    """Seconds without a batch after which the loader is reported stuck."""
+    try:
+        floor = float(os.environ.get(STALL_ENV) or STALL_MIN_S)
+    except ValueError:
+        floor = STALL_MIN_S
+    return max(floor, STALL_STEPS * (median_step_s or 0.0))
 
 
 def memory_budget_mb(explicit: float | None = None) -> float | None:

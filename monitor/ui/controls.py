@@ -17,6 +17,7 @@ from monitor.config import (
 from monitor.presets import PRESET_SPECS
 from monitor.runtime import Runtime
 from monitor.session import SessionManager
+from monitor.ui.text import plain
 
 BATCH_SIZES = [1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 1024]
 KEYS = ("preset", "num_workers", "batch_size", "prefetch_factor", "pin_memory",
@@ -105,10 +106,10 @@ def render_controls(rt: Runtime, simulated: bool) -> None:
                  args=(manager,), disabled=locked, format_func=lambda p: label.get(p, p),
                  help="; ".join(f"{n}: {s.description}" for n, s in PRESET_SPECS.items()))
     if workload and st.session_state[_key("preset")] == CUSTOM:
-        sb.caption(f"{workload.get('kind')} {workload.get('dataset')}"
+        sb.caption(plain(f"{workload.get('kind')} {workload.get('dataset')}"
                    + (f", {workload['length']:,} samples" if workload.get("length") else "")
                    + (f"; model_step {workload['model_step']}()"
-                      if workload.get("model_step") else "; device simulated"))
+                      if workload.get("model_step") else "; device simulated")))
     nw_max = rt.max_workers
     sb.slider("num_workers", 0, nw_max, key=_key("num_workers"), **args,
               help=f"worker processes; 0 loads in the training process. This machine has "
@@ -145,7 +146,7 @@ def _accelerator(sb: Any, args: dict, simulated: bool, locked: bool) -> None:
 
 def _buttons(sb: Any, manager: SessionManager, locked: bool) -> None:
     if st.session_state.get("config_error"):
-        sb.error(st.session_state["config_error"])
+        sb.error(plain(st.session_state["config_error"]))
     c1, c2 = sb.columns(2)
     if c1.button("Start", type="primary", disabled=locked or manager.is_alive(), key="start"):
         try:

@@ -17,6 +17,7 @@ from monitor.diagnosis import NO_DATA, evidence_rows
 from monitor.diagnosis.rules import HEALTHY
 from monitor.store import Store
 from monitor.ui import charts
+from monitor.ui.text import plain
 
 WINDOWS = {"30 s": 30.0, "1 min": 60.0, "5 min": 300.0, "15 min": 900.0, "whole run": None}
 # advice the page can apply by moving a slider
@@ -95,11 +96,11 @@ def render_verdict(a: Assessment) -> None:
     shown as text (it quotes nothing from users, but stays text all the same)."""
     dg = a.diagnosis
     if dg.verdict == HEALTHY:
-        st.success(f"healthy · {dg.headline}", icon="✅")
+        st.success(f"healthy · {plain(dg.headline)}", icon="✅")
     elif dg.verdict == NO_DATA:
-        st.info(dg.headline)
+        st.info(plain(dg.headline))
     else:
-        st.error(f"{dg.verdict} · {dg.headline}", icon="⚠️")
+        st.error(f"{dg.verdict} · {plain(dg.headline)}", icon="⚠️")
 
 
 def render_explain(a: Assessment, on_apply: Callable[[str, Any], None] | None) -> None:
@@ -147,17 +148,18 @@ def render_run_status(run: dict) -> None:
     status = run["status"]
     if status == "failed":
         first = (run["error"] or "unknown error").splitlines()[0]
-        st.error(f"Run {run['id']} failed: {first}")
+        st.error(f"Run {run['id']} failed: {plain(first)}")
         with st.expander("Error details"):
             st.code(run["error"] or "", language=None)
     elif status == "running" and run["kind"] == "attached":
-        st.caption(f"Run {run['id']}: your script {run['name']} (pid {run['pid']}), attached; "
-                   "compute is whatever its step does")
+        st.caption(f"Run {run['id']}: your script {plain(run['name'])} (pid {run['pid']}), "
+                   "attached; compute is whatever its step does")
     elif status == "running":
-        st.caption(f"Run {run['id']} ({run['name']}) running on: {run['accelerator'] or '…'}")
+        st.caption(f"Run {run['id']} ({plain(run['name'])}) running on: "
+                   f"{plain(run['accelerator'] or '…')}")
     else:
         reason = f": {run['error']}" if isinstance(run["error"], str) and run["error"] else ""
-        st.info(f"Run {run['id']} {status}{reason}. Press Start to run again.")
+        st.info(f"Run {run['id']} {status}{plain(reason)}. Press Start to run again.")
 
 
 def render_gpu_panel(view: View, devices: list, default: int | None) -> int | None:
@@ -204,7 +206,7 @@ def render_attached_controls(store: Store, run: dict) -> None:
                                                     prefetch_factor=int(pf), pin_memory=bool(pin),
                                                     persistent_workers=bool(pers))
             except ConfigError as exc:
-                st.error(str(exc))
+                st.error(plain(exc))
             else:
                 store.request_control(int(run["id"]), "config", payload)
         reqs = store.control_requests(int(run["id"]))

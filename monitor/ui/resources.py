@@ -13,6 +13,8 @@ from monitor.presets import preset_batch_size
 from monitor.runtime import Runtime
 from monitor.workload_spec import ENV_VAR, check
 
+COLLECTOR_ENV = "STARVATION_MONITOR_COLLECTOR"  # "process" (default) or "thread"
+
 
 def workload_arg(argv: list[str] | None = None) -> str | None:
     """`streamlit run app.py -- --workload SPEC` (make run WORKLOAD=SPEC), or
@@ -46,6 +48,8 @@ def get_runtime() -> Runtime:
         info = check(spec)
         if not info.get("ok"):
             info, error = None, f"workload {spec}: {info.get('error')}"
-    rt = Runtime(config=default_config(info))
+    # sampling in a process of its own unless a test injects a fake GPU into a thread
+    own = os.environ.get(COLLECTOR_ENV, "process") == "process"
+    rt = Runtime(config=default_config(info), collector_process=own)
     rt.workload, rt.workload_error = info, error
     return rt.start()

@@ -11,6 +11,7 @@ from monitor.session import SessionManager
 from monitor.tuning.search import SWEEP_PARAMS, find_knee, grid
 from monitor.ui import charts
 from monitor.ui.controls import BATCH_SIZES
+from monitor.ui.text import plain
 
 PREFETCH_CHOICES = [1, 2, 4, 8, 16]
 
@@ -40,7 +41,7 @@ def render_sweep_controls(rt: Runtime) -> None:
                                  "batch_size": sorted(bs) or [cfg.batch_size]})
             jobs.start_sweep(configs, float(secs))
         except (ConfigError, ValueError, RuntimeError) as exc:
-            st.error(str(exc))
+            st.error(plain(exc))
         else:
             st.rerun()
     if b[1].button("Tune", key="sw_tune", disabled=running,
@@ -49,7 +50,7 @@ def render_sweep_controls(rt: Runtime) -> None:
         try:
             jobs.start_tune(cfg, rt.max_workers, float(secs))
         except RuntimeError as exc:
-            st.error(str(exc))
+            st.error(plain(exc))
         else:
             st.rerun()
     if b[2].button("Stop", key="sw_stop", disabled=not running):
@@ -87,7 +88,7 @@ def render_sweep_progress(rt: Runtime) -> None:
                    f"{current.prefetch_factor}, batch_size={current.batch_size} "
                    f"(run {manager.run_id})")
     if state.error:
-        st.error(f"{label} failed: {state.error}")
+        st.error(f"{label} failed: {plain(state.error)}")
     df = _frame(results)
     if df.empty:
         return
@@ -105,7 +106,7 @@ def render_sweep_progress(rt: Runtime) -> None:
                     key="chart_sweep", config={"displaylogo": False})
     st.dataframe(df, hide_index=True, key="sweep_table")
     if knee:
-        st.success(f"Knee: {knee.text}")
+        st.success(f"Knee: {plain(knee.text)}")
         if done:
             a, b = st.columns(2)
             if a.button("Apply knee to the live workload", key="sw_apply_knee",

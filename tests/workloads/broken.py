@@ -55,3 +55,27 @@ def unpicklable():
 
 
 NOT_CALLABLE = 42
+
+
+class HangsAfter(Dataset):
+    """Serves `after` samples, then sleeps forever in __getitem__ (a stuck NFS read)."""
+
+    def __init__(self, after: int = 50):
+        self.after = after
+        self.served = 0
+
+    def __len__(self):
+        return 100_000
+
+    def __getitem__(self, i):
+        self.served += 1
+        if self.served > self.after:
+            import time
+
+            while True:
+                time.sleep(3600)  # sleep-ok: the hang is the fault under test
+        return torch.zeros(3, 8, 8), 0
+
+
+def hangs():
+    return {"dataset": HangsAfter(), "batch_size": 8}
