@@ -21,6 +21,7 @@ from monitor.records import CpuBudget, HostSample
 
 MB = 1024 * 1024
 USS_EVERY = 8
+TREE_EVERY = 4  # passes between scans for the followed process's descendants
 
 
 def _read(path: str) -> str | None:
@@ -106,6 +107,7 @@ class HostSampler:
         self._pid: int | None = None
         self._run_id: int | None = None
         self._procs: dict[int, Any] = {}  # cpu_percent needs the same object between calls
+        self._kids: list[Any] | None = None  # descendants, refreshed one pass in TREE_EVERY
         self._passes = 0
         self._uss: float | None = None
         psutil.cpu_percent(percpu=True)  # prime: the first call has nothing to compare with
@@ -114,6 +116,7 @@ class HostSampler:
         with self._lock:
             self._pid, self._run_id = pid, run_id
             self._procs = {}
+            self._kids = None
             self._passes, self._uss = 0, None
 
     def _proc(self, pid: int) -> Any:
@@ -125,11 +128,16 @@ class HostSampler:
         return p
 
     def _tree(self) -> tuple[Any | None, list[Any]]:
+        """The followed process and its descendants. Finding descendants scans every process
+        on the host (psutil reads /proc for each), costly beside a browser's dozens: so the
+        list is refreshed one pass in TREE_EVERY, and between refreshes dead ones drop out."""
         if self._pid is None:
             return None, []
         try:
             main = self._proc(self._pid)
-            kids = main.children(recursive=True)
+            if self._passes % TREE_EVERY == 0 or self._kids is None:
+                self._kids = main.children(recursive=True)
+            kids = [k for k in self._kids if k.is_running()]
         except (_psutil.Error, OSError):
             return None, []
         workers = []

@@ -55,7 +55,6 @@ HINTS = (  # (words in the error, what to do)
     ("looks stuck", "a read in the dataset's __getitem__ never returned: check its storage "
                     "(a hung network mount?), or add a timeout to it"),
     ("killed by signal", "another process sent it that signal"),
-    ("the store", "keep the store on a disk with room, where nothing deletes it (--db)"),
 )
 
 

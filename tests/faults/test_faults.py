@@ -1,0 +1,244 @@
+"""The fault suite: each fault of the fault-injection pass, done for real (processes killed,
+stores deleted, disks filled, datasets that hang), ending in a clear message, a true run
+status and nothing left running. Every test ends with the no_leaks check and the store's
+PRAGMA integrity_check."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from monitor.store import Store
+from tests.conftest import wait_for
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+BROKEN = ROOT / "tests" / "workloads" / "broken.py"
+SCRIPTS = ROOT / "tests" / "scripts"
+pytestmark = [pytest.mark.faults, pytest.mark.slow]
+FAST = ["--preset", "healthy", "--batch-size", "8", "--step-time-ms", "10"]
+
+
+def env(**extra: str) -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(ROOT), "STARVATION_MONITOR_SIMULATE": "1", **extra}
+
+
+def cli(*args: str, db: Path, **kw) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "monitor", *args, "--db", str(db)],
+                            cwd=ROOT, env=env(**kw), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def intact(db: Path) -> None:
+    s = Store(db)
+    assert s.integrity_ok()
+    assert "running" not in set(s.runs()["status"]), s.runs()[["id", "status", "error"]]
+    s.close()
+
+
+def running_workload(store: Store, steps: int = 3) -> tuple[int, int]:
+    """(run id, workload pid) once the newest run has recorded `steps` steps."""
+    def ready():
+        runs = store.runs()
+        if runs.empty:
+            return None
+        run = int(runs["id"].iloc[0])
+        pid = store.run(run)["pid"]
+        return (run, int(pid)) if pid and len(store.steps(run)) >= steps else None
+    found = wait_for(ready, timeout=90)
+    assert found, "the workload never recorded steps"
+    return found
+
+
+@pytest.fixture
+def tmpfs(tmp_path):
+    """A small filesystem of our own (root in CI, as here); skipped where mount is refused."""
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+
+    def mount(size: str, *opts: str) -> Path:
+        o = ",".join((f"size={size}", *opts))
+        r = subprocess.run(["mount", "-t", "tmpfs", "-o", o, "tmpfs", str(mnt)],
+                           capture_output=True, text=True)
+        if r.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
+        return mnt
+    yield mount
+    subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+
+
+def test_killed_workload_fails_the_measurement(tmp_path, no_leaks):
+    db = tmp_path / "m.db"
+    p = cli("measure", *FAST, "--seconds", "20", "--json", db=db)
+    run, pid = running_workload(Store(db))
+    os.kill(pid, signal.SIGKILL)
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 1, err
+    assert "workload process killed by signal 9 (SIGKILL)" in err and "dmesg" in err
+    assert json.loads(out.strip().splitlines()[-1])["status"] == "failed"
+    r = Store(db).run(run)
+    assert r["status"] == "failed" and r["error"] == \
+        "workload process killed by signal 9 (SIGKILL)"
+    intact(db)
+
+
+@pytest.mark.parametrize("workers", ["0", "2"])
+def test_a_hung_dataset_is_named_and_measure_ends(tmp_path, no_leaks, workers):
+    db = tmp_path / "h.db"
+    t0 = time.monotonic()
+    p = cli("measure", "--workload", f"{BROKEN}:hangs", "--num-workers", workers,
+            "--step-time-ms", "10", "--seconds", "8", db=db, STARVATION_MONITOR_STALL_MIN_S="3")
+    _, err = p.communicate(timeout=120)
+    assert p.returncode == 1, err
+    assert time.monotonic() - t0 < 90  # the deadline holds: 8 s plus stopping the workload
+    assert "the loader looks stuck" in err and "What to do" in err
+    store = Store(db)
+    run = store.run(int(store.runs()["id"].iloc[0]))
+    assert run["status"] == "failed" and run["error"].startswith("no batch for")
+    where = ("inside the dataset at broken.py" if workers == "0"
+             else "waiting for DataLoader workers")
+    assert where in run["error"], run["error"]
+    stalls = store.events(int(run["id"]), kinds=("stalled",))
+    assert len(stalls) == 1
+    intact(db)
+
+
+def test_store_deleted_during_measure(tmp_path, no_leaks):
+    db = tmp_path / "d.db"
+    p = cli("measure", *FAST, "--seconds", "6", "--json", db=db)
+    running_workload(Store(db))
+    for suffix in ("", "-wal", "-shm"):
+        Path(f"{db}{suffix}").unlink(missing_ok=True)
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 1, err
+    assert f"the store {db} was deleted or replaced while recording" in err
+    assert "Traceback" not in err and not out.strip()  # no figures from a lost store
+
+
+def test_full_disk_fails_the_run_and_start_up_closes_it(tmpfs, no_leaks):
+    mnt = tmpfs("300k")
+    db = mnt / "full.db"
+    p = cli("measure", *FAST, "--seconds", "30", db=db)
+    _, err = p.communicate(timeout=90)
+    assert p.returncode == 1, err
+    assert f"the disk holding the store {db} is full" in err and "Traceback" not in err
+    subprocess.run(["mount", "-o", "remount,size=20m", str(mnt)], check=True)
+    from monitor.runtime import Runtime
+
+    # Where even the run's end could not be written, the next start-up closes it.
+    with Runtime(db) as rt:
+        closed = rt.orphans_closed
+    run = Store(db).run(1)
+    assert run["status"] == "failed"
+    if closed:
+        assert closed == [1] and "process recording this run is gone" in run["error"]
+    else:
+        assert "is full" in run["error"]
+    intact(db)
+
+
+@pytest.mark.parametrize("case", ["proc", "not-sqlite", "ro-new", "ro-existing"])
+def test_paths_that_cannot_be_a_store(tmp_path, tmpfs, case):
+    if case == "proc":
+        db = Path("/proc/starvation-monitor/m.db")
+    elif case == "not-sqlite":
+        db = tmp_path / "notes.db"
+        db.write_text("my notes\n")
+    else:
+        mnt = tmpfs("1m")
+        if case == "ro-existing":
+            Store(mnt / "m.db").close()
+        subprocess.run(["mount", "-o", "remount,ro", str(mnt)], check=True)
+        db = mnt / ("new.db" if case == "ro-new" else "m.db")
+    before = sorted(p.name for p in db.parent.iterdir()) if db.parent.exists() else None
+    p = cli("measure", "--seconds", "1", db=db)
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 2 and not out
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and str(db) in lines[0], err
+    assert "--db" in lines[0]  # says what to do
+    after = sorted(p.name for p in db.parent.iterdir()) if db.parent.exists() else None
+    assert after == before  # nothing created
+
+
+def test_bad_arguments_create_nothing(tmp_path):
+    db = tmp_path / "sub" / "m.db"
+    p = cli("measure", "--seconds", "-5", db=db)
+    _, err = p.communicate(timeout=60)
+    assert p.returncode == 2 and "--seconds must be positive" in err
+    assert not db.parent.exists()
+
+
+def test_sigint_to_monitor_run_reaches_the_script_and_stops_the_run(tmp_path, no_leaks):
+    """A scheduler or a script stopping the wrapper with SIGINT (no terminal involved)."""
+    db = tmp_path / "a.db"
+    p = subprocess.Popen([sys.executable, "-m", "monitor", "run", "--db", str(db), "--",
+                          sys.executable, str(SCRIPTS / "two_epochs.py"), "0", "60"],
+                         cwd=ROOT, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True)
+    store = Store(db) if wait_for(db.exists, timeout=60) else None
+    assert wait_for(lambda: len(store.steps(1)) >= 12, timeout=90)
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 130, err  # the script's own status: killed by SIGINT
+    assert "KeyboardInterrupt" in err  # the script got it (its traceback passes through)
+    run = store.run(1)
+    assert run["status"] == "stopped" and "interrupted (SIGINT)" in run["error"]
+    intact(db)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
+def test_stop_signals_are_forwarded_too(tmp_path, no_leaks, sig):
+    db = tmp_path / "a.db"
+    p = subprocess.Popen([sys.executable, "-m", "monitor", "run", "--db", str(db), "--",
+                          sys.executable, str(SCRIPTS / "two_epochs.py"), "0", "60"],
+                         cwd=ROOT, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True)
+    store = Store(db) if wait_for(db.exists, timeout=60) else None
+    assert wait_for(lambda: len(store.steps(1)) >= 12, timeout=90)
+    p.send_signal(sig)
+    p.communicate(timeout=60)
+    assert p.returncode == 128 + sig
+    assert store.run(1)["status"] == "stopped"
+    intact(db)
+
+
+def test_superseded_requests_are_marked(store, no_leaks):
+    from monitor.config import LoaderConfig
+    from monitor.session import SessionManager
+
+    cfg = LoaderConfig.build(preset="healthy", batch_size=8, step_time_ms=10.0)
+    m = SessionManager(store, cfg)
+    try:
+        run = m.start()
+        assert m.wait_for_steps(3, timeout=90)
+        ids = []
+        for i in range(50):  # a user dragging the slider for 10 s
+            ids.append(m.reconfigure(cfg.replace(num_workers=1 + i % 3)))
+            time.sleep(0.2)  # sleep-ok: the user's pace is the scenario
+        last = cfg.replace(num_workers=1 + 49 % 3)
+        assert wait_for(lambda: store.control_result(ids[-1])[1] == "ok", timeout=60)
+        results = [store.control_result(i)[1] for i in ids if i is not None]
+        assert all(r is not None for r in results), results
+        assert set(results) <= {"ok"} | {r for r in results if r.startswith("superseded")}
+        assert store.run(run)["config"]["num_workers"] == last.num_workers
+    finally:
+        m.close()
+    assert all(store.control_result(i)[0] for i in ids if i is not None)
+    assert store.integrity_ok()
+
+
+def test_interrupted_managed_and_attached_runs_are_both_stopped(tmp_path, no_leaks):
+    db = tmp_path / "i.db"
+    p = cli("measure", *FAST, "--seconds", "30", db=db)
+    running_workload(Store(db))
+    p.send_signal(signal.SIGINT)
+    _, err = p.communicate(timeout=60)
+    assert p.returncode == 130, err
+    assert Store(db).runs()["status"].tolist() == ["stopped"]
+    intact(db)
