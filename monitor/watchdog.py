@@ -97,9 +97,16 @@ class Watchdog:
         return self
 
     def stop(self) -> None:
+        """Stop watching; a stall still open is closed (the loop is over)."""
         self._stop.set()
         if self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join(5)
+        if self.stalled:
+            self.stalled = False
+            try:
+                self.probe.store.add_event(self.probe.run_id, RESUMED, "the loop ended", None)
+            except Exception:
+                self.errors += 1
 
     def _loop(self) -> None:
         while not self._stop.wait(self.interval):

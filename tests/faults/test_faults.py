@@ -242,3 +242,37 @@ def test_interrupted_managed_and_attached_runs_are_both_stopped(tmp_path, no_lea
     assert p.returncode == 130, err
     assert Store(db).runs()["status"].tolist() == ["stopped"]
     intact(db)
+
+
+def attached(db: Path, script: str, *args: str, **kw: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "monitor", "run", "--db", str(db), "--",
+                             sys.executable, str(SCRIPTS / script), *args], cwd=ROOT,
+                            env=env(**kw), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+
+
+def test_attached_stall_is_said_and_the_training_goes_on(tmp_path, no_leaks):
+    db = tmp_path / "s.db"
+    p = attached(db, "stalls_once.py", "5", STARVATION_MONITOR_STALL_MIN_S="2")
+    out, err = p.communicate(timeout=120)
+    assert p.returncode == 0 and "done: 64 samples" in out, err
+    assert err.count("the loader looks stuck") == 1
+    assert "inside the dataset at stalls_once.py" in err
+    store = Store(db)
+    assert store.events(1, kinds=("stalled", "resumed"))["kind"].tolist() == [
+        "stalled", "resumed"]
+    assert store.run(1)["status"] == "finished"
+    intact(db)
+
+
+def test_attached_store_deleted_recording_stops_training_goes_on(tmp_path, no_leaks):
+    db = tmp_path / "a.db"
+    p = attached(db, "two_epochs.py", "0", "3")
+    store = Store(db) if wait_for(db.exists, timeout=60) else None
+    assert wait_for(lambda: len(store.steps(1)) >= 12, timeout=90)
+    for suffix in ("", "-wal", "-shm"):
+        Path(f"{db}{suffix}").unlink(missing_ok=True)
+    out, err = p.communicate(timeout=120)
+    assert p.returncode == 0, err
+    assert "epoch 1 done: 96 samples" in out  # the training went on
+    assert err.count("recording stopped") == 1 and "was deleted or replaced" in err
