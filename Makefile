@@ -20,7 +20,8 @@ $(VENV)/.dev: requirements-dev.txt $(VENV)/.runtime
 
 run: $(VENV)/.runtime
 	$(PY) -m streamlit run app.py --server.address 127.0.0.1 --server.port $(PORT) \
-		$(if $(WORKLOAD),-- --workload $(WORKLOAD))
+		$(if $(or $(WORKLOAD),$(METRICS_PORT)),--) $(if $(WORKLOAD),--workload $(WORKLOAD)) \
+		$(if $(METRICS_PORT),--metrics-port $(METRICS_PORT))
 
 test: $(VENV)/.dev
 	$(PY) -m ruff check .

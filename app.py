@@ -38,6 +38,8 @@ if simulated and live_run is not None:
 if rt.workload_error:
     st.error(f"{plain(rt.workload_error)}\n\nFix it and restart the dashboard; the presets work "
              "meanwhile.", icon="🛑")
+if rt.metrics_error:
+    st.error(plain(rt.metrics_error), icon="🛑")
 gpu_available, gpu_notice, devices = rt.store.gpu_inventory()
 if not gpu_available:
     st.caption(f"GPU telemetry: {plain(gpu_notice)}")
@@ -113,6 +115,8 @@ def sweep_progress() -> None:
 
 with live_tab:
     live()
+    if selected is not None:
+        panels.render_downloads(rt, selected)
 with sweep_tab:
     render_sweep_controls(rt)
     sweep_progress()

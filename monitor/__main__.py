@@ -11,6 +11,7 @@ import csv
 import json
 import signal
 import sys
+from pathlib import Path
 from typing import Any
 
 from monitor.cli_args import build_parser, parse_param
@@ -211,12 +212,51 @@ def _prepare(args: argparse.Namespace) -> tuple[LoaderConfig, list | None]:
     return config, configs
 
 
+def _files(args: argparse.Namespace) -> int:
+    """export / import: exit 2 with one line for anything refused."""
+    from monitor.export.files import ExportError, export_run, import_run
+    from monitor.runtime import Runtime
+    from monitor.store import Store, StoreError, default_path
+
+    def default_db(db: str | None) -> Path:
+        return Path(db) if db else default_path()
+
+    try:
+        if args.command == "import" and not Path(args.folder, "run.json").is_file():
+            raise ExportError(f"{args.folder} is not a run export (no run.json): give the "
+                              "folder that python -m monitor export wrote")
+        if args.command == "export":
+            if not default_db(args.db).exists():
+                raise ExportError(f"there is no store at {default_db(args.db)}: pass --db with "
+                                  "the store the run was recorded in")
+            store = Store(args.db)
+            run_id = store.resolve_run(args.run)
+            if run_id is None:
+                raise ExportError(f"no run {args.run!r} in the store {store.path}: give a run "
+                                  "id, latest, latest~1 or name:NAME")
+            rt = Runtime(store=store)
+            try:
+                print(export_run(store, run_id, Path(args.out), args.format, rt.context()))
+            finally:
+                rt.close()
+        else:
+            store = Store(args.db)
+            new = import_run(store, Path(args.folder))
+            print(f"imported as run {new} into {store.path}")
+    except (ExportError, StoreError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser(max_workers(usable_cores())).parse_args(argv)
     if args.command == "run":
         from monitor.attached_run import run_attached
 
         return run_attached(args)
+    if args.command in ("export", "import"):
+        return _files(args)
     signal.signal(signal.SIGTERM, _sigterm)
     try:
         config, configs = _prepare(args)

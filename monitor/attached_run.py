@@ -18,6 +18,7 @@ from typing import Any
 from monitor.assess import Context, assess_run
 from monitor.attach import DB_ENV, RUN_ENV
 from monitor.config import ATTACHED_PREFIX
+from monitor.export.prometheus import ExporterError
 from monitor.runtime import Runtime
 from monitor.store import Store, StoreError, explain
 
@@ -124,6 +125,15 @@ def run_attached(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     store = rt.store
+    if args.metrics_port is not None:  # before the run exists: a busy port creates nothing
+        try:
+            rt.serve_metrics(args.metrics_port, args.metrics_address)
+        except ExporterError as exc:
+            rt.close()
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        print(f"starvation-monitor: metrics on http://{args.metrics_address}:"
+              f"{args.metrics_port}/metrics", file=sys.stderr)
     script = next((Path(c).name for c in cmd[1:] if c.endswith(".py")), Path(cmd[0]).name)
     run_id = store.create_run(args.name or script, "attached",
                               {"preset": "custom", "workload": f"{ATTACHED_PREFIX}{script}"})

@@ -44,6 +44,14 @@ def _workload_options() -> argparse.ArgumentParser:
     return w
 
 
+def metrics_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--metrics-port", type=int, default=None, metavar="PORT",
+                   help="serve Prometheus metrics on http://ADDRESS:PORT/metrics while it runs")
+    p.add_argument("--metrics-address", default="127.0.0.1", metavar="ADDRESS",
+                   help="address for --metrics-port (default 127.0.0.1: this machine only; "
+                        "0.0.0.0 lets a cluster's Prometheus scrape it)")
+
+
 def _loader_options(p: argparse.ArgumentParser, limit: int) -> None:
     p.add_argument("--num-workers", type=int, default=None,
                    help=f"DataLoader worker processes; 0 (the default) loads in the main "
@@ -131,11 +139,33 @@ def _run(sub: argparse._SubParsersAction) -> None:
     )
     r.add_argument("--name", default=None, help="run name (default: the script's file name)")
     _db(r)
+    metrics_options(r)
     r.add_argument("--json", action="store_true",
                    help="after the script ends, print the summary (as measure --json) as the "
                         "last line of stdout")
     r.add_argument("cmd", nargs=argparse.REMAINDER, metavar="COMMAND",
                    help="-- then the command, e.g. -- python train.py --epochs 3")
+
+
+def _files(sub: argparse._SubParsersAction) -> None:
+    e = sub.add_parser(
+        "export", help="write a run's data as CSV or Parquet files, with run.json",
+        description=(
+            "Write one run's steps, host samples, GPU samples, NVML utilization, events and "
+            "control requests as tables, and run.json (the run, its steady-state assessment "
+            "and a checksum of its steps), to OUT/run-<id>-<format>/. Nothing is left "
+            "half-written: files go to a temporary folder renamed at the end."),
+    )
+    e.add_argument("run", metavar="RUN", help="a run id, latest, latest~1, or name:NAME")
+    e.add_argument("--format", choices=("csv", "parquet"), default="csv")
+    e.add_argument("--out", default=".", help="folder to write into (default: here)")
+    _db(e)
+    i = sub.add_parser(
+        "import", help="load an exported run into a store (it gets a new run id)",
+        description="Load a folder written by `export` into the store as a new run, after "
+                    "checking its steps against the checksum in run.json.")
+    i.add_argument("folder", metavar="DIR")
+    _db(i)
 
 
 def build_parser(limit: int) -> argparse.ArgumentParser:
@@ -150,6 +180,7 @@ def build_parser(limit: int) -> argparse.ArgumentParser:
     _sweep(sub, common, limit)
     _tune(sub, common, limit)
     _run(sub)
+    _files(sub)
     return p
 
 

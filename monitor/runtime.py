@@ -64,6 +64,8 @@ class Runtime:
         self.max_workers = max_workers(usable_cores())
         self.workload: dict | None = None  # a user dataset named at launch, checked
         self.workload_error: str | None = None  # why that dataset could not be used
+        self.metrics_server: Any = None
+        self.metrics_error: str | None = None  # why /metrics could not be served
         self._closed = False
 
     def start(self) -> Runtime:
@@ -72,6 +74,13 @@ class Runtime:
         self.collector.start()
         atexit.register(self.close)
         return self
+
+    def serve_metrics(self, port: int, address: str = "127.0.0.1") -> None:
+        """Serve /metrics (monitor/export/prometheus.py) until close(); ExporterError when
+        the port cannot be had."""
+        from monitor.export.prometheus import serve
+
+        self.metrics_server = serve(str(self.store.path), self.context(), port, address)
 
     def context(self) -> Context:
         """The machine's limits for an assessment, read now (cgroup throttling changes)."""
@@ -87,6 +96,9 @@ class Runtime:
             self.manager.close()
         finally:
             self.collector.stop()
+            if self.metrics_server is not None:
+                self.metrics_server.shutdown()
+                self.metrics_server.server_close()
             atexit.unregister(self.close)
 
     def __enter__(self) -> Runtime:

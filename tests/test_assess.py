@@ -22,13 +22,13 @@ CONFIG = LoaderConfig.build(preset="starving", num_workers=0, batch_size=32,
 
 
 def stored_run(store, kind: str = "simulated", status: str = "stopped",
-               config: dict | None = None, run_kind: str = "managed") -> int:
+               config: dict | None = None, run_kind: str = "managed",
+               t0: float = 1_700_000_000.0) -> int:
     """A finished run of 20 s: a starving sawtooth (60 ms wait, 40 ms compute per step) with
     host samples at 4 Hz showing the main process loading on one core."""
     cfg = config if config is not None else CONFIG.to_dict()
     run = store.create_run("synthetic", run_kind, cfg)
     store.update_run(run, accelerator_kind=kind, accelerator=f"test device ({kind})")
-    t0 = 1_700_000_000.0
     steps, t = [], t0
     for i in range(200):
         wait = 0.06 + 0.01 * (i % 3)
@@ -42,7 +42,8 @@ def stored_run(store, kind: str = "simulated", status: str = "stopped",
                              shm_used_mb=1.0, proc_cpu_pct=95.0, proc_rss_mb=300.0,
                              workers=0, workers_cpu_pct=0.0, workers_rss_mb=0.0,
                              workers_uss_mb=0.0) for k in range(int((t - t0) / 0.25))])
-    store.finish_run(run, status)
+    if status != "running":
+        store.finish_run(run, status)
     return run
 
 

@@ -35,7 +35,7 @@ FORBIDDEN = [
     ("monitor/tuning/search.py", PURE + ["monitor.store", "monitor.host", "monitor.assess"]),
     ("monitor/records.py", ["monitor.", "pandas", "psutil"]),
     ("monitor/config.py", ["monitor.host", "monitor.store", "psutil", "pandas"]),
-    ("monitor/store.py", ["monitor.session", "monitor.assess", "monitor.ui", "psutil"]),
+    ("monitor/store/*", ["monitor.session", "monitor.assess", "monitor.ui", "psutil"]),
     ("monitor/probe.py", ["monitor.session", "monitor.assess", "monitor.ui", "pandas"]),
     ("workloads/*", ["monitor.ui", "monitor.session", "monitor.runtime", "streamlit",
                      "pynvml"]),

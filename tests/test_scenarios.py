@@ -61,7 +61,7 @@ def supported(verdict: str, ev: dict, nw: int) -> bool:
 
 @pytest.mark.parametrize(("name", "settings", "budget", "expected", "under_load"), SCENARIOS,
                          ids=[s[0] for s in SCENARIOS])
-def test_scenario_verdict(runtime, no_leaks, name, settings, budget, expected, under_load):
+def test_scenario_verdict(no_leaks, runtime, name, settings, budget, expected, under_load):
     cfg = LoaderConfig.build(**settings)
     runtime.memory_budget_mb = budget
     m = measure(runtime, cfg, 6.0)

@@ -5,6 +5,7 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import pandas as pd
@@ -15,6 +16,7 @@ from monitor.assess import Assessment, Window, recent_window, steady_window
 from monitor.config import ConfigError, LoaderConfig
 from monitor.diagnosis import NO_DATA, evidence_rows
 from monitor.diagnosis.rules import HEALTHY
+from monitor.export.files import export_zip
 from monitor.store import Store
 from monitor.ui import charts
 from monitor.ui.text import plain
@@ -214,3 +216,16 @@ def render_attached_controls(store: Store, run: dict) -> None:
             reqs = reqs.assign(state=reqs["result"].fillna("waiting for the next epoch"))
             st.dataframe(reqs[["id", "payload", "state"]], hide_index=True,
                          key=f"att_table_{run['id']}")
+
+
+def render_downloads(rt: Any, run_id: int) -> None:
+    """The selected run's files, built when a button is pressed (the same files as
+    `python -m monitor export`)."""
+    ctx = rt.context()
+    c = st.columns([1, 1, 3])
+    for col, fmt, label in ((c[0], "csv", "Download run (CSV, zip)"),
+                            (c[1], "parquet", "Download run (Parquet, zip)")):
+        col.download_button(label, data=partial(export_zip, str(rt.store.path), run_id, fmt,
+                                                ctx),
+                            file_name=f"run-{run_id}-{fmt}.zip", mime="application/zip",
+                            key=f"download_{fmt}", on_click="ignore")

@@ -9,21 +9,29 @@ import sys
 import streamlit as st
 
 from monitor.config import DEFAULT_PRESET, LIVE_SETTINGS, ConfigError, LoaderConfig
+from monitor.export.prometheus import ExporterError
 from monitor.presets import preset_batch_size
 from monitor.runtime import Runtime
 from monitor.workload_spec import ENV_VAR, check
 
 COLLECTOR_ENV = "STARVATION_MONITOR_COLLECTOR"  # "process" (default) or "thread"
+METRICS_ENV = "STARVATION_MONITOR_METRICS_PORT"
+
+
+def launch_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """`streamlit run app.py -- --workload SPEC --metrics-port PORT` (make run WORKLOAD=...
+    METRICS_PORT=...), or $STARVATION_MONITOR_WORKLOAD / $STARVATION_MONITOR_METRICS_PORT.
+    Named at launch only: the page never loads code it is told about in the browser."""
+    p = argparse.ArgumentParser(add_help=False)
+    p.add_argument("--workload", default=os.environ.get(ENV_VAR) or None)
+    p.add_argument("--metrics-port", type=int, default=os.environ.get(METRICS_ENV) or None)
+    p.add_argument("--metrics-address", default="127.0.0.1")
+    args, _ = p.parse_known_args(sys.argv[1:] if argv is None else argv)
+    return args
 
 
 def workload_arg(argv: list[str] | None = None) -> str | None:
-    """`streamlit run app.py -- --workload SPEC` (make run WORKLOAD=SPEC), or
-    $STARVATION_MONITOR_WORKLOAD. Named at launch only: the page never loads code it is
-    told about in the browser."""
-    p = argparse.ArgumentParser(add_help=False)
-    p.add_argument("--workload", default=None)
-    args, _ = p.parse_known_args(sys.argv[1:] if argv is None else argv)
-    return args.workload or os.environ.get(ENV_VAR) or None
+    return launch_args(argv).workload
 
 
 def default_config(workload: dict | None = None) -> LoaderConfig:
@@ -52,4 +60,10 @@ def get_runtime() -> Runtime:
     own = os.environ.get(COLLECTOR_ENV, "process") == "process"
     rt = Runtime(config=default_config(info), collector_process=own)
     rt.workload, rt.workload_error = info, error
+    args = launch_args()
+    if args.metrics_port is not None:
+        try:
+            rt.serve_metrics(int(args.metrics_port), args.metrics_address)
+        except ExporterError as exc:
+            rt.metrics_error = str(exc)
     return rt.start()

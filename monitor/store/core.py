@@ -21,6 +21,8 @@ if TYPE_CHECKING:  # pandas is imported on first read: a training script's probe
     import pandas as pd
 
 from monitor.records import RECORD_TABLES, GpuDevice, as_row, columns, sql_type
+from monitor.store.errors import StoreError, explain
+from monitor.store.schema import SCHEMA
 
 DEFAULT_PATH = Path("runs") / "monitor.db"
 ENV_VAR = "STARVATION_MONITOR_DB"
@@ -29,90 +31,6 @@ RUN_STATUSES = ("running", "finished", "stopped", "failed")
 # A calibrated preset step is reused for this long, so runs compared one after another (the
 # CLI, a sweep, the page's restarts) meet the same simulated device.
 CALIBRATION_MAX_AGE_S = 6 * 3600
-
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS runs (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    name TEXT NOT NULL,
-    kind TEXT NOT NULL,
-    config TEXT NOT NULL,
-    accelerator TEXT,
-    accelerator_kind TEXT,
-    device TEXT,
-    status TEXT NOT NULL,
-    error TEXT,
-    pid INTEGER,
-    started_at REAL NOT NULL,
-    ended_at REAL
-);
-CREATE TABLE IF NOT EXISTS events (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    run_id INTEGER NOT NULL,
-    ts REAL NOT NULL,
-    kind TEXT NOT NULL,
-    label TEXT NOT NULL,
-    data TEXT
-);
-CREATE TABLE IF NOT EXISTS control (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    run_id INTEGER NOT NULL,
-    ts REAL NOT NULL,
-    kind TEXT NOT NULL,
-    payload TEXT,
-    applied_at REAL,
-    result TEXT
-);
-CREATE TABLE IF NOT EXISTS gpu_devices (
-    idx INTEGER PRIMARY KEY,
-    name TEXT NOT NULL,
-    uuid TEXT,
-    pci TEXT,
-    mem_total_mb REAL,
-    gpm INTEGER NOT NULL DEFAULT 0
-);
-CREATE TABLE IF NOT EXISTS meta (
-    key TEXT PRIMARY KEY,
-    value TEXT,
-    ts REAL NOT NULL
-);
-CREATE TABLE IF NOT EXISTS calibration (
-    key TEXT PRIMARY KEY,
-    value REAL NOT NULL,
-    ts REAL NOT NULL
-);
-CREATE INDEX IF NOT EXISTS events_run ON events(run_id, ts);
-CREATE INDEX IF NOT EXISTS control_run ON control(run_id, id);
-"""
-
-
-class StoreError(RuntimeError):
-    """The store cannot be opened or written; the message names the path and the fix."""
-
-
-def explain(path: Path, exc: BaseException) -> str:
-    """One line for a failed open or write of the store at `path`."""
-    msg = str(exc)
-    folder = path.parent if path.parent.exists() else None
-    if folder is not None and not os.access(folder, os.W_OK) or (
-            path.exists() and not os.access(path, os.W_OK)):
-        msg = "read-only"
-    if "disk is full" in msg or getattr(exc, "errno", None) == 28:
-        return (f"the disk holding the store {path} is full: free some space, or pass --db "
-                "with a path on another disk")
-    if "file is not a database" in msg:
-        return (f"{path} is not a Starvation Monitor store (not an SQLite file): pass --db "
-                "with a new file name or an existing store")
-    if ("readonly" in msg or "read-only" in msg) and not path.exists():
-        return (f"cannot create the store {path}: its folder is read-only: pass --db with a "
-                "path in a folder you can write")
-    if "readonly" in msg or "read-only" in msg:
-        return (f"the store {path} is read-only: pass --db with a path you can write, or "
-                "fix its permissions")
-    if "unable to open" in msg or isinstance(exc, OSError):
-        return (f"cannot open or create the store {path} ({msg}): pass --db with a path in "
-                "a folder you can write")
-    return f"cannot use the store {path}: {msg}"
-
 
 def default_path() -> Path:
     """The store's path: $STARVATION_MONITOR_DB, else runs/monitor.db."""
@@ -181,7 +99,7 @@ class Store:
                 f"cannot put {self.path} in WAL mode (got {mode!r}); place the store on a "
                 "local disk (--db or $STARVATION_MONITOR_DB)"
             )
-        conn.executescript(_SCHEMA)
+        conn.executescript(SCHEMA)
         have = {r[1] for r in conn.execute("PRAGMA table_info(runs)")}
         for col in ("device", "accelerator_kind"):  # columns added since 0.1
             if col not in have:
@@ -237,6 +155,44 @@ class Store:
                 values[k] = json.dumps(v, sort_keys=True)
         sets = ", ".join(f"{k} = ?" for k in values)
         self._conn().execute(f"UPDATE runs SET {sets} WHERE id = ?", (*values.values(), run_id))
+
+    def import_run(self, run: dict[str, Any], frames: dict[str, Any]) -> int:
+        """Insert a run record and its rows (monitor/export/files.py) in one transaction, as
+        a new run; a run exported while running comes in stopped. Returns the new id."""
+        status = run.get("status") if run.get("status") != "running" else "stopped"
+        error = run.get("error") if run.get("status") != "running" else \
+            "exported while it was running"
+        conn = self._conn()
+        try:
+            with conn:
+                conn.execute("BEGIN")
+                cur = conn.execute(
+                    "INSERT INTO runs (name, kind, config, accelerator, accelerator_kind, "
+                    "device, status, error, started_at, ended_at) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    (run["name"], run["kind"], json.dumps(run.get("config") or {}),
+                     run.get("accelerator"), run.get("accelerator_kind"),
+                     json.dumps(run["device"]) if run.get("device") else None, status, error,
+                     run["started_at"], run.get("ended_at") or run["started_at"]))
+                new = int(cur.lastrowid)
+                for table, df in frames.items():
+                    if "run_id" in df.columns:
+                        df = df.assign(run_id=new)
+                    self._insert_frame(conn, table, df)
+        except sqlite3.Error as exc:
+            raise StoreError(explain(self.path, exc)) from exc
+        return new
+
+    @staticmethod
+    def _insert_frame(conn: sqlite3.Connection, table: str, df: Any) -> None:
+        have = [r[1] for r in conn.execute(f"PRAGMA table_info({table})") if r[1] != "id"]
+        cols = [c for c in df.columns if c in have]
+        if df.empty or not cols:
+            return
+        rows = df[cols].astype(object).where(df[cols].notna(), None).itertuples(
+            index=False, name=None)
+        conn.executemany(f"INSERT INTO {table} ({', '.join(cols)}) VALUES "
+                         f"({', '.join('?' * len(cols))})", list(rows))
 
     def close_orphans(self, alive: Any = None, grace_s: float = 60.0) -> list[int]:
         """Fail every `running` run whose recording process is gone (a dashboard or CLI
@@ -373,6 +329,24 @@ class Store:
     def runs(self, limit: int = 200) -> pd.DataFrame:
         return self._frame("SELECT * FROM runs ORDER BY id DESC LIMIT ?", (limit,))
 
+    def resolve_run(self, spec: str) -> int | None:
+        """A run id from `N`, `latest`, `latest~K` (K runs before the latest) or `name:NAME`
+        (the latest run of that name); None when there is no such run."""
+        spec = spec.strip()
+        conn = self._conn()
+        if spec.isdigit():
+            row = conn.execute("SELECT id FROM runs WHERE id = ?", (int(spec),)).fetchone()
+        elif spec == "latest" or spec.startswith("latest~") and spec[7:].isdigit():
+            back = int(spec[7:]) if spec != "latest" else 0
+            row = conn.execute("SELECT id FROM runs ORDER BY id DESC LIMIT 1 OFFSET ?",
+                               (back,)).fetchone()
+        elif spec.startswith("name:"):
+            row = conn.execute("SELECT id FROM runs WHERE name = ? ORDER BY id DESC LIMIT 1",
+                               (spec[5:],)).fetchone()
+        else:
+            row = None
+        return int(row[0]) if row else None
+
     def run(self, run_id: int) -> dict[str, Any] | None:
         df = self._frame("SELECT * FROM runs WHERE id = ?", (run_id,))
         if df.empty:
@@ -390,6 +364,19 @@ class Store:
             "SELECT * FROM steps WHERE run_id = ? AND ts >= ? AND ts <= ? ORDER BY ts",
             (run_id, since if since is not None else 0.0, until if until is not None else 1e18),
         )
+
+    def step_totals(self, run_ids: Sequence[int]) -> dict[int, dict[str, float]]:
+        """Per run: steps, samples and the sums of wait, compute and both (the exporter's
+        counters), in one query."""
+        if not run_ids:
+            return {}
+        rows = self._conn().execute(
+            "SELECT run_id, COUNT(*), SUM(samples), SUM(wait_s), SUM(compute_s) FROM steps "
+            f"WHERE run_id IN ({', '.join('?' * len(run_ids))}) GROUP BY run_id",
+            tuple(run_ids)).fetchall()
+        return {int(r): {"steps": n, "samples": s or 0, "data_wait_seconds": w or 0.0,
+                         "compute_seconds": c or 0.0, "step_seconds": (w or 0.0) + (c or 0.0)}
+                for r, n, s, w, c in rows}
 
     def host_samples(self, since: float, until: float | None = None) -> pd.DataFrame:
         return self._frame(

@@ -1,0 +1,2 @@
+"""What leaves the store: prometheus.py serves /metrics, files.py writes and reads run files
+(CSV, Parquet)."""

@@ -1,0 +1,195 @@
+"""`/metrics` for Prometheus: a prometheus-client custom collector that reads the store at
+each scrape (no state of its own, no hand-written text).
+
+Names follow Prometheus conventions: one prefix (`starvation_`), base units (`_seconds`,
+`_bytes`, ratios 0-1, `_total` for counters). Per-run series carry `run`, `rank` and
+`hostname`; GPU series carry `gpu`, `UUID` and `hostname`, spelled as dcgm-exporter spells
+them, so `on(hostname, gpu)` joins ours with `DCGM_FI_DEV_GPU_UTIL`. No step numbers or PIDs
+as labels. The data-wait share over any window is
+`rate(starvation_data_wait_seconds_total[w]) / rate(starvation_step_seconds_total[w])`.
+
+A scrape reads with its own SQLite connection (WAL: readers never block the workload's
+writes) and closes it before returning. See METRICS for the list.
+"""
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    InfoMetricFamily,
+    Metric,
+    StateSetMetricFamily,
+)
+from prometheus_client.registry import CollectorRegistry
+
+from monitor.assess import Context, assess, recent_window
+from monitor.config import LIVE_SETTINGS
+from monitor.diagnosis import VERDICTS
+from monitor.store import Store
+
+PREFIX = "starvation_"
+RECENT_S = 300.0  # ended runs stay exported this long, so their last increments are scraped
+RUN_LABELS = ["run", "rank", "hostname"]
+GPU_LABELS = ["gpu", "UUID", "hostname"]
+MB = 1024 * 1024
+
+# name, type, labels, meaning: the README's table is written from this list.
+METRICS: list[tuple[str, str, str, str]] = [
+    ("steps_total", "counter", "run, rank, hostname", "training steps recorded"),
+    ("samples_total", "counter", "run, rank, hostname", "samples in those steps"),
+    ("data_wait_seconds_total", "counter", "run, rank, hostname",
+     "seconds blocked in next(iterator) waiting for batches"),
+    ("compute_seconds_total", "counter", "run, rank, hostname",
+     "seconds from a batch's arrival to the next request (the step)"),
+    ("step_seconds_total", "counter", "run, rank, hostname",
+     "data wait + compute: the denominator of the data-wait share"),
+    ("device_busy_ratio", "gauge", "run, rank, hostname",
+     "device busy (step-derived) over the last 10 s, 0-1"),
+    ("verdict", "stateset", "run, rank, hostname, starvation_verdict",
+     "the diagnosis of the last 10 s: 1 for the current verdict, 0 for the others"),
+    ("loader_info", "info", "run, rank, hostname, num_workers, prefetch_factor, pin_memory, "
+     "persistent_workers, batch_size", "the loader settings in force"),
+    ("run_info", "info", "run, rank, hostname, name, kind, status, accelerator_kind",
+     "what the run is"),
+    ("workers", "gauge", "run, rank, hostname", "live DataLoader worker processes"),
+    ("workers_cpu_cores", "gauge", "run, rank, hostname",
+     "CPU used by the workers, in cores (1 = one core busy)"),
+    ("main_process_cpu_cores", "gauge", "run, rank, hostname",
+     "CPU used by the training process itself, in cores"),
+    ("workers_memory_bytes", "gauge", "run, rank, hostname",
+     "memory the workers add (USS; RSS where USS is not read)"),
+    ("main_process_memory_bytes", "gauge", "run, rank, hostname", "RSS of the training process"),
+    ("gpu_utilization_ratio", "gauge", "gpu, UUID, hostname",
+     "NVML utilization, last sample, 0-1 (DCGM_FI_DEV_GPU_UTIL / 100)"),
+    ("gpu_memory_used_bytes", "gauge", "gpu, UUID, hostname",
+     "GPU memory used (DCGM_FI_DEV_FB_USED x 2^20)"),
+    ("gpu_power_watts", "gauge", "gpu, UUID, hostname", "board power (DCGM_FI_DEV_POWER_USAGE)"),
+]
+DOC = {name: meaning for name, _, _, meaning in METRICS}
+
+
+def _fam(kind: type, name: str, labels: list[str], **kw: Any) -> Any:
+    """A family; counters and infos are named without the suffix the client adds."""
+    doc = DOC.get(name) or DOC.get(f"{name}_total") or DOC[f"{name}_info"]
+    return kind(PREFIX + name, doc, labels=labels, **kw)
+
+
+class StoreCollector:
+    """The registry's collector: every series from the store, read at scrape time."""
+
+    def __init__(self, db: str, ctx: Context, hostname: str | None = None) -> None:
+        self.db, self.ctx = db, ctx
+        self.hostname = hostname or socket.gethostname()
+
+    def describe(self) -> list[Metric]:
+        return []  # families vary with the store; nothing to check at registration
+
+    def collect(self) -> Iterator[Metric]:
+        store = Store(self.db)
+        try:
+            yield from self._runs(store)
+            yield from self._gpus(store)
+        finally:
+            store.close()
+
+    def _runs(self, store: Store) -> Iterator[Metric]:
+        now = time.time()
+        runs = store.runs(limit=200)
+        runs = runs[(runs["status"] == "running") | (runs["ended_at"] >= now - RECENT_S)]
+        counters = {n: _fam(CounterMetricFamily, n, RUN_LABELS) for n in (
+            "steps", "samples", "data_wait_seconds", "compute_seconds", "step_seconds")}
+        gauges = {n: _fam(GaugeMetricFamily, n, RUN_LABELS) for n in (
+            "device_busy_ratio", "workers", "workers_cpu_cores", "main_process_cpu_cores",
+            "workers_memory_bytes", "main_process_memory_bytes")}
+        verdict = _fam(StateSetMetricFamily, "verdict", RUN_LABELS)
+        loader = _fam(InfoMetricFamily, "loader", RUN_LABELS)
+        info = _fam(InfoMetricFamily, "run", RUN_LABELS)
+        totals = store.step_totals([int(r) for r in runs["id"]])
+        for row in runs.itertuples():
+            run = store.run(int(row.id)) or {}
+            labels = [str(row.id), "0", self.hostname]
+            t = totals.get(int(row.id), {})
+            for key, fam in counters.items():
+                fam.add_metric(labels, float(t.get(key, 0.0)), created=float(row.started_at))
+            self._recent(store, run, labels, gauges, verdict, now)
+            cfg = run.get("config") or {}
+            loader.add_metric(labels, {k: str(cfg.get(k)) for k in (*LIVE_SETTINGS,
+                                                                      "batch_size")})
+            info.add_metric(labels, {"name": str(row.name), "kind": str(row.kind),
+                                     "status": str(row.status),
+                                     "accelerator_kind": str(run.get("accelerator_kind"))})
+        yield from counters.values()
+        yield from gauges.values()
+        yield from (verdict, loader, info)
+
+    def _recent(self, store: Store, run: dict, labels: list[str], gauges: dict,
+                verdict: Any, now: float) -> None:
+        """Gauges and the verdict over the run's last 10 s (its KPI window)."""
+        end = min(now, run["ended_at"]) if run.get("status") != "running" else now
+        steps = store.steps(int(run["id"]), since=end - 15.0, until=end)
+        host = store.host_samples(end - 15.0, end)
+        host = host[host["run_id"] == run["id"]] if not host.empty else host
+        events = store.events(int(run["id"]), kinds=("config",))
+        a = assess(recent_window(run, steps, host, events, end), self.ctx)
+        f = a.features
+        if f.steps:
+            gauges["device_busy_ratio"].add_metric(labels, f.device_busy_mean)
+        verdict.add_metric(labels, {v: v == a.verdict for v in VERDICTS})
+        if not host.empty:
+            last = host.iloc[-1]
+            for name, col, scale in (("workers", "workers", 1.0),
+                                     ("workers_cpu_cores", "workers_cpu_pct", 0.01),
+                                     ("main_process_cpu_cores", "proc_cpu_pct", 0.01),
+                                     ("workers_memory_bytes", "workers_uss_mb", MB),
+                                     ("main_process_memory_bytes", "proc_rss_mb", MB)):
+                v = last.get(col)
+                if col == "workers_uss_mb" and (v is None or v != v):
+                    v = last.get("workers_rss_mb")
+                if v is not None and v == v:
+                    gauges[name].add_metric(labels, float(v) * scale)
+
+    def _gpus(self, store: Store) -> Iterator[Metric]:
+        available, _, devices = store.gpu_inventory()
+        if not available or not devices:
+            return
+        util = _fam(GaugeMetricFamily, "gpu_utilization_ratio", GPU_LABELS)
+        mem = _fam(GaugeMetricFamily, "gpu_memory_used_bytes", GPU_LABELS)
+        power = _fam(GaugeMetricFamily, "gpu_power_watts", GPU_LABELS)
+        since = time.time() - 30.0
+        u, s = store.gpu_util(since), store.gpu_samples(since)
+        for d in devices:
+            labels = [str(d.index), d.uuid or "", self.hostname]
+            du = u[u["gpu"] == d.index]["util_pct"].dropna() if not u.empty else u
+            if len(du):
+                util.add_metric(labels, float(du.iloc[-1]) / 100.0)
+            ds = s[s["gpu"] == d.index] if not s.empty else s
+            if len(ds):
+                last = ds.iloc[-1]
+                if last["mem_used_mb"] == last["mem_used_mb"]:
+                    mem.add_metric(labels, float(last["mem_used_mb"]) * MB)
+                if last["power_w"] == last["power_w"]:
+                    power.add_metric(labels, float(last["power_w"]))
+        yield from (util, mem, power)
+
+
+class ExporterError(RuntimeError):
+    """The endpoint cannot be served; the message says why and what to do."""
+
+
+def serve(db: str, ctx: Context, port: int, address: str = "127.0.0.1") -> Any:
+    """Serve /metrics on address:port in a daemon thread; returns the server (shutdown())."""
+    from prometheus_client import start_http_server
+
+    registry = CollectorRegistry()
+    registry.register(StoreCollector(db, ctx))
+    try:
+        server, _ = start_http_server(port, addr=address, registry=registry)
+    except OSError as exc:
+        raise ExporterError(f"cannot serve metrics on {address}:{port} ({exc.strerror or exc})"
+                            ": pick a free port with --metrics-port") from None
+    return server

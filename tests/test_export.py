@@ -1,0 +1,241 @@
+"""Export: /metrics scraped by a real Prometheus (Debian's), the Grafana dashboard checked
+against what the exporter exposes, and run files that round-trip exactly."""
+from __future__ import annotations
+
+import io
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.parse
+import urllib.request
+import zipfile
+from pathlib import Path
+
+import pytest
+from prometheus_client import generate_latest
+from prometheus_client.registry import CollectorRegistry
+
+from monitor.export.files import export_run, export_zip, import_run, run_frames, steps_checksum
+from monitor.export.prometheus import StoreCollector
+from monitor.records import GpuDevice, GpuUtilSample
+from monitor.store import Store
+from tests.conftest import wait_for
+from tests.test_assess import context, stored_run
+
+ROOT = Path(__file__).resolve().parent.parent
+GRAFANA = ROOT / "deploy" / "grafana" / "starvation-monitor.json"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def scrape_text(db: Path) -> str:
+    reg = CollectorRegistry()
+    reg.register(StoreCollector(str(db), context(), hostname="node-a"))
+    return generate_latest(reg).decode()
+
+
+def exposed_names(text: str) -> set[str]:
+    """Every series name in a scrape, and every family declared (# TYPE), with the suffix a
+    counter's or info's samples carry."""
+    names = {m.group(1) for m in re.finditer(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)[{ ]", text, re.M)}
+    for name, kind in re.findall(r"^# TYPE (\S+) (\w+)", text, re.M):
+        names.add(name + {"counter": "_total", "info": "_info"}.get(kind, ""))
+    return names
+
+
+def test_metrics_names_labels_and_dcgm_join(store, db_path):
+    run = stored_run(store, status="running", t0=time.time() - 21.0)
+    store.update_run(run, pid=os.getpid())
+    store.set_gpu_inventory(True, "NVML", [GpuDevice(0, "H200", "GPU-abc", (0, 1, 0), 1.0)])
+    text = scrape_text(db_path)
+    names = exposed_names(text)
+    for n in ("starvation_steps_total", "starvation_samples_total",
+              "starvation_data_wait_seconds_total", "starvation_compute_seconds_total",
+              "starvation_step_seconds_total", "starvation_verdict", "starvation_loader_info",
+              "starvation_run_info", "starvation_workers_cpu_cores",
+              "starvation_main_process_memory_bytes"):
+        assert n in names, n
+    assert f'starvation_steps_total{{hostname="node-a",rank="0",run="{run}"}} 200.0' in text
+    assert re.search(r'starvation_loader_info\{.*num_workers="0".*\} 1\.0', text)
+    # the GPU series are labelled as dcgm-exporter labels them: joinable on(hostname, gpu)
+    store.insert([GpuUtilSample(ts=time.time(), gpu=0, util_pct=87.0, source="samples")])
+    text = scrape_text(db_path)
+    assert 'starvation_gpu_utilization_ratio{UUID="GPU-abc",gpu="0",hostname="node-a"} 0.87' \
+        in text
+    # no high-cardinality labels: no step numbers, no PIDs
+    assert not re.search(r'\b(step|pid)="', text)
+
+
+def promql_metrics(expr: str) -> set[str]:
+    """Metric names an expression reads: label matchers, grouping clauses, ranges, strings
+    and functions removed, what is left that looks like a name."""
+    e = re.sub(r'"[^"]*"', "", expr)
+    e = re.sub(r"\{[^}]*\}", "", e)
+    e = re.sub(r"\[[^\]]*\]", "", e)
+    e = re.sub(r"\b(by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)", "", e)
+    e = re.sub(r"\$\w+", "", e)
+    words = re.findall(r"(?<![\w:])[a-zA-Z_:][a-zA-Z0-9_:]*\b(?!\s*\()", e)
+    keywords = {"and", "or", "unless", "offset", "bool", "by", "on"}
+    return {w for w in words if w not in keywords and not re.fullmatch(r"[0-9.e]+", w)}
+
+
+def test_grafana_dashboard_reads_only_what_is_exported(store, db_path):
+    doc = json.loads(GRAFANA.read_text())
+    assert doc["schemaVersion"] >= 30 and doc["title"] and doc["panels"]
+    exprs = [t["expr"] for p in doc["panels"] for t in p["targets"]]
+    assert all(p["targets"] for p in doc["panels"])
+    exprs += [a["expr"] for a in doc["annotations"]["list"]]
+    exprs += [v["query"] for v in doc["templating"]["list"] if v["type"] == "query"]
+    stored_run(store, status="running")
+    exposed = exposed_names(scrape_text(db_path))
+    used = set().union(*(promql_metrics(re.sub(r"label_values\((.*),\s*\w+\)", r"\1", e))
+                         for e in exprs))
+    ours = {m for m in used if m.startswith("starvation_")}
+    assert ours and ours <= exposed, ours - exposed
+    assert used - ours <= {"DCGM_FI_DEV_GPU_UTIL"}, used - ours
+    assert any("rate(starvation_data_wait_seconds_total" in e for e in exprs)
+
+
+@pytest.mark.parametrize("fmt", ["csv", "parquet"])
+def test_export_import_round_trips_exactly(store, tmp_path, fmt):
+    run = stored_run(store)
+    store.add_event(run, "config", "num_workers 0→2", {"num_workers": 2})
+    store.request_control(run, "config", {"num_workers": 2})
+    folder = export_run(store, run, tmp_path / "out", fmt, context())
+    doc = json.loads((folder / "run.json").read_text())
+    assert doc["summary"]["verdict"] == "starving" and doc["rows"]["steps"] == 200
+    other = Store(tmp_path / "colleague.db")
+    new = import_run(other, folder)
+    a, b = run_frames(store, run), run_frames(other, new)
+    assert {t: len(df) for t, df in a.items()} == {t: len(df) for t, df in b.items()}
+    assert steps_checksum(b["steps"]) == doc["steps_sha256"] == steps_checksum(a["steps"])
+    again = json.loads((export_run(other, new, tmp_path / "again", fmt, context())
+                        / "run.json").read_text())
+    assert again["summary"] == doc["summary"] and again["run"]["config"] == doc["run"]["config"]
+
+
+def test_download_zip_holds_the_export_files(store, db_path, tmp_path):
+    run = stored_run(store)
+    folder = export_run(store, run, tmp_path, "csv", context())
+    with zipfile.ZipFile(io.BytesIO(export_zip(str(db_path), run, "csv", context()))) as z:
+        names = sorted(n.split("/", 1)[1] for n in z.namelist())
+        assert names == sorted(p.name for p in folder.iterdir())
+        for n in names:
+            if n != "run.json":  # run.json is the same but for the assessment's CPU budget
+                assert z.read(f"{folder.name}/{n}") == (folder / n).read_bytes(), n
+
+
+def cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "monitor", *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+
+
+def test_export_bad_input_is_one_line_and_writes_nothing(store, db_path, tmp_path):
+    run = stored_run(store)
+    r = cli("export", "99", "--db", str(db_path), "--out", str(tmp_path / "o"))
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "no run '99'" in r.stderr
+    assert not (tmp_path / "o").exists()
+    r = cli("export", str(run), "--db", str(db_path), "--out", "/proc/not-here")
+    assert r.returncode == 2 and "pass --out" in r.stderr
+    r = cli("import", str(tmp_path), "--db", str(tmp_path / "x.db"))
+    assert r.returncode == 2 and "not a run export" in r.stderr
+    assert not (tmp_path / "x.db").exists()
+
+
+def test_busy_metrics_port_is_refused_before_anything_runs(tmp_path, no_leaks):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        r = cli("run", "--db", str(tmp_path / "r.db"), "--metrics-port", str(port), "--",
+                sys.executable, "-c", "print('never')")
+    assert r.returncode == 2 and "pick a free port" in r.stderr and "never" not in r.stdout
+    assert Store(tmp_path / "r.db").runs().empty
+
+
+def prom_query(base: str, query: str, **params: str) -> list:
+    url = f"{base}/api/v1/query?" + urllib.parse.urlencode({"query": query, **params})
+    with urllib.request.urlopen(url, timeout=5) as r:
+        body = json.loads(r.read())
+    assert body["status"] == "success", body
+    return body["data"]["result"]
+
+
+@pytest.mark.slow
+def test_real_prometheus_rate_matches_the_store(store, no_leaks, runtime, tmp_path):
+    """A real Prometheus scrapes /metrics of a running workload; PromQL's data-wait share
+    over a window equals the store's figure for the same window within 5%."""
+    prom = shutil.which("prometheus")
+    if prom is None:
+        pytest.skip("prometheus is not installed (apt-get install -y prometheus)")
+    from monitor.config import LoaderConfig
+
+    port, pport = free_port(), free_port()
+    runtime.serve_metrics(port)
+    run = runtime.manager.start(LoaderConfig.build(preset="starving", batch_size=8,
+                                                   step_time_ms=20.0))
+    (tmp_path / "prometheus.yml").write_text(
+        "global: {scrape_interval: 1s}\nscrape_configs:\n  - job_name: starvation\n"
+        f"    static_configs: [{{targets: ['127.0.0.1:{port}']}}]\n")
+    p = subprocess.Popen([prom, f"--config.file={tmp_path / 'prometheus.yml'}",
+                          f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+                          f"--web.listen-address=127.0.0.1:{pport}"],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    base = f"http://127.0.0.1:{pport}"
+    sel = f'{{run="{run}"}}'
+    try:
+        def enough() -> list | None:
+            try:
+                r = prom_query(base, f"starvation_step_seconds_total{sel}[15s]")
+            except OSError:
+                return None
+            return r if r and len(r[0]["values"]) >= 12 else None
+        assert wait_for(enough, timeout=120, every=0.5), "Prometheus never scraped 12 times"
+        wait_r = prom_query(base, f"starvation_data_wait_seconds_total{sel}[10s]")
+        step_r = prom_query(base, f"starvation_step_seconds_total{sel}[10s]")
+        ratio = prom_query(base, f"rate(starvation_data_wait_seconds_total{sel}[10s]) / "
+                                 f"rate(starvation_step_seconds_total{sel}[10s])")
+    finally:
+        p.terminate()
+        p.wait(30)
+    (w0, w1), (s0, s1) = [(r[0]["values"][0], r[0]["values"][-1]) for r in (wait_r, step_r)]
+    promql = float(ratio[0]["value"][1])
+    assert promql == pytest.approx((float(w1[1]) - float(w0[1])) /
+                                   (float(s1[1]) - float(s0[1])), rel=1e-6)
+    steps = store.steps(run, since=float(w0[0]) - 0.5, until=float(w1[0]))
+    share = steps["wait_s"].sum() / (steps["wait_s"].sum() + steps["compute_s"].sum())
+    print(f"PromQL data-wait share {promql:.4f}, store {share:.4f} over "
+          f"{float(w1[0]) - float(w0[0]):.1f} s")
+    assert promql == pytest.approx(share, rel=0.05)
+
+
+def test_page_offers_the_selected_runs_files(store, db_path, monkeypatch, no_leaks):
+    from streamlit.testing.v1 import AppTest
+
+    from monitor.ui.resources import get_runtime
+
+    run = stored_run(store)
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setenv("STARVATION_MONITOR_AUTOSTART", "0")
+    get_runtime.clear()
+    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=60)
+    try:
+        at.run()
+        assert not at.exception
+        buttons = at.get("download_button")
+        labels = sorted(b.proto.label for b in buttons)
+        assert labels == ["Download run (CSV, zip)", "Download run (Parquet, zip)"]
+        assert at.selectbox(key="selected_run").value == run
+    finally:
+        get_runtime().close()
+        get_runtime.clear()
