@@ -85,8 +85,9 @@ def live() -> None:
         if view.run["status"] == "running" else None
     if stall:
         st.warning(plain(stall), icon="⏳")
+    ranks = sorted(int(r) for r in rt.store.ranks(run_id)["rank"])
     if view.run["kind"] == "attached" and view.run["status"] == "running":
-        panels.render_attached_controls(rt.store, view.run)
+        panels.render_attached_controls(rt.store, view.run, ranks)
     window = panels.assessed_window(rt.store, view)
     a = assess(window, rt.context())
     workers_live = view.host["workers"].dropna().iloc[-1] if (
@@ -98,10 +99,13 @@ def live() -> None:
     panels.render_kpis(a, workers, window.caption)
     live_now = run_id == manager.run_id and manager.is_alive() and not rt.jobs.running()
     panels.render_explain(a, apply_advice if live_now else None)
+    if len(ranks) > 1:
+        panels.render_ranks(a, view)
     simulated_run = window.accelerator == SIMULATED
     default_gpu = workload_gpu(devices, view.run.get("device"))
     gpu_pick = st.session_state.get("gpu_pick", default_gpu)
-    panels.render_charts(view, simulated_run, gpu_pick if devices else None)
+    panels.render_charts(panels.rank_view(view, ranks, f"rank_pick_{run_id}"), simulated_run,
+                         gpu_pick if devices else None)
     if devices:
         st.subheader("GPU (NVML)")
         st.caption(plain(gpu_notice))

@@ -10,6 +10,7 @@ advice and evidence. The page, `measure`, `run --json`, sweeps and the autotuner
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import statistics
 from dataclasses import dataclass
@@ -19,6 +20,7 @@ import pandas as pd
 
 from monitor import analysis
 from monitor.diagnosis import Diagnosis, Features, diagnose, features
+from monitor.diagnosis.straggler import RankFigures, straggler_diagnosis, stragglers
 from monitor.diagnosis.thresholds import KPI_WINDOW_S, MIN_STEPS, warmup_seconds
 from monitor.records import CpuBudget
 
@@ -46,6 +48,7 @@ class Window:
     steps: pd.DataFrame
     host: pd.DataFrame
     caption: str = ""
+    ranks: pd.DataFrame | None = None  # a job's ranks (store.ranks): host, pid, config
 
     @property
     def accelerator(self) -> str:
@@ -60,6 +63,7 @@ class Assessment:
     window_throughputs: tuple[float, ...] = ()  # the window cut into equal parts
     start: float = math.nan  # wall-clock span of the window's steps
     end: float = math.nan
+    ranks: tuple[RankFigures, ...] = ()  # per rank, for a job of several
 
     @property
     def verdict(self) -> str:
@@ -89,7 +93,13 @@ class Assessment:
             "peak_memory_mb": f["workload_peak_mb"], "accelerator_kind": f["accelerator"],
             "bound": dg.bound, "advice": [a.to_dict() for a in dg.advice],
             "evidence": {k: v for k, v in f.items() if k != "config"},
+            "world_size": max(1, len(self.ranks)),
+            "ranks": [_clean(r.to_dict()) for r in self.ranks],
         }
+
+
+def _clean(d: dict[str, Any]) -> dict[str, Any]:
+    return {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in d.items()}
 
 
 def _host_of(store: Store, run_id: int, start: float, end: float) -> pd.DataFrame:
@@ -107,18 +117,24 @@ def steady_window(store: Store, run_id: int) -> Window | None:
     steps = store.steps(run_id)
     if steps.empty:
         return Window(run, steps, steps.iloc[0:0], "no steps yet")
-    steps = steps[steps["config_seq"] == steps["config_seq"].max()]
+    if "rank" in steps.columns:  # each rank's final settings (ranks change on their own)
+        steps = steps[steps["config_seq"] == steps.groupby("rank")["config_seq"]
+                      .transform("max")]
+    else:
+        steps = steps[steps["config_seq"] == steps["config_seq"].max()]
     start, end = analysis.span(steps)
     settled = analysis.steady_state(steps, warmup_seconds(end - start))
     if len(settled) >= MIN_STEPS:
         steps = settled
     start, end = analysis.span(steps)
     return Window(run, steps, _host_of(store, run_id, start, end),
-                  f"steady state of the final settings ({end - start:.0f} s)")
+                  f"steady state of the final settings ({end - start:.0f} s)",
+                  store.ranks(run_id))
 
 
 def recent_window(run: dict[str, Any], steps: pd.DataFrame, host: pd.DataFrame,
-                  events: pd.DataFrame, end: float) -> Window:
+                  events: pd.DataFrame, end: float,
+                  ranks: pd.DataFrame | None = None) -> Window:
     """The page's live window: the last KPI_WINDOW_S, or less after a loader change."""
     steps = steps[steps["ts"] >= end - KPI_WINDOW_S]
     cfg = events[events["kind"] == "config"] if not events.empty else events
@@ -133,7 +149,7 @@ def recent_window(run: dict[str, Any], steps: pd.DataFrame, host: pd.DataFrame,
     if not host.empty and not steps.empty:
         start, stop = analysis.span(steps)
         host = host[(host["ts"] >= start) & (host["ts"] <= stop)]
-    return Window(run, steps, host, caption)
+    return Window(run, steps, host, caption, ranks)
 
 
 def split_throughputs(steps: pd.DataFrame, parts: int) -> tuple[float, ...]:
@@ -148,13 +164,79 @@ def split_throughputs(steps: pd.DataFrame, parts: int) -> tuple[float, ...]:
     return tuple(t for t in out if not math.isnan(t))
 
 
+def _one(window: Window, ctx: Context, config: dict[str, Any], host: pd.DataFrame,
+         steps: pd.DataFrame) -> tuple[Features, Diagnosis]:
+    f = features(steps, host, config, ctx.budget, window.accelerator, ctx.memory_budget_mb)
+    return f, diagnose(f, ctx.max_workers)
+
+
 def assess(window: Window, ctx: Context, parts: int = 1) -> Assessment:
-    """Summary, features, bound, verdict and advice of one window."""
-    f = features(window.steps, window.host, window.run.get("config") or {}, ctx.budget,
-                 window.accelerator, ctx.memory_budget_mb)
-    start, end = analysis.span(window.steps) if not window.steps.empty else (math.nan,) * 2
-    return Assessment(window.run.get("id"), f, diagnose(f, ctx.max_workers),
-                      split_throughputs(window.steps, parts), start, end)
+    """Summary, features, bound, verdict and advice of one window; for a job of several
+    ranks, each rank's too, and the input-straggler verdict when one stands out."""
+    steps = window.steps
+    start, end = analysis.span(steps) if not steps.empty else (math.nan,) * 2
+    ranks = sorted(int(r) for r in steps["rank"].unique()) if "rank" in steps.columns \
+        and not steps.empty else []
+    base = dict(run_id=window.run.get("id"), window_throughputs=split_throughputs(steps, parts),
+                start=start, end=end)
+    if len(ranks) <= 1:
+        host = window.host
+        if ranks and "rank" in host.columns and (host["rank"] == ranks[0]).any():
+            host = host[host["rank"] == ranks[0]]
+        f, dg = _one(window, ctx, window.run.get("config") or {}, host, steps)
+        return Assessment(features=f, diagnosis=dg, ranks=tuple(
+            _figures(window, r, f) for r in ranks) if ranks else (), **base)
+    return _assess_job(window, ctx, ranks, base)
+
+
+def _rank_config(window: Window, rank: int) -> dict[str, Any]:
+    r = window.ranks
+    if r is not None and not r.empty and (r["rank"] == rank).any():
+        cfg = r[r["rank"] == rank]["config"].iloc[0]
+        if cfg:
+            return cfg
+    return window.run.get("config") or {}
+
+
+def _figures(window: Window, rank: int, f: Features) -> RankFigures:
+    r = window.ranks
+    row = r[r["rank"] == rank].iloc[0] if r is not None and not r.empty and \
+        (r["rank"] == rank).any() else None
+    return RankFigures(rank, None if row is None else row["hostname"], f.steps, f.throughput,
+                       f.data_wait_share, f.wait_per_step_s, f.compute_per_step_s,
+                       f.config.get("num_workers"))
+
+
+def _assess_job(window: Window, ctx: Context, ranks: list[int], base: dict) -> Assessment:
+    """Each rank alone, then the job: Σ throughput, pooled shares; the straggler verdict
+    when a rank stands out, else the most starved rank's verdict (all wait alike)."""
+    host = window.host
+    per: dict[int, Features] = {}
+    own: dict[int, Diagnosis] = {}
+    for r in ranks:
+        h = host[host["rank"] == r] if "rank" in host.columns else host.iloc[0:0]
+        per[r], own[r] = _one(window, ctx, _rank_config(window, r), h,
+                              window.steps[window.steps["rank"] == r])
+    # a rank's "other processes" are not its sibling ranks: they are the same job
+    job_cpu = {r: (f.main_cpu_cores or 0.0) + (f.workers_cpu_cores or 0.0)
+               for r, f in per.items()}
+    for r, f in per.items():
+        if f.other_cpu_cores is not None:
+            siblings = sum(v for k, v in job_cpu.items() if k != r)
+            per[r] = f = dataclasses.replace(
+                f, other_cpu_cores=max(0.0, f.other_cpu_cores - siblings))
+            own[r] = diagnose(f, ctx.max_workers)
+    rep = max(per, key=lambda r: per[r].data_wait_share)
+    steps = window.steps
+    wait, compute = float(steps["wait_s"].sum()), float(steps["compute_s"].sum())
+    job = dataclasses.replace(
+        per[rep], steps=len(steps), throughput=sum(f.throughput for f in per.values()),
+        data_wait_share=wait / (wait + compute) if wait + compute > 0 else math.nan,
+        device_busy_mean=statistics.mean(f.device_busy_mean for f in per.values()))
+    slow = stragglers({r: f.wait_per_step_s for r, f in per.items()})
+    dg = straggler_diagnosis(job, per, own, slow) if slow else own[rep]
+    return Assessment(features=job, diagnosis=dg,
+                      ranks=tuple(_figures(window, r, per[r]) for r in ranks), **base)
 
 
 def assess_run(store: Store, run_id: int, ctx: Context, parts: int = 1) -> Assessment | None:

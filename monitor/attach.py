@@ -22,6 +22,7 @@ import atexit
 import importlib.abc
 import importlib.machinery
 import os
+import socket
 import sys
 import threading
 import time
@@ -64,13 +65,36 @@ def accelerator_kind() -> str:
     return "cpu"
 
 
+def rank_identity(env: dict[str, str] | None = None) -> tuple[int, int | None, int]:
+    """(rank, local rank, world size) from the torch.distributed environment that torchrun
+    and other launchers set; (0, None, 1) for a single process."""
+    env = dict(os.environ) if env is None else env
+    def num(key: str) -> int | None:
+        try:
+            return int(env[key])
+        except (KeyError, ValueError):
+            return None
+    return num("RANK") or 0, num("LOCAL_RANK"), num("WORLD_SIZE") or 1
+
+
+def job_key() -> str | None:
+    """What the ranks of one job on this host share, under a torch.distributed launcher:
+    torchrun's run id, else the rendezvous address; None for a single process."""
+    if rank_identity()[2] <= 1:
+        return None
+    run = os.environ.get("TORCHELASTIC_RUN_ID") or \
+        f"{os.environ.get('MASTER_ADDR', '')}:{os.environ.get('MASTER_PORT', '')}"
+    return f"job:{run}@{socket.gethostname()}"
+
+
 class Recorder:
     """One run's epochs and control in a user's process; the steps themselves go through a
     Probe (the same records and batching as the managed workload)."""
 
     def __init__(self, store: Store, run_id: int, script: str) -> None:
         self.store, self.run_id, self.script = store, run_id, script
-        self.probe = Probe(store, run_id, flush_interval=FLUSH_S)
+        self.rank, self.local_rank, self.world_size = rank_identity()
+        self.probe = Probe(store, run_id, flush_interval=FLUSH_S, rank=self.rank)
         self.epoch = -1
         self.last_control = 0
         self.loader_id: int | None = None
@@ -133,15 +157,11 @@ class Recorder:
         first = self.epoch == 0
         if first:
             settings = loader_settings(loader)
-            kind = accelerator_kind()
-            self.store.update_run(self.run_id, config={
-                **settings, "workload": f"{ATTACHED_PREFIX}{self.script}"}, pid=os.getpid(),
-                accelerator_kind=kind, accelerator=f"your script's own step ({kind})")
-            self.store.add_event(self.run_id, "config", "start", settings)
-        try:
-            reqs = self.store.pending_control(self.run_id, self.last_control)
-        except Exception:
-            reqs = []
+            self._report(settings)
+            self.store.add_event(self.run_id, "config", "start", {**settings, "rank": self.rank})
+        reqs = [(cid, kind, payload) for cid, kind, payload in
+                self.store.control_after(self.run_id, self.last_control) if _for_me(payload,
+                                                                                    self.rank)]
         for i, (cid, kind, payload) in enumerate(reqs):
             self.last_control = cid
             later = _covering(payload, reqs[i + 1:]) if kind == "config" else None
@@ -154,10 +174,23 @@ class Recorder:
                 continue
             self.store.mark_control(cid, self.apply(loader, payload))
 
+    def _report(self, settings: dict[str, Any]) -> None:
+        """This process's rank, loader settings and accelerator, for the store; rank 0 (or a
+        single process) also speaks for the run record."""
+        kind = accelerator_kind()
+        self.store.set_rank(self.run_id, self.rank, self.local_rank, self.world_size,
+                            socket.gethostname(), os.getpid(), settings, kind)
+        if self.rank == 0:
+            extra = {"pid": os.getpid()} if self.world_size == 1 else {}
+            self.store.update_run(self.run_id, config={
+                **settings, "workload": f"{ATTACHED_PREFIX}{self.script}"},
+                accelerator_kind=kind, accelerator=f"your script's own step ({kind})", **extra)
+
     def apply(self, loader: Any, payload: dict[str, Any]) -> str:
         """Apply a requested change to the loader before its next iterator is built; the
         request is validated and normalised by LoaderConfig like any other setting."""
         before = loader_settings(loader)
+        payload = {k: v for k, v in payload.items() if k != "rank"}
         fixed = [k for k in FIXED_SETTINGS if k in payload and payload[k] != before.get(k)]
         if fixed:
             return (f"refused: {', '.join(fixed)} cannot change after the DataLoader is built; "
@@ -179,11 +212,13 @@ class Recorder:
             object.__setattr__(loader, k, v)
         after = loader_settings(loader)
         self.probe.config_seq += 1
-        self.store.add_event(self.run_id, "config", describe_change(before, after) or
-                             "settings", {**after, "applied_at_epoch": self.epoch})
-        self.store.update_run(self.run_id, config={
-            **after, "workload": f"{ATTACHED_PREFIX}{self.script}"})
-        return f"ok: applied at epoch {self.epoch}"
+        label = describe_change(before, after) or "settings"
+        self.store.add_event(self.run_id, "config", label if self.world_size == 1 else
+                             f"rank {self.rank}: {label}",
+                             {**after, "applied_at_epoch": self.epoch, "rank": self.rank})
+        self._report(after)
+        return f"ok: applied at epoch {self.epoch}" + (
+            f" (rank {self.rank})" if self.world_size > 1 else "")
 
     def note_workers(self, it: Any) -> None:
         pids = [getattr(w, "pid", None) for w in getattr(it, "_workers", []) or []]
@@ -191,6 +226,12 @@ class Recorder:
         if pids:
             self.store.add_event(self.run_id, "epoch", f"epoch {self.epoch}",
                                  {"worker_pids": pids})
+
+
+def _for_me(payload: Any, rank: int) -> bool:
+    """A request for every rank (no "rank" key), or for this one."""
+    target = payload.get("rank") if isinstance(payload, dict) else None
+    return target is None or int(target) == rank
 
 
 def _covering(payload: Any, later: list[tuple[int, str, Any]]) -> int | None:
@@ -252,11 +293,15 @@ def recorder(name: str | None = None) -> Recorder:
             store = Store(os.environ.get(DB_ENV) or None)
             script = os.path.basename(sys.argv[0] or "python")
             env_run = os.environ.get(RUN_ENV)
+            cfg = {"preset": "custom", "workload": f"{ATTACHED_PREFIX}{script}"}
+            job = job_key()
             if env_run:
                 run_id = int(env_run)
+            elif job is not None:  # a rank of a job launched without `monitor run`
+                run_id = store.job_run(job, name or script, cfg)
+                atexit.register(lambda: store.finish_run(run_id, "finished"))
             else:
-                run_id = store.create_run(name or script, "attached", {
-                    "preset": "custom", "workload": f"{ATTACHED_PREFIX}{script}"})
+                run_id = store.create_run(name or script, "attached", cfg)
                 store.update_run(run_id, pid=os.getpid())
                 atexit.register(lambda: store.finish_run(run_id, "finished"))
             _recorder = Recorder(store, run_id, script)

@@ -111,6 +111,26 @@ def _supervise(proc: subprocess.Popen, rt: Runtime) -> tuple[int, int | None]:
     return rc, (asked[0] if asked else None)
 
 
+def summary_lines(d: dict[str, Any]) -> list[str]:
+    """The end-of-run summary for people (stderr: the script's stdout stays its own)."""
+    if not d.get("steps"):
+        return [f"starvation-monitor: run {d['run_id']} {d.get('status')}: no steps recorded"]
+    world = d.get("world_size") or 1
+    who = f"the job, {world} ranks" if world > 1 else "steady state"
+    out = [f"starvation-monitor: run {d['run_id']} {d.get('status')}: "
+           f"{d['throughput']:,.0f} samples/s ({who}), data-wait share "
+           f"{d['data_wait_share']:.0%}",
+           f"  verdict: {d['verdict']}. {d['verdict_text']}"]
+    if world > 1:
+        out += [f"  rank {r['rank']} ({r['host']}): {r['throughput']:,.0f} samples/s, "
+                f"data-wait share {r['data_wait_share']:.0%}, wait "
+                f"{r['wait_per_step_s'] * 1000:.0f} ms/step, compute "
+                f"{r['compute_per_step_s'] * 1000:.0f} ms/step, num_workers {r['workers']}"
+                for r in d["ranks"]]
+    out += [f"  advice {i}: {a['reason']}" for i, a in enumerate(d.get("advice") or [], 1)]
+    return out
+
+
 def run_attached(args: argparse.Namespace) -> int:
     cmd = list(args.cmd)
     if cmd and cmd[0] == "--":
@@ -160,8 +180,10 @@ def run_attached(args: argparse.Namespace) -> int:
     code = rc if rc >= 0 else 128 - rc  # the script's own exit status, as a shell gives it
     try:
         store.finish_run(run_id, *end_status(rc, asked))
+        result = summary(store, run_id, rt.context())
+        print("\n".join(summary_lines(result)), file=sys.stderr)
         if args.json:
-            print(json.dumps(summary(store, run_id, rt.context()), default=str))
+            print(json.dumps(result, default=str))
     except Exception as exc:  # the store failed: the script's status still passes through
         print(f"starvation-monitor: could not record the end of run {run_id}: "
               f"{explain(store.path, exc)}", file=sys.stderr)

@@ -54,9 +54,11 @@ class Collector:
         self._util_buf: list[GpuUtilSample] = []
         self.last_pass_s: float | None = None  # cost of the last sampling pass
         self._inventory: tuple | None = None  # what the store last heard about the GPUs
+        self._run_id: int | None = None
 
     def follow(self, pid: int | None, run_id: int | None) -> None:
         """Follow this workload's process tree (None: host only)."""
+        self._run_id = run_id
         self.host.follow(pid, run_id)
         self.gpu.follow_pids({pid} if pid is not None else set())
 
@@ -78,7 +80,7 @@ class Collector:
     def sample_once(self) -> None:
         t0 = time.perf_counter()
         try:
-            self._host_buf.append(self.host.sample())
+            self._host_buf.extend(self.host.sample_all())
         except Exception as exc:  # a bad reading is one lost row, not a dead loop
             self.errors += 1
             self.last_error = f"host: {type(exc).__name__}: {exc}"
@@ -98,6 +100,16 @@ class Collector:
             self.store.set_gpu_inventory(*inv)
             self._inventory = inv
 
+    def _refresh_ranks(self) -> None:
+        """A distributed job's ranks, as their probes reported them (once a second)."""
+        if self._run_id is not None:
+            r = self.store.ranks(self._run_id)
+            ranks = dict(zip(r["rank"].astype(int), r["pid"].astype(int), strict=True)) \
+                if not r.empty else {}
+            if ranks != self.host._ranks:
+                self.host.follow_ranks(ranks)
+                self.gpu.follow_pids({*ranks.values(), *filter(None, [self.host._pid])})
+
     def flush(self) -> None:
         host, self._host_buf = self._host_buf, []
         gpu, self._gpu_buf = self._gpu_buf, []
@@ -107,6 +119,7 @@ class Collector:
             self.store.insert(gpu)
             self.store.insert(util)
             self.publish_inventory()
+            self._refresh_ranks()
         except Exception as exc:
             self.errors += 1
             self.last_error = f"store write failed: {exc}"

@@ -107,17 +107,25 @@ class HostSampler:
         self._pid: int | None = None
         self._run_id: int | None = None
         self._procs: dict[int, Any] = {}  # cpu_percent needs the same object between calls
-        self._kids: list[Any] | None = None  # descendants, refreshed one pass in TREE_EVERY
+        self._kids: dict[int, list[Any]] = {}  # descendants by PID, refreshed now and then
+        self._ranks: dict[int, int] = {}  # rank -> PID of a distributed job's processes
         self._passes = 0
-        self._uss: float | None = None
+        self._uss: dict[int | None, float] = {}
         psutil.cpu_percent(percpu=True)  # prime: the first call has nothing to compare with
 
     def follow(self, pid: int | None, run_id: int | None) -> None:
         with self._lock:
             self._pid, self._run_id = pid, run_id
             self._procs = {}
-            self._kids = None
-            self._passes, self._uss = 0, None
+            self._kids, self._ranks = {}, {}
+            self._passes, self._uss = 0, {}
+
+    def follow_ranks(self, ranks: dict[int, int]) -> None:
+        """The rank -> PID map of a distributed job under the followed process: each rank
+        then gets a row of its own, its DataLoader workers attributed to it (rank processes
+        are never counted as workers)."""
+        with self._lock:
+            self._ranks = dict(ranks)
 
     def _proc(self, pid: int) -> Any:
         p = self._procs.get(pid)
@@ -127,17 +135,15 @@ class HostSampler:
             self._procs[pid] = p
         return p
 
-    def _tree(self) -> tuple[Any | None, list[Any]]:
-        """The followed process and its descendants. Finding descendants scans every process
-        on the host (psutil reads /proc for each), costly beside a browser's dozens: so the
-        list is refreshed one pass in TREE_EVERY, and between refreshes dead ones drop out."""
-        if self._pid is None:
-            return None, []
+    def _tree(self, pid: int) -> tuple[Any | None, list[Any]]:
+        """A process and its descendants. Finding descendants scans every process on the
+        host (psutil reads /proc for each), costly beside a browser's dozens: so the list is
+        refreshed one pass in TREE_EVERY, and between refreshes dead ones drop out."""
         try:
-            main = self._proc(self._pid)
-            if self._passes % TREE_EVERY == 0 or self._kids is None:
-                self._kids = main.children(recursive=True)
-            kids = [k for k in self._kids if k.is_running()]
+            main = self._proc(pid)
+            if self._passes % TREE_EVERY == 0 or pid not in self._kids:
+                self._kids[pid] = main.children(recursive=True)
+            kids = [k for k in self._kids[pid] if k.is_running()]
         except (_psutil.Error, OSError):
             return None, []
         workers = []
@@ -146,38 +152,61 @@ class HostSampler:
                 workers.append(self._proc(k.pid))
             except (_psutil.Error, OSError):
                 pass
-        live = {self._pid, *(w.pid for w in workers)}
-        self._procs = {pid: p for pid, p in self._procs.items() if pid in live}
         return main, workers
 
-    def sample(self) -> HostSample:
+    def _targets(self) -> list[tuple[int | None, int]]:
+        """(rank, pid) to sample: each rank of a job, else the followed process (rank None)."""
+        if self._pid is None:
+            return []
+        ranks = {r: p for r, p in self._ranks.items() if p != self._pid}
+        return sorted(ranks.items()) if ranks else [(None, self._pid)]
+
+    def _process_fields(self, key: int | None, main: Any, workers: list[Any]) -> dict:
+        if main is None:
+            return {}
+        w_cpu = [_safe(lambda w=w: w.cpu_percent(None)) for w in workers]
+        w_rss = [_safe(lambda w=w: w.memory_info().rss / MB) for w in workers]
+        if self._passes % USS_EVERY == 0 or key not in self._uss:  # smaps: 1 pass in 8
+            uss = [_safe(lambda w=w: w.memory_full_info().uss / MB) for w in workers]
+            self._uss[key] = sum(u for u in uss if u is not None)
+        return dict(
+            proc_cpu_pct=_safe(lambda: main.cpu_percent(None)),
+            proc_rss_mb=_safe(lambda: main.memory_info().rss / MB),
+            workers=len(workers),
+            workers_cpu_pct=sum(c for c in w_cpu if c is not None),
+            workers_rss_mb=sum(r for r in w_rss if r is not None),
+            workers_uss_mb=self._uss.get(key),
+        )
+
+    def sample_all(self) -> list[HostSample]:
+        """One row per rank of the followed job (or one for the followed process), each
+        with the host's fields."""
         ps = self.psutil
         with self._lock:
             per_core = _safe(lambda: ps.cpu_percent(percpu=True))
             vm = _safe(ps.virtual_memory)
-            shm = _safe(lambda: shutil.disk_usage(self.shm_path).used / MB)
-            main, workers = self._tree()
-            proc_cpu = _safe(lambda: main.cpu_percent(None)) if main else None
-            proc_rss = _safe(lambda: main.memory_info().rss / MB) if main else None
-            w_cpu = [_safe(lambda w=w: w.cpu_percent(None)) for w in workers]
-            w_rss = [_safe(lambda w=w: w.memory_info().rss / MB) for w in workers]
-            if self._passes % USS_EVERY == 0:  # USS reads smaps: costly, so 1 pass in 8
-                uss = [_safe(lambda w=w: w.memory_full_info().uss / MB) for w in workers]
-                self._uss = sum(u for u in uss if u is not None) if main else None
-            self._passes += 1
-            return HostSample(
-                ts=self.clock(),
-                run_id=self._run_id,
+            host = dict(
+                ts=self.clock(), run_id=self._run_id,
                 cpu_total_pct=sum(per_core) / len(per_core) if per_core else None,
                 cpu_per_core=json.dumps([round(c, 1) for c in per_core]) if per_core else None,
                 mem_used_mb=vm.used / MB if vm else None,
                 mem_total_mb=vm.total / MB if vm else None,
                 mem_available_mb=vm.available / MB if vm else None,
-                shm_used_mb=shm,
-                proc_cpu_pct=proc_cpu,
-                proc_rss_mb=proc_rss,
-                workers=len(workers) if main else None,
-                workers_cpu_pct=sum(c for c in w_cpu if c is not None) if main else None,
-                workers_rss_mb=sum(r for r in w_rss if r is not None) if main else None,
-                workers_uss_mb=self._uss if main else None,
-            )
+                shm_used_mb=_safe(lambda: shutil.disk_usage(self.shm_path).used / MB))
+            rows, live = [], set()
+            for rank, pid in self._targets() or [(None, None)]:
+                main, workers = self._tree(pid) if pid is not None else (None, [])
+                live |= {pid, *(w.pid for w in workers)}
+                fields = self._process_fields(rank, main, workers)
+                rows.append(HostSample(**{**_EMPTY, **host, **fields, "rank": rank}))
+            self._procs = {p: o for p, o in self._procs.items() if p in live}
+            self._passes += 1
+            return rows
+
+    def sample(self) -> HostSample:
+        """The followed process's row (the first rank's, for a job)."""
+        return self.sample_all()[0]
+
+
+_EMPTY = dict(proc_cpu_pct=None, proc_rss_mb=None, workers=None, workers_cpu_pct=None,
+              workers_rss_mb=None, workers_uss_mb=None)

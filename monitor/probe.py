@@ -45,9 +45,11 @@ class Probe:
         control_interval: float = 0.25,
         clock: Callable[[], float] = time.perf_counter,
         wall: Callable[[], float] = time.time,
+        rank: int = 0,
     ) -> None:
         self.store = store
         self.run_id = run_id
+        self.rank = rank  # torch.distributed RANK of this process (0 alone)
         self.flush_interval = flush_interval
         self.control_interval = control_interval
         self.clock = clock
@@ -102,7 +104,7 @@ class Probe:
         rec = StepRecord(
             run_id=self.run_id, step=self.step, epoch=epoch, ts=self.wall(t_got),
             wait_s=t_got - t_req, compute_s=t_next - t_got, samples=batch_len(batch),
-            config_seq=self.config_seq, copy_s=self.copy_s,
+            config_seq=self.config_seq, copy_s=self.copy_s, rank=self.rank,
         )
         with self._lock:
             self._buffer.append(rec)

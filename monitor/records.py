@@ -33,6 +33,7 @@ class StepRecord:
     samples: int = col("samples in batch")
     config_seq: int = col("config generation")
     copy_s: float | None = col("host-to-device copy (CUDA)", "s", default=None)
+    rank: int = col("rank (torch.distributed RANK)", default=0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +54,8 @@ class HostSample:
     workers_cpu_pct: float | None = col("workers CPU", "%")
     workers_rss_mb: float | None = col("workers RSS", "MB")
     workers_uss_mb: float | None = col("workers USS", "MB", default=None)
+    rank: int | None = col("rank whose process this row samples (None: the whole tree)",
+                           default=None)
 
 
 @dataclass(frozen=True, slots=True)

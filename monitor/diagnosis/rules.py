@@ -31,8 +31,9 @@ from monitor.diagnosis.thresholds import (
 HEALTHY, STARVING, CPU_BOUND, IO_BOUND = "healthy", "starving", "cpu-bound", "io-bound"
 MEMORY_PRESSURE, OVERSUBSCRIBED = "memory-pressure", "oversubscribed"
 EPOCH_STALL, TRANSFER_BOUND, NO_DATA = "epoch-stall", "transfer-bound", "no data"
+INPUT_STRAGGLER = "input-straggler"  # a job's ranks: diagnosis/straggler.py
 VERDICTS = (HEALTHY, STARVING, CPU_BOUND, IO_BOUND, MEMORY_PRESSURE, OVERSUBSCRIBED,
-            EPOCH_STALL, TRANSFER_BOUND, NO_DATA)
+            EPOCH_STALL, TRANSFER_BOUND, INPUT_STRAGGLER, NO_DATA)
 CORES_BOUND = (CPU_BOUND, OVERSUBSCRIBED)  # loader changes cannot help: the cores are full
 
 
@@ -173,8 +174,8 @@ def oversubscribed(c: Ctx) -> str | None:
 
 def cpu_bound(c: Ctx) -> str | None:
     f, cores = c.f, c.f.usable_cores
-    if not c.saturated:
-        return None
+    if not c.saturated or (c.io_ratio is not None and c.io_ratio < IO_CPU_RATIO):
+        return None  # a loader that mostly waits on storage is not held by busy cores
     other = f.other_cpu_cores or 0.0
     text = (f"CPU-bound: the {cores} usable cores are {f.cpu_busy_fraction:.0%} busy and the "
             f"device still waits {f.data_wait_share:.0%} of the time; more workers will not "

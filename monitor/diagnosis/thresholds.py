@@ -25,6 +25,11 @@ TRANSFER_SHARE = 0.30
 # CPU taken by processes outside the workload above which the verdict names them: half a
 # core is more than the sampling noise of the host total minus the workload's own.
 OTHER_LOAD_CORES = 0.5
+# A rank is an input straggler when its data wait per step is at least STRAGGLER_RATIO times
+# the median of the other ranks' and STRAGGLER_MIN_S more: twice, because ranks on one host
+# differ by tens of percent from placement alone; 5 ms, below which a step barely notices.
+STRAGGLER_RATIO = 2.0
+STRAGGLER_MIN_S = 0.005
 # Fewest steps a window needs before any verdict is given.
 MIN_STEPS = 3
 

@@ -20,9 +20,10 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # pandas is imported on first read: a training script's probe only writes
     import pandas as pd
 
-from monitor.records import RECORD_TABLES, GpuDevice, as_row, columns, sql_type
+from monitor.records import RECORD_TABLES, as_row, columns, sql_type
 from monitor.store.errors import StoreError, explain
 from monitor.store.schema import SCHEMA
+from monitor.store.shared import SharedState
 
 DEFAULT_PATH = Path("runs") / "monitor.db"
 ENV_VAR = "STARVATION_MONITOR_DB"
@@ -37,7 +38,7 @@ def default_path() -> Path:
     return Path(os.environ.get(ENV_VAR) or DEFAULT_PATH)
 
 
-class Store:
+class Store(SharedState):
     """Thread-safe access to one SQLite file (a connection per thread)."""
 
     def __init__(self, path: str | os.PathLike[str] | None = None) -> None:
@@ -248,44 +249,6 @@ class Store:
     def set_calibration(self, key: str, value: float) -> None:
         self._conn().execute("INSERT OR REPLACE INTO calibration (key, value, ts) "
                              "VALUES (?, ?, ?)", (key, value, time.time()))
-
-    # -- small shared state (the collector process's follow request) ------------------------
-    def set_meta(self, key: str, value: str | None) -> None:
-        self._conn().execute("INSERT OR REPLACE INTO meta (key, value, ts) VALUES (?, ?, ?)",
-                             (key, value, time.time()))
-
-    def meta(self, key: str) -> str | None:
-        row = self._conn().execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
-        return row[0] if row else None
-
-    # -- GPU inventory: collector -> page ---------------------------------------------------
-    def set_gpu_inventory(self, available: bool, notice: str,
-                          devices: Sequence[GpuDevice]) -> None:
-        """What the collector's GPU backend sees, for readers in other threads and
-        processes (the page reads this, never the collector object)."""
-        conn = self._conn()
-        with conn:
-            conn.execute("BEGIN")
-            conn.execute("DELETE FROM gpu_devices")
-            conn.executemany(
-                "INSERT INTO gpu_devices (idx, name, uuid, pci, mem_total_mb, gpm) "
-                "VALUES (?, ?, ?, ?, ?, ?)",
-                [(d.index, d.name, d.uuid, json.dumps(list(d.pci)) if d.pci else None,
-                  d.mem_total_mb, int(d.gpm)) for d in devices])
-            conn.executemany("INSERT OR REPLACE INTO meta (key, value, ts) VALUES (?, ?, ?)",
-                             [("gpu_available", "1" if available else "0", time.time()),
-                              ("gpu_notice", notice, time.time())])
-
-    def gpu_inventory(self) -> tuple[bool, str, list[GpuDevice]]:
-        """(available, notice, devices) as the collector last wrote them."""
-        conn = self._conn()
-        meta = dict(conn.execute("SELECT key, value FROM meta WHERE key LIKE 'gpu_%'"))
-        rows = conn.execute("SELECT idx, name, uuid, pci, mem_total_mb, gpm FROM gpu_devices "
-                            "ORDER BY idx").fetchall()
-        devices = [GpuDevice(i, n, u, tuple(json.loads(p)) if p else None, m, bool(g))
-                   for i, n, u, p, m, g in rows]
-        return (meta.get("gpu_available") == "1",
-                meta.get("gpu_notice") or "no GPU telemetry yet", devices)
 
     # -- control: page/CLI -> workload ---------------------------------------------------
     def request_control(self, run_id: int, kind: str, payload: dict[str, Any] | None = None) -> int:

@@ -41,6 +41,18 @@ CREATE TABLE IF NOT EXISTS gpu_devices (
     mem_total_mb REAL,
     gpm INTEGER NOT NULL DEFAULT 0
 );
+CREATE TABLE IF NOT EXISTS ranks (
+    run_id INTEGER NOT NULL,
+    rank INTEGER NOT NULL,
+    local_rank INTEGER,
+    world_size INTEGER,
+    hostname TEXT,
+    pid INTEGER,
+    config TEXT,
+    accelerator_kind TEXT,
+    ts REAL NOT NULL,
+    PRIMARY KEY (run_id, rank)
+);
 CREATE TABLE IF NOT EXISTS meta (
     key TEXT PRIMARY KEY,
     value TEXT,

@@ -100,6 +100,38 @@ def utilization_figure(
     return _layout(fig, "Device utilization (a sawtooth = starved)", "busy")
 
 
+RANK_LINES_MAX = 8  # beyond this many ranks: min/median/max band and the worst ranks by name
+RANK_BIN_S = 1.0
+
+
+def rank_wait_figure(steps: pd.DataFrame, events: pd.DataFrame | None = None,
+                     x_range: tuple[float, float] | None = None) -> go.Figure:
+    """Data wait per step, per rank, averaged per second: one line per rank up to
+    RANK_LINES_MAX; beyond, the min-median-max band over ranks and the 3 worst ranks."""
+    fig = go.Figure()
+    if not steps.empty and "rank" in steps.columns:
+        t0 = float(steps["ts"].min())
+        b = ((steps["ts"] - t0) // RANK_BIN_S).astype(int)
+        per = steps.assign(bin=b).groupby(["bin", "rank"])["wait_s"].mean().unstack("rank")
+        x = to_time(t0 + per.index.to_numpy() * RANK_BIN_S)
+        ranks = list(per.columns)
+        if len(ranks) <= RANK_LINES_MAX:
+            shown = ranks
+        else:
+            for name, q, fill in (("min", per.min(axis=1), None),
+                                  ("median", per.median(axis=1), "tonexty"),
+                                  ("max", per.max(axis=1), "tonexty")):
+                fig.add_trace(go.Scatter(x=x, y=q * 1000, name=f"{name} over ranks",
+                                         mode="lines", fill=fill, line={"width": 1}))
+            shown = list(per.mean().sort_values(ascending=False).index[:3])
+        for r in shown:
+            fig.add_trace(go.Scatter(x=x, y=per[r] * 1000, name=f"rank {r}", mode="lines",
+                                     line={"width": 2}))
+    add_markers(fig, events)
+    set_x_range(fig, x_range)
+    return _layout(fig, "Data wait per step, by rank (1 s means)", "ms")
+
+
 def wait_compute_figure(
     steps: pd.DataFrame, events: pd.DataFrame | None = None,
     x_range: tuple[float, float] | None = None,

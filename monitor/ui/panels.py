@@ -1,6 +1,7 @@
 """The live panels: notices, KPI row, verdict, charts. Data comes from the store only."""
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from collections.abc import Callable
@@ -70,10 +71,23 @@ def load_view(
 def assessed_window(store: Store, view: View) -> Window:
     """What the KPI row and the verdict read: a running run's recent window, an ended run's
     steady state (the same window `measure` and `run --json` report)."""
+    ranks = store.ranks(int(view.run["id"]))
     if view.run["status"] == "running":
-        return recent_window(view.run, view.steps, view.host, view.events, view.end)
+        return recent_window(view.run, view.steps, view.host, view.events, view.end, ranks)
     return steady_window(store, int(view.run["id"])) or recent_window(
-        view.run, view.steps, view.host, view.events, view.end)
+        view.run, view.steps, view.host, view.events, view.end, ranks)
+
+
+def rank_view(view: View, ranks: list[int], key: str) -> View:
+    """The charts' view for one rank of a job, picked with a selector (all: the job)."""
+    if len(ranks) < 2:
+        return view
+    pick = st.selectbox("Rank", ["all", *ranks], key=key,
+                        format_func=lambda r: "all ranks" if r == "all" else f"rank {r}")
+    if pick == "all" or "rank" not in view.steps.columns:
+        return view
+    host = view.host[view.host["rank"] == pick] if "rank" in view.host.columns else view.host
+    return dataclasses.replace(view, steps=view.steps[view.steps["rank"] == pick], host=host)
 
 
 def _pct(v: float) -> str:
@@ -186,12 +200,26 @@ def render_gpu_panel(view: View, devices: list, default: int | None) -> int | No
     return pick
 
 
-def render_attached_controls(store: Store, run: dict) -> None:
+def render_ranks(a: Assessment, view: View) -> None:
+    """A job's ranks: data wait per step on one chart, and each rank's figures."""
+    st.plotly_chart(charts.rank_wait_figure(view.steps[view.steps["ts"] >= view.start],
+                                            view.events, (view.start, view.end)),
+                    key="chart_ranks", config=PLOT_CONFIG)
+    rows = pd.DataFrame([r.to_dict() for r in a.ranks])
+    if not rows.empty:
+        st.dataframe(rows, hide_index=True, key="rank_table")
+
+
+def render_attached_controls(store: Store, run: dict, ranks: list[int]) -> None:
     """Loader changes for an attached script: requested through the store, applied by its
-    probe at the script's next iter(loader), i.e. the next epoch."""
+    probe at the script's next iter(loader), i.e. the next epoch; for a job, by every rank or
+    by the one picked."""
     cfg = run["config"] or {}
     with st.expander("Change the attached script's loader (applies at its next epoch)",
                      expanded=False):
+        target = st.selectbox("ranks", ["all ranks", *ranks], key=f"att_rank_{run['id']}",
+                              format_func=lambda r: r if isinstance(r, str) else f"rank {r}") \
+            if len(ranks) > 1 else "all ranks"
         c = st.columns(4)
         nw = c[0].number_input("num_workers", 0, 64, int(cfg.get("num_workers") or 0),
                                key=f"att_nw_{run['id']}")
@@ -210,6 +238,8 @@ def render_attached_controls(store: Store, run: dict) -> None:
             except ConfigError as exc:
                 st.error(plain(exc))
             else:
+                if target != "all ranks":
+                    payload["rank"] = int(target)
                 store.request_control(int(run["id"]), "config", payload)
         reqs = store.control_requests(int(run["id"]))
         if not reqs.empty:

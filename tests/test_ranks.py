@@ -1,0 +1,106 @@
+"""Training sessions with several ranks: real `torchrun --standalone` jobs (gloo, CPU) under
+`monitor run`, one run per job with per-rank series, the input-straggler verdict, per-rank
+loader requests, and nothing left behind however the job ends."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from monitor.store import Store
+from tests.conftest import wait_for
+
+ROOT = Path(__file__).resolve().parent.parent
+DDP = ROOT / "examples" / "train_ddp.py"
+TORCHRUN = str(Path(sys.executable).parent / "torchrun")
+pytestmark = pytest.mark.slow
+
+
+def start(db: Path, nproc: int, *args: str) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.Popen([sys.executable, "-m", "monitor", "run", "--db", str(db), "--json",
+                             "--", TORCHRUN, "--standalone", f"--nproc-per-node={nproc}",
+                             str(DDP), *args], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def finish(p: subprocess.Popen) -> tuple[int, dict | None, str, str]:
+    out, err = p.communicate(timeout=240)
+    last = [ln for ln in out.splitlines() if ln.startswith("{")]
+    return p.returncode, (json.loads(last[-1]) if last else None), out, err
+
+
+@pytest.mark.parametrize("nproc", [2, 4])
+def test_a_slow_rank_is_named_an_input_straggler(tmp_path, no_leaks, nproc):
+    rc, d, out, err = finish(start(tmp_path / "s.db", nproc, "--epochs", "2",
+                                   "--slow-rank", "1", "--slow-factor", "4"))
+    assert rc == 0, err
+    assert d["verdict"] == "input-straggler" and "rank 1 waits" in d["verdict_text"]
+    assert "verdict: input-straggler" in err  # the summary people read
+    assert d["world_size"] == nproc and [r["rank"] for r in d["ranks"]] == list(range(nproc))
+    waits = {r["rank"]: r["wait_per_step_s"] for r in d["ranks"]}
+    assert waits[1] == max(waits.values())
+    first = d["advice"][0]
+    assert first["reason"].startswith("rank 1:") and first["param"] == "num_workers"
+    assert first["predicted_throughput"] > d["throughput"]
+    store = Store(tmp_path / "s.db")
+    assert len(store.runs()) == 1  # one job, one run
+    assert sorted(store.steps(1)["rank"].unique()) == list(range(nproc))
+    host = store.host_samples(0.0)
+    per_rank = host[host["rank"].notna()]
+    assert set(per_rank["rank"].astype(int)) == set(range(nproc))
+    counted = per_rank["workers"].dropna()  # (a rank that has exited has no reading)
+    assert len(counted) and (counted == 0).all()  # ranks are never counted as workers
+
+
+def test_a_balanced_job_has_no_straggler(tmp_path, no_leaks):
+    rc, d, _, err = finish(start(tmp_path / "b.db", 2, "--epochs", "2"))
+    assert rc == 0, err
+    assert d["verdict"] != "input-straggler" and d["world_size"] == 2
+    assert d["throughput"] == pytest.approx(sum(r["throughput"] for r in d["ranks"]))
+
+
+def test_a_request_for_one_rank_lands_at_its_next_epoch(tmp_path, no_leaks):
+    db = tmp_path / "r.db"
+    p = start(db, 2, "--epochs", "2", "--slow-rank", "1", "--slow-factor", "4")
+    store = Store(db) if wait_for(db.exists, timeout=60) else None
+
+    def both_ranks_in_epoch_0() -> bool:
+        s = store.steps(1)
+        return not s.empty and set(s["rank"]) == {0, 1} and s["epoch"].max() == 0
+    assert wait_for(both_ranks_in_epoch_0, timeout=120)
+    cid = store.request_control(1, "config", {"num_workers": 2, "rank": 1})
+    rc, d, out, err = finish(p)
+    assert rc == 0, err
+    assert "rank 1/2 epoch 1" in out and "(num_workers=2)" in out.split("rank 1/2 epoch 1")[1]
+    assert "rank 0/2 epoch 1" in out and "(num_workers=0)" in \
+        out.split("rank 0/2 epoch 1")[1].splitlines()[0]
+    assert store.control_result(cid)[1] == "ok: applied at epoch 1 (rank 1)"
+    ranks = store.ranks(1).set_index("rank")["config"]
+    assert ranks[1]["num_workers"] == 2 and ranks[0]["num_workers"] == 0
+    steps = store.steps(1)
+    assert set(steps[(steps["rank"] == 1) & (steps["epoch"] == 1)]["config_seq"]) == {1}
+    assert set(steps[steps["rank"] == 0]["config_seq"]) == {0}
+
+
+def test_a_rank_that_raises_fails_the_run_and_its_exit_code_passes(tmp_path, no_leaks):
+    rc, d, _, err = finish(start(tmp_path / "f.db", 2, "--epochs", "3", "--fail-rank", "1"))
+    assert rc == 1, err  # torchrun's own exit status for a failed worker
+    assert "rank 1 failed on purpose" in err
+    assert d["status"] == "failed" and "exit code 1" in d["error"]
+
+
+def test_ctrl_c_of_monitor_run_stops_the_whole_job(tmp_path, no_leaks):
+    db = tmp_path / "c.db"
+    p = start(db, 2, "--epochs", "50")
+    store = Store(db) if wait_for(db.exists, timeout=60) else None
+    assert wait_for(lambda: len(store.steps(1)) >= 10, timeout=120)
+    p.send_signal(signal.SIGINT)
+    rc, _, _, err = finish(p)
+    assert rc != 0, err  # as torchrun gives it
+    assert store.run(1)["status"] == "stopped"
