@@ -30,12 +30,15 @@ def free_port() -> int:
 
 
 @pytest.fixture
-def server(tmp_path):
+def server(tmp_path, request):
+    """A served dashboard; `@pytest.mark.server_env(NAME=value)` adds to its environment."""
     if not Path(CHROMIUM).exists() and not shutil.which("chromium"):
         pytest.skip("chromium is not installed (apt-get install -y chromium)")
     port = free_port()
     db = tmp_path / "monitor.db"
-    env = {**os.environ, "STARVATION_MONITOR_DB": str(db), "STARVATION_MONITOR_SIMULATE": "1"}
+    extra = request.node.get_closest_marker("server_env")
+    env = {**os.environ, "STARVATION_MONITOR_DB": str(db), "STARVATION_MONITOR_SIMULATE": "1",
+           **(extra.kwargs if extra else {})}
     log = open(tmp_path / "server.log", "w")
     proc = subprocess.Popen(
         [sys.executable, "-m", "streamlit", "run", "app.py", "--server.port", str(port),
@@ -115,3 +118,50 @@ def test_page_shows_sawtooth_and_reacts_to_num_workers(server):
     run = int(store.runs()["id"].iloc[0])
     labels = store.events(run)["label"].tolist()
     assert any(label.startswith("num_workers 0→") for label in labels), labels
+
+
+def launch(p):
+    return p.chromium.launch(
+        executable_path=CHROMIUM,
+        args=["--no-sandbox", "--disable-gpu", "--disable-background-networking",
+              "--disable-component-update", "--no-first-run"])
+
+
+@pytest.mark.server_env(STARVATION_MONITOR_AUTOSTART="0")
+def test_rank_chart_shows_every_rank_of_a_job(server):
+    """A two-rank job's data wait on one chart, and the straggler verdict, in a real page."""
+    from playwright.sync_api import expect, sync_playwright
+
+    from monitor.records import StepRecord
+    from monitor.store import Store
+
+    url, db, _ = server
+    store = Store(db)
+    run = store.create_run("train_ddp.py", "attached", {"preset": "custom",
+                                                        "workload": "attached:train_ddp.py"})
+    now = time.time() - 20
+    for rank, wait in ((0, 0.036), (1, 0.135)):
+        cfg = {"num_workers": 0, "batch_size": 16, "prefetch_factor": None,
+               "pin_memory": False, "persistent_workers": False}
+        store.set_rank(run, rank, rank, 2, "node-a", os.getpid(), cfg, "cpu")
+        store.insert([StepRecord(run, i, 0, now + i * 0.142 + wait, wait, 0.142 - wait, 16, 0,
+                                 rank=rank) for i in range(120)])
+    store.update_run(run, pid=os.getpid(), accelerator_kind="cpu",
+                     config={**cfg, "preset": "custom", "workload": "attached:train_ddp.py"})
+    # the job started before its first steps (the store has no API to move a start)
+    store._conn().execute("UPDATE runs SET started_at = ? WHERE id = ?", (now - 2, run))
+    store.finish_run(run, "finished")  # its steady state is what the page then shows
+    ARTIFACTS.mkdir(exist_ok=True)
+    with sync_playwright() as p:
+        browser = launch(p)
+        page = browser.new_page(viewport={"width": 1500, "height": 1400})
+        page.goto(url)
+        expect(page.get_by_text("Data wait per step, by rank").first).to_be_visible(
+            timeout=90_000)
+        expect(page.get_by_text(re.compile(r"input-straggler · Input straggler: rank 1"))
+               .first).to_be_visible(timeout=30_000)
+        for r in ("rank 0", "rank 1"):
+            expect(page.locator("svg text.legendtext").filter(has_text=r).first).to_be_attached(
+                timeout=15_000)
+        page.screenshot(path=str(ARTIFACTS / "ranks.png"), full_page=True)
+        browser.close()
