@@ -9,6 +9,7 @@ from monitor.assess import assess
 from monitor.diagnosis import SIMULATED
 from monitor.gpu import workload_gpu
 from monitor.ui import panels
+from monitor.ui.compare_panel import ask_compare_with_previous, render_compare
 from monitor.ui.controls import render_controls
 from monitor.ui.resources import get_runtime
 from monitor.ui.sweep_panel import render_sweep_controls, render_sweep_progress
@@ -44,7 +45,7 @@ gpu_available, gpu_notice, devices = rt.store.gpu_inventory()
 if not gpu_available:
     st.caption(f"GPU telemetry: {plain(gpu_notice)}")
 
-live_tab, sweep_tab = st.tabs(["Live", "Sweep & tune"])
+live_tab, compare_tab, sweep_tab = st.tabs(["Live", "Compare", "Sweep & tune"])
 top = live_tab.columns([3, 2])
 window_name = top[0].segmented_control("Window", list(panels.WINDOWS), default="30 s",
                                        key="window") or "30 s"
@@ -121,6 +122,10 @@ with live_tab:
     live()
     if selected is not None:
         panels.render_downloads(rt, selected)
+        if st.button("Compare with the previous run", key="compare_previous"):
+            ask_compare_with_previous(run_ids, selected)
+with compare_tab:
+    render_compare(rt, run_ids, labels)
 with sweep_tab:
     render_sweep_controls(rt)
     sweep_progress()

@@ -257,6 +257,10 @@ def main(argv: list[str] | None = None) -> int:
         return run_attached(args)
     if args.command in ("export", "import"):
         return _files(args)
+    if args.command in ("compare", "gc"):
+        from monitor.compare_cli import compare_command, gc_command
+
+        return compare_command(args) if args.command == "compare" else gc_command(args)
     signal.signal(signal.SIGTERM, _sigterm)
     try:
         config, configs = _prepare(args)

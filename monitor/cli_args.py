@@ -168,6 +168,30 @@ def _files(sub: argparse._SubParsersAction) -> None:
     _db(i)
 
 
+def _compare(sub: argparse._SubParsersAction) -> None:
+    c = sub.add_parser(
+        "compare", help="runs side by side; exit 1 when the last is slower than the first",
+        description=(
+            "Compare 2-4 runs' steady states: the settings that differ, then throughput, "
+            "data-wait share, device busy, peak memory and verdict with deltas against the "
+            "first. A regression gate for CI: exit 1 when the last run's throughput is lower "
+            "than the first's by more than --max-regression-pct and by more than the runs' "
+            "noise (each steady state cut into 5 parts; 2 standard errors)."))
+    c.add_argument("runs", nargs="+", metavar="RUN",
+                   help="run ids, latest, latest~1 (the one before), or name:NAME")
+    c.add_argument("--max-regression-pct", type=float, default=5.0)
+    c.add_argument("--json", action="store_true", help="print one JSON object")
+    _db(c)
+    g = sub.add_parser(
+        "gc", help="remove old runs' rows and vacuum the store (never a running run)",
+        description="Remove the runs (and their steps, samples, events) older than "
+                    "--keep-days, or the oldest until the store is under --max-mb; then "
+                    "vacuum. A running run is never removed.")
+    g.add_argument("--keep-days", type=float, default=None)
+    g.add_argument("--max-mb", type=float, default=None)
+    _db(g)
+
+
 def build_parser(limit: int) -> argparse.ArgumentParser:
     """The whole parser; `limit` is this machine's num_workers limit (for the help)."""
     p = argparse.ArgumentParser(
@@ -181,6 +205,7 @@ def build_parser(limit: int) -> argparse.ArgumentParser:
     _tune(sub, common, limit)
     _run(sub)
     _files(sub)
+    _compare(sub)
     return p
 
 

@@ -100,3 +100,48 @@ class SharedState:
         return (meta.get("gpu_available") == "1",
                 meta.get("gpu_notice") or "no GPU telemetry yet", devices)
 
+
+    # -- retention -------------------------------------------------------------------------
+    def size_bytes(self) -> int:
+        """The store's size on disk: the file and its write-ahead log."""
+        return sum(p.stat().st_size for p in (self.path, self.path.with_name(
+            self.path.name + "-wal")) if p.exists())
+
+    def gc(self, keep_days: float | None = None,
+           max_mb: float | None = None) -> tuple[list[int], int, int]:
+        """Remove ended runs older than `keep_days`, then the oldest ended runs until the
+        store is under `max_mb`; vacuum. Never a running run. Returns (runs removed, bytes
+        before, bytes after)."""
+        before = self.size_bytes()
+        conn = self._conn()
+        ended = conn.execute("SELECT id, COALESCE(ended_at, started_at) FROM runs "
+                             "WHERE status != 'running' ORDER BY id").fetchall()
+        removed: list[int] = []
+        if keep_days is not None:
+            cutoff = time.time() - keep_days * 86400
+            removed += [r for r, t in ended if t < cutoff]
+            self._delete(removed, cutoff)
+        if max_mb is not None:
+            for run_id, t in ended:
+                if self.size_bytes() <= max_mb * 1e6:
+                    break
+                if run_id not in removed:
+                    removed.append(run_id)
+                    self._delete([run_id], t)
+        return removed, before, self.size_bytes()
+
+    def _delete(self, run_ids: list[int], older_than: float) -> None:
+        conn = self._conn()
+        marks = ", ".join("?" * len(run_ids))
+        with conn:
+            conn.execute("BEGIN")
+            for table in ("steps", "host_samples", "events", "control", "ranks", "runs"):
+                col = "id" if table == "runs" else "run_id"
+                if run_ids:
+                    conn.execute(f"DELETE FROM {table} WHERE {col} IN ({marks})", run_ids)
+            for table in ("gpu_samples", "gpu_util"):  # machine-wide rows, by time
+                conn.execute(f"DELETE FROM {table} WHERE ts < ?", (older_than,))
+            conn.execute("DELETE FROM host_samples WHERE run_id IS NULL AND ts < ?",
+                         (older_than,))
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        conn.execute("VACUUM")

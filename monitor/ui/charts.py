@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from datetime import datetime
 
+import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
@@ -284,3 +285,32 @@ def sweep_figure(results: pd.DataFrame, x: str = "num_workers", series: str | No
                       title={"text": "Sweep", "x": 0.01, "font": {"size": 14}},
                       legend={"font": {"size": 10}})
     return fig
+
+
+def overlay_figure(series: dict[str, pd.DataFrame], title: str, ytitle: str,
+                   percent: bool = False) -> go.Figure:
+    """Runs overlaid on one axis, aligned at each run's start: frames of (s, value)."""
+    fig = go.Figure()
+    for name, df in series.items():
+        d = downsample(df, MAX_POINTS, "s")
+        fig.add_trace(go.Scatter(x=d["s"], y=d["value"] * (100 if percent else 1), name=name,
+                                 mode="lines", line={"width": 1.5}))
+    fig.update_xaxes(title_text="seconds since the run started")
+    if percent:
+        fig.update_yaxes(range=[-2, 105], ticksuffix="%")
+    return _layout(fig, title, ytitle)
+
+
+def ecdf_figure(waits: dict[str, pd.Series]) -> go.Figure:
+    """The distribution of data wait per step, per run (ECDF: share of steps waiting at
+    most x ms)."""
+    fig = go.Figure()
+    for name, w in waits.items():
+        v = np.sort(w.dropna().to_numpy() * 1000)
+        if len(v) > MAX_POINTS:
+            v = v[np.linspace(0, len(v) - 1, MAX_POINTS).astype(int)]
+        fig.add_trace(go.Scatter(x=v, y=np.arange(1, len(v) + 1) / max(len(v), 1), name=name,
+                                 mode="lines", line={"shape": "hv", "width": 1.5}))
+    fig.update_xaxes(title_text="data wait per step (ms)")
+    fig.update_yaxes(range=[0, 1.02], tickformat=".0%")
+    return _layout(fig, "Data wait per step: share of steps at or below", "steps")
