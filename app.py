@@ -5,7 +5,6 @@ import os
 
 import streamlit as st
 
-from monitor.assess import assess
 from monitor.diagnosis import SIMULATED
 from monitor.gpu import workload_gpu
 from monitor.ui import panels
@@ -32,10 +31,9 @@ render_controls(rt, simulated)
 st.title("Starvation Monitor")
 st.caption("Is the GPU starved by its input pipeline? Per-step data wait and compute, live.")
 if simulated and live_run is not None:
-    st.info("No CUDA device: the workload runs on a **simulated accelerator** that holds the "
-            "device for a set time per step while the host waits, as a real "
-            "`torch.cuda.synchronize()` would. Device busy is derived from step timings.",
-            icon="ℹ️")
+    st.caption("ℹ️ No CUDA device: the workload runs on a **simulated accelerator** that "
+               "holds the device for a set time per step while the host waits, as a real "
+               "`torch.cuda.synchronize()` would. Device busy is derived from step timings.")
 if rt.workload_error:
     st.error(f"{plain(rt.workload_error)}\n\nFix it and restart the dashboard; the presets work "
              "meanwhile.", icon="🛑")
@@ -69,48 +67,69 @@ def apply_advice(param: str, value: object) -> None:
     manager.reconfigure(manager.config.replace(**{param: value}))
 
 
-@st.fragment(run_every=1.0)
-def live() -> None:
-    """Refreshes about once a second; reads the store only."""
+def live_region() -> None:
+    """The Live tab's content: the picture first (KPIs and the utilization chart), the
+    verdict right under it, then advice, the other charts, ranks and the GPU panel."""
     # a run started since this page ran (another tab, a job) is followed too
     run_id = manager.run_id if (following or selected is None) and manager.run_id else selected
     if run_id is None:
         st.info("No run yet: press Start in the sidebar.")
         return
-    view = panels.load_view(rt.store, run_id, panels.WINDOWS[window_name])
-    if view is None:
+    ranks = sorted(int(r) for r in rt.store.ranks(run_id)["rank"])
+    pick = panels.rank_pick(ranks, f"rank_pick_{run_id}")
+    gpu_pick = st.session_state.get("gpu_pick") if devices else None
+    if devices and gpu_pick is None:
+        gpu_pick = workload_gpu(devices, (rt.store.run(run_id) or {}).get("device"))
+    r = panels.refresh(rt, run_id, panels.WINDOWS[window_name], bool(devices), pick, gpu_pick)
+    if r is None:
         st.warning(f"Run {run_id} is not in the store.")
         return
+    view, a, figs = r.view, r.assessment, r.figures
+    if view.run["status"] == "running" and run_id == selected and \
+            not st.session_state.get("_live_fragment"):
+        st.rerun()  # it came back to life (Start): the refreshing fragment takes over
     panels.render_run_status(view.run)
     stall = active_stall(rt.store.events(run_id, kinds=STALL_KINDS)) \
         if view.run["status"] == "running" else None
     if stall:
         st.warning(plain(stall), icon="⏳")
-    ranks = sorted(int(r) for r in rt.store.ranks(run_id)["rank"])
-    if view.run["kind"] == "attached" and view.run["status"] == "running":
-        panels.render_attached_controls(rt.store, view.run, ranks)
-    window = panels.assessed_window(rt.store, view)
-    a = assess(window, rt.context())
     workers_live = view.host["workers"].dropna().iloc[-1] if (
-        not view.host.empty and view.host["workers"].notna().any()) else None
+        not view.host.empty and "workers" in view.host.columns
+        and view.host["workers"].notna().any()) else None
     nw = (view.run["config"] or {}).get("num_workers")
     workers = ("–" if nw is None else f"{nw}") + (
         f" / {int(workers_live)} live" if workers_live is not None else "")
+    panels.render_kpis(a, workers, r.caption)
+    default_gpu = workload_gpu(devices, view.run.get("device"))
+    panels.render_picture(figs)
     panels.render_verdict(a)
-    panels.render_kpis(a, workers, window.caption)
     live_now = run_id == manager.run_id and manager.is_alive() and not rt.jobs.running()
     panels.render_explain(a, apply_advice if live_now else None)
+    panels.render_other_charts(figs)
     if len(ranks) > 1:
         panels.render_ranks(a, view)
-    simulated_run = window.accelerator == SIMULATED
-    default_gpu = workload_gpu(devices, view.run.get("device"))
-    gpu_pick = st.session_state.get("gpu_pick", default_gpu)
-    panels.render_charts(panels.rank_view(view, ranks, f"rank_pick_{run_id}"), simulated_run,
-                         gpu_pick if devices else None)
     if devices:
         st.subheader("GPU (NVML)")
         st.caption(plain(gpu_notice))
         panels.render_gpu_panel(view, devices, default_gpu)
+    if view.run["kind"] == "attached" and view.run["status"] == "running":
+        panels.render_attached_controls(rt.store, view.run, ranks)
+    if view.run["status"] != "running" and st.session_state.get("_live_fragment"):
+        st.rerun()  # it ended: the still view takes over (an ended run is not re-read)
+
+
+@st.fragment(run_every=1.0)
+def live() -> None:
+    """A running run: refreshes about once a second; reads the store only."""
+    st.session_state["_live_fragment"] = True
+    live_region()
+
+
+@st.fragment
+def still() -> None:
+    """An ended run: read once (its figures cannot change)."""
+    st.session_state["_live_fragment"] = False
+    live_region()
 
 
 @st.fragment(run_every=1.0)
@@ -118,8 +137,10 @@ def sweep_progress() -> None:
     render_sweep_progress(rt)
 
 
+shown = manager.run_id if (following or selected is None) and manager.run_id else selected
+shown_run = rt.store.run(shown) if shown is not None else None
 with live_tab:
-    live()
+    (live if shown_run is not None and shown_run["status"] == "running" else still)()
     if selected is not None:
         panels.render_downloads(rt, selected)
         if st.button("Compare with the previous run", key="compare_previous"):

@@ -211,10 +211,38 @@ def steady_state(steps: pd.DataFrame, warmup_s: float) -> pd.DataFrame:
     return steps[steps["ts"] - steps["wait_s"] >= t0 + warmup_s]
 
 
-def downsample(df: pd.DataFrame, max_points: int, time_col: str = "t") -> pd.DataFrame:
-    """At most `max_points` rows: means of consecutive groups (keeps the sawtooth's shape
-    better than picking every n-th row, which aliases)."""
+def downsample(df: pd.DataFrame, max_points: int, time_col: str = "t",
+               value_col: str | None = None) -> pd.DataFrame:
+    """At most `max_points` rows, chosen by MinMaxLTTB (tsdownsample) on `value_col` (the
+    first column after `time_col` by default): each bucket's extremes survive, so a
+    sawtooth keeps its peaks and troughs at every zoom, where group means would flatten it."""
     if len(df) <= max_points:
         return df
-    group = np.arange(len(df)) * max_points // len(df)
-    return df.groupby(group).mean(numeric_only=True).reset_index(drop=True)
+    from tsdownsample import MinMaxLTTBDownsampler
+
+    col = value_col or next(c for c in df.columns if c != time_col)
+    x = df[time_col].to_numpy(dtype=float)
+    y = np.nan_to_num(df[col].to_numpy(dtype=float))
+    idx = MinMaxLTTBDownsampler().downsample(x, y, n_out=max(max_points, 4))
+    return df.iloc[np.sort(idx)].reset_index(drop=True)
+
+
+def busy_from_seconds(sec: pd.DataFrame, bin_s: float = BUSY_BIN_S) -> pd.DataFrame:
+    """Device busy per second from the per-second rollup: the mean (Σ compute / 1 s), and
+    the envelope the 50 ms bins would show inside that second (a bin is fully busy when a
+    step computed at least a bin long, fully idle when one waited that long). Columns: t,
+    busy, busy_min, busy_max."""
+    if sec.empty:
+        return pd.DataFrame({c: pd.Series(dtype=float) for c in ("t", "busy", "busy_min",
+                                                                   "busy_max")})
+    if sec["rank"].nunique() == 1:  # one process: a row per second already
+        g = sec.set_index("sec").assign(ranks=1)
+    else:
+        g = sec.groupby("sec").agg(compute_s=("compute_s", "sum"), ranks=("rank", "nunique"),
+                                   max_wait_s=("max_wait_s", "max"),
+                                   max_compute_s=("max_compute_s", "max"))
+    busy = np.clip(g["compute_s"] / g["ranks"], 0.0, 1.0)
+    lo = np.where(g["max_wait_s"] >= bin_s, 0.0, np.clip(1 - g["max_wait_s"] / bin_s, 0, 1))
+    hi = np.where(g["max_compute_s"] >= bin_s, 1.0, np.clip(g["max_compute_s"] / bin_s, 0, 1))
+    return pd.DataFrame({"t": g.index.to_numpy(dtype=float), "busy": busy.to_numpy(),
+                         "busy_min": np.minimum(lo, busy), "busy_max": np.maximum(hi, busy)})

@@ -3,8 +3,8 @@ advice and evidence. The page, `measure`, `run --json`, sweeps and the autotuner
 `assess`; they differ only in which window they pick, and the two choices live here too:
 
 - `steady_window`: a run's final loader settings (its last config generation), less the
-  warm-up (thresholds.warmup_seconds of that span). What measure, run, sweep and tune report,
-  and what the page shows for a run that has ended.
+  warm-up (thresholds.warmup_seconds of that span); of a long run, its last STEADY_MAX_S.
+  What measure, run, sweep and tune report, and what the page shows for a run that ended.
 - `recent_window`: the page's live KPI window, the last KPI_WINDOW_S seconds, or less since the
   last loader change (its warm-up discarded).
 """
@@ -21,7 +21,7 @@ import pandas as pd
 from monitor import analysis
 from monitor.diagnosis import Diagnosis, Features, diagnose, features
 from monitor.diagnosis.straggler import RankFigures, straggler_diagnosis, stragglers
-from monitor.diagnosis.thresholds import KPI_WINDOW_S, MIN_STEPS, warmup_seconds
+from monitor.diagnosis.thresholds import KPI_WINDOW_S, MIN_STEPS, STEADY_MAX_S, warmup_seconds
 from monitor.records import CpuBudget
 
 if TYPE_CHECKING:
@@ -114,16 +114,21 @@ def steady_window(store: Store, run_id: int) -> Window | None:
     run = store.run(run_id)
     if run is None:
         return None
-    steps = store.steps(run_id)
-    if steps.empty:
+    last = store.last_step_ts(run_id)
+    if last is None:
+        steps = store.steps(run_id)
         return Window(run, steps, steps.iloc[0:0], "no steps yet")
+    steps = store.steps(run_id, since=last - STEADY_MAX_S)  # a day-long run: its last minutes
+    cut = float((steps["ts"] - steps["wait_s"]).min()) > float(run["started_at"]) + 1.0 and \
+        store.steps(run_id, since=last - STEADY_MAX_S - 5.0, until=last - STEADY_MAX_S
+                    ).shape[0] > 0
     if "rank" in steps.columns:  # each rank's final settings (ranks change on their own)
         steps = steps[steps["config_seq"] == steps.groupby("rank")["config_seq"]
                       .transform("max")]
     else:
         steps = steps[steps["config_seq"] == steps["config_seq"].max()]
     start, end = analysis.span(steps)
-    settled = analysis.steady_state(steps, warmup_seconds(end - start))
+    settled = steps if cut else analysis.steady_state(steps, warmup_seconds(end - start))
     if len(settled) >= MIN_STEPS:
         steps = settled
     start, end = analysis.span(steps)

@@ -35,7 +35,7 @@ def test_page_opens_on_the_starving_default_and_a_slider_reaches_the_manager(app
     manager = get_runtime().manager
     assert manager.is_alive() and manager.config.preset == "starving"
     assert manager.config.num_workers == 0
-    assert any("simulated accelerator" in i.value for i in app.info)
+    assert any("simulated accelerator" in c.value for c in app.caption)
     assert app.sidebar.slider(key="cfg_prefetch_factor").disabled  # no workers yet
 
     app.sidebar.slider(key="cfg_num_workers").set_value(2).run()

@@ -71,6 +71,9 @@ STALL_ENV = "STARVATION_MONITOR_STALL_MIN_S"  # tests shorten STALL_MIN_S
 # (after a loader change).
 WARMUP_FRACTION = 0.2
 WARMUP_MAX_S = 2.0
+# The steady state of a long run is its last STEADY_MAX_S of the final settings: ten minutes
+# hold thousands of steps (plenty for every figure), and an hours-long run opens at once.
+STEADY_MAX_S = 600.0
 # The page's KPI window: the last this-many seconds.
 KPI_WINDOW_S = 10.0
 

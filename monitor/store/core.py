@@ -22,6 +22,7 @@ if TYPE_CHECKING:  # pandas is imported on first read: a training script's probe
 
 from monitor.records import RECORD_TABLES, as_row, columns, sql_type
 from monitor.store.errors import StoreError, explain
+from monitor.store.rollups import ROLLUP_SCHEMA, Rollups
 from monitor.store.schema import SCHEMA
 from monitor.store.shared import SharedState
 
@@ -38,7 +39,7 @@ def default_path() -> Path:
     return Path(os.environ.get(ENV_VAR) or DEFAULT_PATH)
 
 
-class Store(SharedState):
+class Store(SharedState, Rollups):
     """Thread-safe access to one SQLite file (a connection per thread)."""
 
     def __init__(self, path: str | os.PathLike[str] | None = None) -> None:
@@ -100,7 +101,7 @@ class Store(SharedState):
                 f"cannot put {self.path} in WAL mode (got {mode!r}); place the store on a "
                 "local disk (--db or $STARVATION_MONITOR_DB)"
             )
-        conn.executescript(SCHEMA)
+        conn.executescript(SCHEMA + ROLLUP_SCHEMA)
         have = {r[1] for r in conn.execute("PRAGMA table_info(runs)")}
         for col in ("device", "accelerator_kind"):  # columns added since 0.1
             if col not in have:
@@ -341,23 +342,45 @@ class Store(SharedState):
                          "compute_seconds": c or 0.0, "step_seconds": (w or 0.0) + (c or 0.0)}
                 for r, n, s, w, c in rows}
 
-    def host_samples(self, since: float, until: float | None = None) -> pd.DataFrame:
-        return self._frame(
-            "SELECT * FROM host_samples WHERE ts >= ? AND ts <= ? ORDER BY ts",
-            (since, until if until is not None else 1e18),
-        )
+    def last_step_ts(self, run_id: int) -> float | None:
+        row = self._conn().execute("SELECT MAX(ts) FROM steps WHERE run_id = ?",
+                                   (run_id,)).fetchone()
+        return float(row[0]) if row and row[0] is not None else None
 
-    def gpu_samples(self, since: float, until: float | None = None) -> pd.DataFrame:
-        return self._frame(
-            "SELECT * FROM gpu_samples WHERE ts >= ? AND ts <= ? ORDER BY ts",
-            (since, until if until is not None else 1e18),
-        )
+    def host_samples(self, since: float, until: float | None = None,
+                     bucket_s: float | None = None) -> pd.DataFrame:
+        """Host rows over [since, until]; with `bucket_s`, one row per bucket (means; the
+        last per-core reading) for charts of long windows."""
+        return self._rows("host_samples", since, until, bucket_s, ("run_id", "rank"))
 
-    def gpu_util(self, since: float, until: float | None = None) -> pd.DataFrame:
-        return self._frame(
-            "SELECT * FROM gpu_util WHERE ts >= ? AND ts <= ? ORDER BY ts",
-            (since, until if until is not None else 1e18),
-        )
+    def gpu_samples(self, since: float, until: float | None = None,
+                    bucket_s: float | None = None) -> pd.DataFrame:
+        return self._rows("gpu_samples", since, until, bucket_s, ("gpu",))
+
+    def gpu_util(self, since: float, until: float | None = None,
+                 bucket_s: float | None = None) -> pd.DataFrame:
+        """Every NVML utilization sample; with `bucket_s`, each bucket's highest (a chart
+        of a day keeps the peaks)."""
+        return self._rows("gpu_util", since, until, bucket_s, ("gpu",), agg="MAX")
+
+    def _rows(self, table: str, since: float, until: float | None, bucket_s: float | None,
+              keys: tuple[str, ...], agg: str = "AVG") -> pd.DataFrame:
+        params = (since, until if until is not None else 1e18)
+        if not bucket_s:
+            return self._frame(f"SELECT * FROM {table} WHERE ts >= ? AND ts <= ? ORDER BY ts",
+                               params)
+        info = self._conn().execute(f"PRAGMA table_info({table})").fetchall()
+        cols = []
+        for _, name, typ, *_ in info:
+            if name == "ts":
+                cols.append(f"CAST(ts / {bucket_s!r} AS INTEGER) * {bucket_s!r} AS ts")
+            elif name in keys:
+                cols.append(name)
+            else:
+                cols.append(f"{agg if typ in ('REAL', 'INTEGER') else 'MAX'}({name}) AS {name}")
+        group = ", ".join(("CAST(ts / ? AS INTEGER)", *keys))
+        return self._frame(f"SELECT {', '.join(cols)} FROM {table} WHERE ts >= ? AND ts <= ? "
+                           f"GROUP BY {group} ORDER BY 1", (*params, bucket_s))
 
     def events(self, run_id: int, since: float | None = None,
                kinds: tuple[str, ...] | None = None) -> pd.DataFrame:

@@ -135,7 +135,8 @@ class SharedState:
         marks = ", ".join("?" * len(run_ids))
         with conn:
             conn.execute("BEGIN")
-            for table in ("steps", "host_samples", "events", "control", "ranks", "runs"):
+            for table in ("steps", "step_seconds", "host_samples", "events", "control", "ranks",
+                          "runs"):
                 col = "id" if table == "runs" else "run_id"
                 if run_ids:
                     conn.execute(f"DELETE FROM {table} WHERE {col} IN ({marks})", run_ids)

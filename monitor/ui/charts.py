@@ -7,7 +7,8 @@ MAX_POINTS points each. Config events are drawn on every chart as labelled verti
 from __future__ import annotations
 
 import json
-from datetime import datetime
+from datetime import datetime, timedelta
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -17,7 +18,7 @@ from plotly.subplots import make_subplots
 from monitor.analysis import downsample
 from monitor.records import GpuSample, HostSample, label
 
-MAX_POINTS = 5000
+MAX_POINTS = 1200  # per trace: about a point per pixel of a wide chart
 MEAN_WINDOW_S = 1.0
 MAX_MARKERS = 12
 COLORS = {
@@ -25,12 +26,25 @@ COLORS = {
     "throughput": "#9467bd", "marker": "#555555",
 }
 _LOCAL_TZ = datetime.now().astimezone().tzinfo
+_UTC_OFFSET_S = (datetime.now(_LOCAL_TZ).utcoffset() or timedelta(0)).total_seconds()
 
 
 def to_time(ts: pd.Series | list[float]) -> pd.Series:
     """Wall seconds -> local naive datetimes for the x axis."""
     s = pd.to_datetime(pd.Series(ts, dtype=float), unit="s", utc=True)
     return s.dt.tz_convert(_LOCAL_TZ).dt.tz_localize(None)
+
+
+def x_ms(ts: Any) -> np.ndarray:
+    """Wall seconds -> local milliseconds, which a date axis reads as local times: numbers
+    are faster to build and smaller to send than date strings (numpy arrays: plotly checks
+    them whole, not element by element)."""
+    return np.round((np.asarray(ts, dtype=float) + _UTC_OFFSET_S) * 1000.0, 1)
+
+
+def y_list(v: Any, scale: float = 1.0) -> np.ndarray:
+    """Values as float32: half the bytes on the wire, and more precision than a chart shows."""
+    return (np.asarray(v, dtype=float) * scale).astype(np.float32)
 
 
 def set_x_range(fig: go.Figure, x_range: tuple[float, float] | None) -> go.Figure:
@@ -41,64 +55,81 @@ def set_x_range(fig: go.Figure, x_range: tuple[float, float] | None) -> go.Figur
     return fig
 
 
-def _layout(fig: go.Figure, title: str, ytitle: str, height: int = 340) -> go.Figure:
-    fig.update_layout(
-        title={"text": title, "x": 0.01, "font": {"size": 14}},
-        height=height, margin={"l": 50, "r": 10, "t": 40, "b": 30},
-        legend={"orientation": "h", "y": -0.15, "yanchor": "top", "x": 0.0,
-                "xanchor": "left", "font": {"size": 11}},
-        hovermode="x unified", uirevision="keep",
-    )
-    fig.update_yaxes(title_text=ytitle)
-    return fig
+def layout(title: str, ytitle: str, height: int = 340,
+           x_range: tuple[float, float] | None = None, **extra: Any) -> dict:
+    """The layout every time chart shares (as a dict: building figures from dicts once is
+    ten times cheaper than updating plotly objects step by step)."""
+    xaxis: dict[str, Any] = {"type": "date"}
+    if x_range is not None:
+        xaxis["range"] = x_ms(list(x_range)).tolist()
+    out = {"title": {"text": title, "x": 0.01, "font": {"size": 14}}, "height": height,
+           "margin": {"l": 50, "r": 10, "t": 40, "b": 30},
+           "legend": {"orientation": "h", "y": -0.15, "yanchor": "top", "x": 0.0,
+                      "xanchor": "left", "font": {"size": 11}},
+           "hovermode": "x unified", "uirevision": "keep", "xaxis": xaxis,
+           "yaxis": {"title": {"text": ytitle}}}
+    out.update(extra)
+    return out
 
 
-def add_markers(fig: go.Figure, events: pd.DataFrame) -> go.Figure:
+def markers(events: pd.DataFrame | None, lay: dict) -> dict:
     """A dashed vertical line and a label for each config event (the newest MAX_MARKERS)."""
     if events is None or events.empty:
-        return fig
+        return lay
     ev = events[events["kind"] == "config"].tail(MAX_MARKERS)
-    xs = to_time(ev["ts"])
-    for i, (x, text) in enumerate(zip(xs, ev["label"], strict=True)):
-        fig.add_shape(type="line", x0=x, x1=x, y0=0, y1=1, xref="x", yref="paper",
-                      line={"color": COLORS["marker"], "width": 1, "dash": "dash"})
-        fig.add_annotation(x=x, y=1.0 - 0.09 * (i % 3), xref="x", yref="paper", text=text,
-                           showarrow=False, xanchor="left", yanchor="top",
-                           font={"size": 10, "color": COLORS["marker"]},
-                           bgcolor="rgba(255,255,255,0.75)")
-    return fig
+    xs = x_ms(ev["ts"]).tolist()
+    lay["shapes"] = [{"type": "line", "x0": x, "x1": x, "y0": 0, "y1": 1, "xref": "x",
+                      "yref": "paper", "line": {"color": COLORS["marker"], "width": 1,
+                                                "dash": "dash"}} for x in xs]
+    lay["annotations"] = lay.get("annotations", []) + [
+        {"x": x, "y": 1.0 - 0.09 * (i % 3), "xref": "x", "yref": "paper", "text": str(text),
+         "showarrow": False, "xanchor": "left", "yanchor": "top",
+         "font": {"size": 10, "color": COLORS["marker"]}, "bgcolor": "rgba(255,255,255,0.75)"}
+        for i, (x, text) in enumerate(zip(xs, ev["label"], strict=True))]
+    return lay
+
+
+def line(x: Any, y: Any, name: str | None, **kw: Any) -> dict:
+    return {"type": "scatter", "mode": "lines", "x": x, "y": y, "name": name, **kw}
 
 
 def utilization_figure(
     busy: pd.DataFrame, gpu: pd.DataFrame | None = None, events: pd.DataFrame | None = None,
     simulated: bool = True, x_range: tuple[float, float] | None = None,
 ) -> go.Figure:
-    """The sawtooth chart: step-derived device busy (50 ms bins) and NVML utilization."""
-    fig = go.Figure()
-    b = downsample(busy, MAX_POINTS)
-    name = "device busy, 50 ms bins" + (" (simulated accelerator)" if simulated else "")
-    x = to_time(b["t"])
-    fig.add_trace(go.Scatter(x=x, y=b["busy"] * 100, name=name, mode="lines",
-                             line={"color": COLORS["busy"], "width": 1, "shape": "hv"},
-                             opacity=0.45))
+    """The sawtooth chart: step-derived device busy (50 ms bins, or a long window's
+    per-second envelope of them) and its 1 s mean, with NVML's utilization."""
+    data = []
+    if "busy_max" in busy.columns:  # a long window's per-second rollup: the 50 ms envelope
+        e = downsample(busy, MAX_POINTS, value_col="busy_max")
+        x = x_ms(e["t"])
+        data += [line(x, y_list(e["busy_max"], 100), None, showlegend=False, opacity=0.35,
+                      line={"color": COLORS["busy"], "width": 0.5}),
+                 line(x, y_list(e["busy_min"], 100),
+                      "50 ms bins: highest and lowest in each second", fill="tonexty",
+                      opacity=0.35, line={"color": COLORS["busy"], "width": 0.5})]
+        busy = busy[["t", "busy"]]
+    else:
+        b = downsample(busy, MAX_POINTS)
+        data.append(line(x_ms(b["t"]), y_list(b["busy"], 100), "device busy, 50 ms bins"
+                         + (" (simulated accelerator)" if simulated else ""), opacity=0.45,
+                         line={"color": COLORS["busy"], "width": 1, "shape": "hv"}))
     if len(busy) > 1:  # the sawtooth's running mean: where it sits is the starvation
         bins = max(1, int(round(MEAN_WINDOW_S / max(float(busy["t"].diff().median()), 1e-9))))
         mean = busy["busy"].rolling(bins, min_periods=1).mean()
         m = downsample(pd.DataFrame({"t": busy["t"], "busy": mean}), MAX_POINTS)
-        fig.add_trace(go.Scatter(x=to_time(m["t"]), y=m["busy"] * 100,
-                                 name=f"device busy, {MEAN_WINDOW_S:g} s mean", mode="lines",
-                                 line={"color": COLORS["busy"], "width": 2.5}))
+        data.append(line(x_ms(m["t"]), y_list(m["busy"], 100),
+                         f"device busy, {MEAN_WINDOW_S:g} s mean",
+                         line={"color": COLORS["busy"], "width": 2.5}))
     if gpu is not None and not gpu.empty:  # the gpu_util frame: every driver sample
         for idx, g in gpu.groupby("gpu"):
             g = downsample(g[["ts", "util_pct"]].rename(columns={"ts": "t"}), MAX_POINTS)
-            fig.add_trace(go.Scatter(x=to_time(g["t"]), y=g["util_pct"],
-                                     name=f"GPU {idx} utilization (NVML)", mode="lines",
-                                     line={"color": COLORS["gpu"], "width": 1.5,
-                                           "shape": "hv"}))
-    fig.update_yaxes(range=[-2, 105], ticksuffix="%")
-    add_markers(fig, events)
-    set_x_range(fig, x_range)
-    return _layout(fig, "Device utilization (a sawtooth = starved)", "busy")
+            data.append(line(x_ms(g["t"]), y_list(g["util_pct"]),
+                             f"GPU {idx} utilization (NVML)",
+                             line={"color": COLORS["gpu"], "width": 1.5, "shape": "hv"}))
+    lay = layout("Device utilization (a sawtooth = starved)", "busy", 300, x_range)
+    lay["yaxis"].update(range=[-2, 105], ticksuffix="%")
+    return go.Figure({"data": data, "layout": markers(events, lay)})
 
 
 RANK_LINES_MAX = 8  # beyond this many ranks: min/median/max band and the worst ranks by name
@@ -109,28 +140,24 @@ def rank_wait_figure(steps: pd.DataFrame, events: pd.DataFrame | None = None,
                      x_range: tuple[float, float] | None = None) -> go.Figure:
     """Data wait per step, per rank, averaged per second: one line per rank up to
     RANK_LINES_MAX; beyond, the min-median-max band over ranks and the 3 worst ranks."""
-    fig = go.Figure()
+    data = []
     if not steps.empty and "rank" in steps.columns:
         t0 = float(steps["ts"].min())
         b = ((steps["ts"] - t0) // RANK_BIN_S).astype(int)
         per = steps.assign(bin=b).groupby(["bin", "rank"])["wait_s"].mean().unstack("rank")
-        x = to_time(t0 + per.index.to_numpy() * RANK_BIN_S)
-        ranks = list(per.columns)
-        if len(ranks) <= RANK_LINES_MAX:
-            shown = ranks
-        else:
+        x = x_ms(t0 + per.index.to_numpy() * RANK_BIN_S)
+        shown = list(per.columns)
+        if len(shown) > RANK_LINES_MAX:
             for name, q, fill in (("min", per.min(axis=1), None),
                                   ("median", per.median(axis=1), "tonexty"),
                                   ("max", per.max(axis=1), "tonexty")):
-                fig.add_trace(go.Scatter(x=x, y=q * 1000, name=f"{name} over ranks",
-                                         mode="lines", fill=fill, line={"width": 1}))
+                data.append(line(x, y_list(q, 1000), f"{name} over ranks", fill=fill,
+                                 line={"width": 1}))
             shown = list(per.mean().sort_values(ascending=False).index[:3])
-        for r in shown:
-            fig.add_trace(go.Scatter(x=x, y=per[r] * 1000, name=f"rank {r}", mode="lines",
-                                     line={"width": 2}))
-    add_markers(fig, events)
-    set_x_range(fig, x_range)
-    return _layout(fig, "Data wait per step, by rank (1 s means)", "ms")
+        data += [line(x, y_list(per[r], 1000), f"rank {r}", line={"width": 2})
+                 for r in shown]
+    lay = layout("Data wait per step, by rank (1 s means)", "ms", 340, x_range)
+    return go.Figure({"data": data, "layout": markers(events, lay)})
 
 
 def wait_compute_figure(
@@ -138,73 +165,82 @@ def wait_compute_figure(
     x_range: tuple[float, float] | None = None,
 ) -> go.Figure:
     """Per step, stacked: compute (bottom) and data wait (top); their sum is the step time."""
-    fig = go.Figure()
+    data = []
     if not steps.empty:
-        s = downsample(steps[["ts", "wait_s", "compute_s"]], MAX_POINTS, "ts")
-        x = to_time(s["ts"])
-        fig.add_trace(go.Scatter(x=x, y=s["compute_s"] * 1000, name="compute", mode="lines",
-                                 stackgroup="step", line={"color": COLORS["compute"],
-                                                          "width": 0.5}))
-        fig.add_trace(go.Scatter(x=x, y=s["wait_s"] * 1000, name="data wait", mode="lines",
-                                 stackgroup="step", line={"color": COLORS["wait"],
-                                                          "width": 0.5}))
-    fig.update_yaxes(rangemode="tozero")
-    add_markers(fig, events)
-    set_x_range(fig, x_range)
-    return _layout(fig, "Data wait vs compute per step", "ms per step")
+        s = steps[["ts", "wait_s", "compute_s"]]
+        s = downsample(s.assign(step=s["wait_s"] + s["compute_s"]), MAX_POINTS, "ts", "step")
+        x = x_ms(s["ts"])
+        data = [line(x, y_list(s["compute_s"], 1000), "compute", stackgroup="step",
+                     line={"color": COLORS["compute"], "width": 0.5}),
+                line(x, y_list(s["wait_s"], 1000), "data wait", stackgroup="step",
+                     line={"color": COLORS["wait"], "width": 0.5})]
+    lay = layout("Data wait vs compute per step", "ms per step", 340, x_range)
+    lay["yaxis"]["rangemode"] = "tozero"
+    return go.Figure({"data": data, "layout": markers(events, lay)})
 
 
 def throughput_figure(
     thr: pd.DataFrame, events: pd.DataFrame | None = None,
     x_range: tuple[float, float] | None = None,
 ) -> go.Figure:
-    fig = go.Figure()
     t = downsample(thr, MAX_POINTS)
-    fig.add_trace(go.Scatter(x=to_time(t["t"]), y=t["throughput"], name="samples/s",
-                             mode="lines", line={"color": COLORS["throughput"], "width": 1.5,
-                                                 "shape": "hv"}))
-    fig.update_yaxes(rangemode="tozero")
-    add_markers(fig, events)
-    set_x_range(fig, x_range)
-    return _layout(fig, "Throughput", "samples/s")
+    data = [line(x_ms(t["t"]), y_list(t["throughput"]), "samples/s",
+                 line={"color": COLORS["throughput"], "width": 1.5, "shape": "hv"})]
+    lay = layout("Throughput", "samples/s", 340, x_range)
+    lay["yaxis"]["rangemode"] = "tozero"
+    return go.Figure({"data": data, "layout": markers(events, lay)})
+
+
+def _cores(col: pd.Series) -> tuple[int, np.ndarray]:
+    """The per-core CPU column (a JSON list per row) as a rows x cores array, in one parse."""
+    rows = [v if isinstance(v, str) else "[]" for v in col]
+    n = max((v.count(",") + 1 for v in rows if v != "[]"), default=0)
+    if n == 0:
+        return 0, np.empty((len(rows), 0))
+    fixed = [v if v.count(",") + 1 == n else "[" + ",".join(["null"] * n) + "]" for v in rows]
+    parsed = json.loads("[" + ",".join(fixed) + "]")
+    return n, np.array(parsed, dtype=float)
+
+
+HOST_ROWS = {"y": (0.70, 1.0), "y2": (0.36, 0.64), "y3": (0.0, 0.30)}
 
 
 def host_figure(
     host: pd.DataFrame, events: pd.DataFrame | None = None,
     x_range: tuple[float, float] | None = None,
 ) -> go.Figure:
-    """Host: CPU per core; memory and /dev/shm; the workload's DataLoader workers."""
-    fig = make_subplots(rows=3, cols=1, shared_xaxes=True, vertical_spacing=0.06,
-                        subplot_titles=("CPU per core (%)", "memory (MB)",
-                                        "DataLoader workers: count, CPU (%), RSS (MB)"),
-                        specs=[[{}], [{}], [{"secondary_y": True}]])
+    """Host: CPU per core; memory and /dev/shm; the workload's DataLoader workers (three
+    stacked panels on one time axis)."""
+    data = []
     if not host.empty:
         h = host.copy()
-        cores = h["cpu_per_core"].map(lambda v: json.loads(v) if isinstance(v, str) else [])
-        n = int(cores.map(len).max() or 0)
+        n, per_core = _cores(h["cpu_per_core"])
         for c in range(n):
-            h[f"core{c}"] = cores.map(lambda v, c=c: v[c] if c < len(v) else None)
+            h[f"core{c}"] = per_core[:, c]
         cols = ["ts", "mem_used_mb", "shm_used_mb", "proc_rss_mb", "workers",
                 "workers_cpu_pct", "workers_rss_mb"] + [f"core{c}" for c in range(n)]
-        h = downsample(h[cols].astype(float), MAX_POINTS, "ts")
-        x = to_time(h["ts"])
-        for c in range(n):
-            fig.add_trace(go.Scatter(x=x, y=h[f"core{c}"], name=f"core {c}", mode="lines",
-                                     line={"width": 1}, legendgroup="cpu"), row=1, col=1)
-        for name, row in (("mem_used_mb", 2), ("shm_used_mb", 2), ("proc_rss_mb", 2),
-                          ("workers_cpu_pct", 3), ("workers_rss_mb", 3)):
-            fig.add_trace(go.Scatter(x=x, y=h[name], name=label(HostSample, name),
-                                     mode="lines"), row=row, col=1)
-        fig.add_trace(go.Scatter(x=x, y=h["workers"], name=label(HostSample, "workers"),
-                                 mode="lines", line={"shape": "hv", "dash": "dot"}),
-                      row=3, col=1, secondary_y=True)
-    fig.update_yaxes(range=[0, 105], row=1, col=1)
-    add_markers(fig, events)
-    set_x_range(fig, x_range)
-    fig.update_layout(height=480, margin={"l": 50, "r": 10, "t": 40, "b": 30},
-                      hovermode="x unified", uirevision="keep",
-                      title={"text": "Host", "x": 0.01, "font": {"size": 14}})
-    return fig
+        h = downsample(h[[c for c in cols if c in h.columns]].astype(float), MAX_POINTS, "ts")
+        x = x_ms(h["ts"])
+        data += [line(x, y_list(h[f"core{c}"]), f"core {c}", yaxis="y", line={"width": 1},
+                      legendgroup="cpu") for c in range(n)]
+        data += [line(x, y_list(h[name]), label(HostSample, name), yaxis=ax)
+                 for name, ax in (("mem_used_mb", "y2"), ("shm_used_mb", "y2"),
+                                  ("proc_rss_mb", "y2"), ("workers_cpu_pct", "y3"),
+                                  ("workers_rss_mb", "y3")) if name in h.columns]
+        if "workers" in h.columns:
+            data.append(line(x, y_list(h["workers"]), label(HostSample, "workers"),
+                             yaxis="y4", line={"shape": "hv", "dash": "dot"}))
+    lay = layout("Host", "", 480, x_range)
+    titles = ("CPU per core (%)", "memory (MB)", "DataLoader workers: count, CPU (%), RSS (MB)")
+    for (ax, (lo, hi)), title in zip(HOST_ROWS.items(), titles, strict=True):
+        lay["yaxis" + ax[1:]] = {"domain": [lo, hi], "anchor": "x"}
+        lay.setdefault("annotations", []).append(
+            {"text": title, "x": 0.0, "y": hi, "xref": "paper", "yref": "paper",
+             "showarrow": False, "xanchor": "left", "yanchor": "bottom",
+             "font": {"size": 12}})
+    lay["yaxis"]["range"] = [0, 105]
+    lay["yaxis4"] = {"overlaying": "y3", "side": "right", "anchor": "x"}
+    return go.Figure({"data": data, "layout": markers(events, lay)})
 
 
 def gpu_figure(
@@ -242,7 +278,7 @@ def gpu_figure(
                                          name=label(GpuSample, name)),
                               row=row, col=1, secondary_y=secondary)
     fig.update_yaxes(range=[0, 105], row=1, col=1)
-    add_markers(fig, events)
+    fig.update_layout(markers(events, {}))
     set_x_range(fig, x_range)
     fig.update_layout(height=520, margin={"l": 50, "r": 10, "t": 40, "b": 30},
                       hovermode="x unified", uirevision="keep",
@@ -287,6 +323,13 @@ def sweep_figure(results: pd.DataFrame, x: str = "num_workers", series: str | No
     return fig
 
 
+def _plain_layout(fig: go.Figure, title: str, ytitle: str) -> go.Figure:
+    lay = layout(title, ytitle)
+    lay.pop("xaxis")
+    fig.update_layout(lay)
+    return fig
+
+
 def overlay_figure(series: dict[str, pd.DataFrame], title: str, ytitle: str,
                    percent: bool = False) -> go.Figure:
     """Runs overlaid on one axis, aligned at each run's start: frames of (s, value)."""
@@ -298,7 +341,7 @@ def overlay_figure(series: dict[str, pd.DataFrame], title: str, ytitle: str,
     fig.update_xaxes(title_text="seconds since the run started")
     if percent:
         fig.update_yaxes(range=[-2, 105], ticksuffix="%")
-    return _layout(fig, title, ytitle)
+    return _plain_layout(fig, title, ytitle)
 
 
 def ecdf_figure(waits: dict[str, pd.Series]) -> go.Figure:
@@ -313,4 +356,4 @@ def ecdf_figure(waits: dict[str, pd.Series]) -> go.Figure:
                                  mode="lines", line={"shape": "hv", "width": 1.5}))
     fig.update_xaxes(title_text="data wait per step (ms)")
     fig.update_yaxes(range=[0, 1.02], tickformat=".0%")
-    return _layout(fig, "Data wait per step: share of steps at or below", "steps")
+    return _plain_layout(fig, "Data wait per step: share of steps at or below", "steps")
