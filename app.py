@@ -9,7 +9,7 @@ from monitor.diagnosis import SIMULATED
 from monitor.gpu import workload_gpu
 from monitor.ui import panels
 from monitor.ui.compare_panel import ask_compare_with_previous, render_compare
-from monitor.ui.controls import render_controls
+from monitor.ui.controls import render_controls, shown_step_ms
 from monitor.ui.resources import get_runtime
 from monitor.ui.sweep_panel import render_sweep_controls, render_sweep_progress
 from monitor.ui.text import plain
@@ -116,6 +116,9 @@ def live_region() -> None:
         panels.render_attached_controls(rt.store, view.run, ranks)
     if view.run["status"] != "running" and st.session_state.get("_live_fragment"):
         st.rerun()  # it ended: the still view takes over (an ended run is not re-read)
+    if manager.config.step_time_ms is None and st.session_state.get("_step_synced") not in (
+            None, shown_step_ms(manager.config, rt.store)):
+        st.rerun()  # the calibrated step is known now: the sidebar shows the real one
 
 
 @st.fragment(run_every=1.0)
@@ -145,6 +148,8 @@ with live_tab:
         panels.render_downloads(rt, selected)
         if st.button("Compare with the previous run", key="compare_previous"):
             ask_compare_with_previous(run_ids, selected)
+    st.caption(plain(f"Store {rt.store.path}: {rt.store.size_bytes() / 1e6:,.1f} MB "
+                     "(python -m monitor gc --keep-days N or --max-mb M trims it)"))
 with compare_tab:
     render_compare(rt, run_ids, labels)
 with sweep_tab:

@@ -90,6 +90,8 @@ def gate(a: Side, b: Side, max_regression_pct: float) -> tuple[bool, str]:
                       f"runs' {noise_text}")
     if not beyond_noise:
         return False, f"{text}: within the runs' {noise_text}"
+    if d > 0:
+        return False, f"{text}: faster, beyond the runs' {noise_text}"
     return False, f"{text}: within the allowed {max_regression_pct:g}% ({noise_text})"
 
 

@@ -44,5 +44,16 @@ PRESET_SPECS: dict[str, PresetSpec] = {
 }
 
 
+def calibrated_step_ms(preset: str, sample_cost_s: float | None, batch_size: int
+                       ) -> float | None:
+    """A calibrated preset's simulated step: step_ratio x the loading time of a batch, from
+    the per-sample cost the workload measured (None: not a calibrated preset, or no
+    measurement yet)."""
+    spec = PRESET_SPECS.get(preset)
+    if spec is None or spec.step_ratio is None or sample_cost_s is None:
+        return None
+    return spec.step_ratio * sample_cost_s * batch_size * 1000.0
+
+
 def preset_batch_size(preset: str) -> int:
     return PRESET_SPECS[preset].batch_size

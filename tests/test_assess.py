@@ -23,7 +23,7 @@ CONFIG = LoaderConfig.build(preset="starving", num_workers=0, batch_size=32,
 
 def stored_run(store, kind: str = "simulated", status: str = "stopped",
                config: dict | None = None, run_kind: str = "managed",
-               t0: float = 1_700_000_000.0) -> int:
+               t0: float = 1_700_000_000.0, wait_s: float = 0.06) -> int:
     """A finished run of 20 s: a starving sawtooth (60 ms wait, 40 ms compute per step) with
     host samples at 4 Hz showing the main process loading on one core."""
     cfg = config if config is not None else CONFIG.to_dict()
@@ -31,7 +31,7 @@ def stored_run(store, kind: str = "simulated", status: str = "stopped",
     store.update_run(run, accelerator_kind=kind, accelerator=f"test device ({kind})")
     steps, t = [], t0
     for i in range(200):
-        wait = 0.06 + 0.01 * (i % 3)
+        wait = wait_s + 0.01 * (i % 3)
         t += wait
         steps.append(StepRecord(run, i, i // 100, t, wait, 0.04, 32, 0))
         t += 0.04

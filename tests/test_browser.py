@@ -20,6 +20,16 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
 ARTIFACTS = ROOT / "artifacts"
+# UPDATE_SCREENSHOTS=1 writes the README's pictures (docs/img/) instead of artifacts/
+SHOTS = ROOT / "docs" / "img" if os.environ.get("UPDATE_SCREENSHOTS") else ARTIFACTS
+
+
+def console_errors(page) -> list[str]:
+    """Collects the page's console errors (plotly's SVG errors among them) as they come."""
+    errors: list[str] = []
+    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    return errors
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
 
@@ -76,7 +86,8 @@ def test_page_shows_sawtooth_and_reacts_to_num_workers(server):
             executable_path=CHROMIUM,
             args=["--no-sandbox", "--disable-gpu", "--disable-background-networking",
                   "--disable-component-update", "--no-first-run"])
-        page = browser.new_page(viewport={"width": 1500, "height": 1700})
+        page = browser.new_page(viewport={"width": 1500, "height": 1000})
+        errors = console_errors(page)
         page.goto(url)
         # starving on a quiet machine; with this browser and the server on the same two
         # cores the diagnosis may rightly say cpu-bound: either way a verdict with numbers
@@ -86,7 +97,13 @@ def test_page_shows_sawtooth_and_reacts_to_num_workers(server):
         expect(verdict.first).to_be_visible(timeout=90_000)
         expect(page.locator(".js-plotly-plot").first).to_be_visible(timeout=30_000)
         expect(page.get_by_text("Device utilization (a sawtooth").first).to_be_visible()
-        page.screenshot(path=str(ARTIFACTS / "browser-before.png"), full_page=True)
+        # the picture first: the sawtooth and the KPI row fit a 1500x1000 window unscrolled
+        chart = page.locator(".js-plotly-plot").first.bounding_box()
+        kpi = page.locator('[data-testid="stMetric"]').first.bounding_box()
+        assert chart["y"] + chart["height"] <= 1000 and kpi["y"] < chart["y"], (chart, kpi)
+        expect(page.locator(".js-plotly-plot .main-svg").first).to_be_visible()
+        SHOTS.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(SHOTS / "sawtooth-before.png"))
 
         slider = page.locator('[data-testid="stSlider"]').filter(
             has_text="num_workers").get_by_role("slider")
@@ -109,8 +126,9 @@ def test_page_shows_sawtooth_and_reacts_to_num_workers(server):
         # the after-state for the screenshot: the KPI window has moved past the change
         expect(page.get_by_text(re.compile(r"KPIs over the last 10 s")).first).to_be_visible(
             timeout=60_000)
-        page.screenshot(path=str(ARTIFACTS / "browser-after.png"), full_page=True)
+        page.screenshot(path=str(SHOTS / "flat-after.png"))
         browser.close()
+    assert not errors, errors
 
     from monitor.store import Store
 
@@ -165,3 +183,30 @@ def test_rank_chart_shows_every_rank_of_a_job(server):
                 timeout=15_000)
         page.screenshot(path=str(ARTIFACTS / "ranks.png"), full_page=True)
         browser.close()
+
+
+@pytest.mark.server_env(STARVATION_MONITOR_AUTOSTART="0")
+def test_compare_tab_in_a_real_page(server):
+    """Two runs side by side, one click from the Live tab; no console errors."""
+    from playwright.sync_api import expect, sync_playwright
+
+    from monitor.store import Store
+    from tests.test_assess import CONFIG, stored_run
+
+    url, db, _ = server
+    store = Store(db)
+    stored_run(store)  # starving at num_workers=0
+    stored_run(store, config=CONFIG.replace(num_workers=2).to_dict(), wait_s=0.002)  # fed
+    with sync_playwright() as p:
+        browser = launch(p)
+        page = browser.new_page(viewport={"width": 1500, "height": 1400})
+        errors = console_errors(page)
+        page.goto(url)
+        page.get_by_role("button", name="Compare with the previous run").click()
+        page.get_by_role("tab", name="Compare").click()
+        expect(page.get_by_text("What differs").first).to_be_visible(timeout=60_000)
+        expect(page.get_by_text("Throughput, aligned at each run's start").first
+               ).to_be_visible(timeout=30_000)
+        page.screenshot(path=str(SHOTS / "compare.png"), full_page=True)
+        browser.close()
+    assert not errors, errors

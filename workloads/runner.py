@@ -20,6 +20,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from monitor.config import USER_STEP_TIME_MS, ConfigError, LoaderConfig, describe_change
+from monitor.presets import calibrated_step_ms
 from monitor.probe import Probe
 from monitor.store import Store, StoreError, explain
 from monitor.watchdog import Watchdog
@@ -111,7 +112,7 @@ class ManagedWorkload:
                 if self.sample_cost_s is None:
                     self.sample_cost_s = calibrate(self.dataset)
                     self.store.set_calibration(key, self.sample_cost_s)
-            return self.spec.step_ratio * self.sample_cost_s * cfg.batch_size * 1000.0
+            return calibrated_step_ms(cfg.preset, self.sample_cost_s, cfg.batch_size) or 0.0
         return self.spec.step_time_ms
 
     def _build_loader(self) -> DataLoader:

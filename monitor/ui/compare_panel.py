@@ -30,7 +30,7 @@ def _series(rt: Runtime, run_ids: list[int]) -> tuple[dict, dict, dict]:
         steps = rt.store.steps(r)
         if steps.empty:
             continue
-        start = float(rt.store.run(r)["started_at"])
+        start = float((steps["ts"] - steps["wait_s"]).min())  # each run's first step
         name = f"run {r}"
         t = analysis.throughput_series(steps, 1.0)
         thr[name] = pd.DataFrame({"s": t["t"] - start, "value": t["throughput"]})
@@ -52,10 +52,12 @@ def render_compare(rt: Runtime, run_ids: list[int], labels: dict[int, str]) -> N
     except CompareError as exc:
         st.error(plain(exc))
         return
-    diff = pd.DataFrame({f"run {r}": [out["settings_diff"][k][i] for k in out["settings_diff"]]
-                         for i, r in enumerate(picked)}, index=list(out["settings_diff"]))
+    diff = pd.DataFrame({f"run {r}": pd.Series([str(out["settings_diff"][k][i]) for k in
+                                                out["settings_diff"]], dtype=object)
+                         for i, r in enumerate(picked)})
+    diff.index = list(out["settings_diff"])
     st.subheader("What differs")
-    st.dataframe(diff.astype(str), key="compare_diff") if not diff.empty else \
+    st.dataframe(diff, key="compare_diff") if not diff.empty else \
         st.caption("Their loader settings are the same.")
     st.caption(plain("Same in all: " + ", ".join(
         f"{k}={v}" for k, v in out["settings_same"].items())))

@@ -14,7 +14,7 @@ from monitor.config import (
     ConfigError,
     LoaderConfig,
 )
-from monitor.presets import PRESET_SPECS
+from monitor.presets import PRESET_SPECS, calibrated_step_ms
 from monitor.runtime import Runtime
 from monitor.session import SessionManager
 from monitor.ui.text import plain
@@ -33,12 +33,21 @@ def _default_step_ms(preset: str) -> float:
     return spec.step_time_ms if spec is not None else USER_STEP_TIME_MS
 
 
-def _sync_from(config: LoaderConfig) -> None:
+def shown_step_ms(config: LoaderConfig, store: Any) -> int:
+    """The step the workload really runs with: the set one, a calibrated preset's measured
+    one (from the store), else the preset's default."""
+    if config.step_time_ms is not None:
+        return int(round(config.step_time_ms))
+    cost = store.calibration(f"sample_cost_s:{config.preset}")
+    step = calibrated_step_ms(config.preset, cost, config.batch_size)
+    return int(round(step if step is not None else _default_step_ms(config.preset)))
+
+
+def _sync_from(config: LoaderConfig, store: Any) -> None:
     """Point this browser's widgets at the manager's config (another tab may have moved it)."""
     values = config.to_dict()
     values["prefetch_factor"] = config.prefetch_factor or 2
-    values["step_time_ms"] = int(config.step_time_ms if config.step_time_ms is not None
-                                 else _default_step_ms(config.preset))
+    values["step_time_ms"] = shown_step_ms(config, store)
     if values["batch_size"] not in BATCH_SIZES:
         values["batch_size"] = min(BATCH_SIZES, key=lambda b: abs(b - config.batch_size))
     for k in KEYS:
@@ -92,8 +101,10 @@ def render_controls(rt: Runtime, simulated: bool) -> None:
     launch is offered as the first "preset"."""
     manager, workload, locked = rt.manager, rt.workload, rt.jobs.running()
     st.session_state["_workload_spec"] = workload["spec"] if workload else None
-    if st.session_state.get("_synced") != manager.config:
-        _sync_from(manager.config)
+    if st.session_state.get("_synced") != manager.config or (
+            manager.config.step_time_ms is None
+            and st.session_state.get("_step_synced") != shown_step_ms(manager.config, rt.store)):
+        _sync_from(manager.config, rt.store)  # (a calibrated step becomes known after start)
     sb = st.sidebar
     sb.header("DataLoader")
     if locked:
