@@ -243,7 +243,23 @@ def refresh(rt: Any, run_id: int, window_s: float | None, gpus: bool = True,
         _CTX[0] = rt.context()
         return _refresh_ended(str(rt.store.path), run_id, float(ended), window_s, gpus,
                               pick, gpu)
-    return _compute(rt, rt.store, run_id, window_s, gpus, pick, gpu, now)
+    if now is not None:
+        return _compute(rt, rt.store, run_id, window_s, gpus, pick, gpu, now)
+    key = (str(rt.store.path), run_id, window_s, gpus, pick, gpu)
+    with _SHARED_LOCK:
+        hit = _SHARED.get(key)
+        if hit is not None and time.monotonic() - hit[0] < SHARE_S:
+            return hit[1]
+    r = _compute(rt, rt.store, run_id, window_s, gpus, pick, gpu)
+    with _SHARED_LOCK:  # other tabs refreshing within SHARE_S reuse this one
+        _SHARED.clear() if len(_SHARED) > 32 else None
+        _SHARED[key] = (time.monotonic(), r)
+    return r
+
+
+SHARE_S = 0.9  # tabs showing the same view within this long share one computation
+_SHARED: dict[tuple, tuple[float, Refresh | None]] = {}
+_SHARED_LOCK = threading.Lock()
 
 
 def _compute(rt: Any, store: Store, run_id: int, window_s: float | None, gpus: bool,
