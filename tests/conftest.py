@@ -107,3 +107,19 @@ def runtime(store):
 
     with Runtime(store=store) as rt:
         yield rt
+
+
+@pytest.fixture
+def quiet_page(db_path, monkeypatch):
+    """The page under AppTest over the test's store, starting no workload of its own;
+    its Runtime is closed after the test."""
+    from streamlit.testing.v1 import AppTest
+
+    from monitor.ui.resources import get_runtime
+
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setenv("STARVATION_MONITOR_AUTOSTART", "0")
+    get_runtime.clear()
+    yield AppTest.from_file(str(ROOT / "app.py"), default_timeout=60)
+    get_runtime().close()
+    get_runtime.clear()

@@ -55,13 +55,10 @@ KEYS = ("verdict", "steps", "window_s", "throughput", "data_wait_share", "device
         "device_busy_cv")
 
 
-def test_four_paths_agree_on_one_window(store, db_path, monkeypatch):
-    from streamlit.testing.v1 import AppTest
-
+def test_four_paths_agree_on_one_window(store, no_leaks, quiet_page):
     from monitor.attached_run import summary
     from monitor.measure import summarise
     from monitor.tuning.experiment import result_from_measurement
-    from monitor.ui.resources import get_runtime
 
     run = stored_run(store)
     m = summarise(store, run, CONFIG, context())
@@ -73,25 +70,17 @@ def test_four_paths_agree_on_one_window(store, db_path, monkeypatch):
     assert measure_json["verdict"] == "starving"
     assert measure_json["advice"] == run_json["advice"] == sweep_json["advice"]
 
-    monkeypatch.chdir(ROOT)
-    monkeypatch.setenv("STARVATION_MONITOR_AUTOSTART", "0")
-    get_runtime.clear()
-    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=60)
-    try:
-        at.run()
-        assert not at.exception
-        assert at.selectbox(key="selected_run").value == run
-        metrics = {x.label: x.value for x in at.metric}
-        assert metrics["Throughput"] == f"{measure_json['throughput']:,.0f} samples/s"
-        assert metrics["Data-wait share"] == f"{measure_json['data_wait_share']:.0%}"
-        assert metrics["Device busy (mean)"] == f"{measure_json['device_busy_mean']:.0%}"
-        banner = " ".join(e.value for e in at.error)
-        assert banner.startswith(f"{measure_json['verdict']} · ")
-        assert any("steady state of the final settings" in c.value for c in at.caption)
-    finally:
-        rt = get_runtime()
-        rt.close()
-        get_runtime.clear()
+    at = quiet_page
+    at.run()
+    assert not at.exception
+    assert at.selectbox(key="selected_run").value == run
+    metrics = {x.label: x.value for x in at.metric}
+    assert metrics["Throughput"] == f"{measure_json['throughput']:,.0f} samples/s"
+    assert metrics["Data-wait share"] == f"{measure_json['data_wait_share']:.0%}"
+    assert metrics["Device busy (mean)"] == f"{measure_json['device_busy_mean']:.0%}"
+    banner = " ".join(e.value for e in at.error)
+    assert banner.startswith(f"{measure_json['verdict']} · ")
+    assert any("steady state of the final settings" in c.value for c in at.caption)
 
 
 @pytest.mark.parametrize(("kind", "scales"), [("simulated", False), ("cuda", True),

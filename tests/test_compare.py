@@ -74,31 +74,20 @@ def test_gc_keeps_running_runs_and_vacuums(store, db_path):
     assert r.returncode == 2 and "--keep-days" in r.stderr
 
 
-def test_compare_tab_one_click_from_the_live_page(store, db_path, monkeypatch, no_leaks):
-    from streamlit.testing.v1 import AppTest
-
-    from monitor.ui.resources import get_runtime
-
+def test_compare_tab_one_click_from_the_live_page(store, no_leaks, quiet_page):
     a = stored_run(store)
     b = stored_run(store, config=CONFIG.replace(num_workers=2).to_dict())
-    monkeypatch.chdir(ROOT)
-    monkeypatch.setenv("STARVATION_MONITOR_AUTOSTART", "0")
-    get_runtime.clear()
-    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=60)
-    try:
-        at.run()
-        assert at.selectbox(key="selected_run").value == b
-        at.button(key="compare_previous").click().run()
-        assert not at.exception
-        assert at.multiselect(key="compare_runs").value == [a, b]
-        diff, kpis = (d.value for d in at.dataframe)  # the tab's two tables, in order
-        assert list(diff.index) == ["num_workers", "prefetch_factor"]
-        assert list(kpis.columns) == [f"run {a}", f"run {b}"]
-        assert kpis.loc["throughput (samples/s)", f"run {b}"].endswith("(+0.0%)")
-        specs = [c.proto.spec for c in at.get("plotly_chart")]
-        assert any("aligned at each run" in s for s in specs)
-        assert any("share of steps at or below" in s for s in specs)
-        assert any("within" in s.value for s in at.success)  # the gate's sentence
-    finally:
-        get_runtime().close()
-        get_runtime.clear()
+    at = quiet_page
+    at.run()
+    assert at.selectbox(key="selected_run").value == b
+    at.button(key="compare_previous").click().run()
+    assert not at.exception
+    assert at.multiselect(key="compare_runs").value == [a, b]
+    diff, kpis = (d.value for d in at.dataframe)  # the tab's two tables, in order
+    assert list(diff.index) == ["num_workers", "prefetch_factor"]
+    assert list(kpis.columns) == [f"run {a}", f"run {b}"]
+    assert kpis.loc["throughput (samples/s)", f"run {b}"].endswith("(+0.0%)")
+    specs = [c.proto.spec for c in at.get("plotly_chart")]
+    assert any("aligned at each run" in s for s in specs)
+    assert any("share of steps at or below" in s for s in specs)
+    assert any("within" in s.value for s in at.success)  # the gate's sentence

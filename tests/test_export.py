@@ -219,23 +219,11 @@ def test_real_prometheus_rate_matches_the_store(store, no_leaks, runtime, tmp_pa
     assert promql == pytest.approx(share, rel=0.05)
 
 
-def test_page_offers_the_selected_runs_files(store, db_path, monkeypatch, no_leaks):
-    from streamlit.testing.v1 import AppTest
-
-    from monitor.ui.resources import get_runtime
-
+def test_page_offers_the_selected_runs_files(store, no_leaks, quiet_page):
     run = stored_run(store)
-    monkeypatch.chdir(ROOT)
-    monkeypatch.setenv("STARVATION_MONITOR_AUTOSTART", "0")
-    get_runtime.clear()
-    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=60)
-    try:
-        at.run()
-        assert not at.exception
-        buttons = at.get("download_button")
-        labels = sorted(b.proto.label for b in buttons)
-        assert labels == ["Download run (CSV, zip)", "Download run (Parquet, zip)"]
-        assert at.selectbox(key="selected_run").value == run
-    finally:
-        get_runtime().close()
-        get_runtime.clear()
+    at = quiet_page
+    at.run()
+    assert not at.exception
+    labels = sorted(b.proto.label for b in at.get("download_button"))
+    assert labels == ["Download run (CSV, zip)", "Download run (Parquet, zip)"]
+    assert at.selectbox(key="selected_run").value == run

@@ -174,15 +174,18 @@ def test_bad_arguments_create_nothing(tmp_path):
     assert not db.parent.exists()
 
 
+def attached_and_training(db: Path) -> tuple[subprocess.Popen, Store]:
+    """`monitor run` over two_epochs.py (a long pause between epochs), once it trains."""
+    p = attached(db, "two_epochs.py", "0", "60")
+    store = Store(db) if wait_for(db.exists, timeout=60) else None
+    assert wait_for(lambda: len(store.steps(1)) >= 12, timeout=90)
+    return p, store
+
+
 def test_sigint_to_monitor_run_reaches_the_script_and_stops_the_run(tmp_path, no_leaks):
     """A scheduler or a script stopping the wrapper with SIGINT (no terminal involved)."""
     db = tmp_path / "a.db"
-    p = subprocess.Popen([sys.executable, "-m", "monitor", "run", "--db", str(db), "--",
-                          sys.executable, str(SCRIPTS / "two_epochs.py"), "0", "60"],
-                         cwd=ROOT, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                         text=True)
-    store = Store(db) if wait_for(db.exists, timeout=60) else None
-    assert wait_for(lambda: len(store.steps(1)) >= 12, timeout=90)
+    p, store = attached_and_training(db)
     p.send_signal(signal.SIGINT)
     out, err = p.communicate(timeout=60)
     assert p.returncode == 130, err  # the script's own status: killed by SIGINT
@@ -195,12 +198,7 @@ def test_sigint_to_monitor_run_reaches_the_script_and_stops_the_run(tmp_path, no
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
 def test_stop_signals_are_forwarded_too(tmp_path, no_leaks, sig):
     db = tmp_path / "a.db"
-    p = subprocess.Popen([sys.executable, "-m", "monitor", "run", "--db", str(db), "--",
-                          sys.executable, str(SCRIPTS / "two_epochs.py"), "0", "60"],
-                         cwd=ROOT, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                         text=True)
-    store = Store(db) if wait_for(db.exists, timeout=60) else None
-    assert wait_for(lambda: len(store.steps(1)) >= 12, timeout=90)
+    p, store = attached_and_training(db)
     p.send_signal(sig)
     p.communicate(timeout=60)
     assert p.returncode == 128 + sig

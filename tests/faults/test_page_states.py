@@ -7,7 +7,6 @@ import time
 from pathlib import Path
 
 import pytest
-from streamlit.testing.v1 import AppTest
 
 from monitor.records import StepRecord
 
@@ -62,20 +61,9 @@ STATES = ["starting-running", "running-with-steps", "stopped", "failed",
           "empty-config", "stalled", "markdown-name"]
 
 
-@pytest.fixture
-def page(db_path, no_leaks, monkeypatch):
-    from monitor.ui.resources import get_runtime
-
-    monkeypatch.chdir(ROOT)
-    monkeypatch.setenv("STARVATION_MONITOR_AUTOSTART", "0")
-    get_runtime.clear()
-    yield AppTest.from_file(str(ROOT / "app.py"), default_timeout=60)
-    get_runtime().close()
-    get_runtime.clear()
-
-
 @pytest.mark.parametrize("state", STATES)
-def test_every_run_state_renders_without_an_exception(store, page, state):
+def test_every_run_state_renders_without_an_exception(store, no_leaks, quiet_page, state):
+    page = quiet_page
     run = make(store, state)
     page.run()
     assert page.selectbox(key="selected_run").value == run
