@@ -21,6 +21,7 @@ from monitor.config import ATTACHED_PREFIX
 from monitor.export.prometheus import ExporterError
 from monitor.runtime import Runtime
 from monitor.store import Store, StoreError, explain
+from monitor.tuning.live import LiveTuner
 
 ROOT = Path(__file__).resolve().parent.parent
 INJECT = Path(__file__).resolve().parent / "_inject"
@@ -128,6 +129,12 @@ def summary_lines(d: dict[str, Any]) -> list[str]:
                 f"{r['compute_per_step_s'] * 1000:.0f} ms/step, num_workers {r['workers']}"
                 for r in d["ranks"]]
     out += [f"  advice {i}: {a['reason']}" for i, a in enumerate(d.get("advice") or [], 1)]
+    tune = d.get("autotune")
+    if tune is not None:
+        out += [f"  autotune move {i}: {m['reason']} → {m['throughput']:,.0f} samples/s "
+                f"({'kept' if m['kept'] else 'reverted'})" for i, m in enumerate(tune["moves"],
+                                                                              1)]
+        out.append(f"  autotune: {tune['settled'] or 'still searching when the job ended'}")
     return out
 
 
@@ -176,11 +183,16 @@ def run_attached(args: argparse.Namespace) -> int:
     rt.collector.follow(proc.pid, run_id)
     print(f"starvation-monitor: run {run_id} recording to {store.path} (pid {proc.pid})",
           file=sys.stderr)
+    tuner = LiveTuner(store, run_id, rt.context()).start() if args.autotune else None
     rc, asked = _supervise(proc, rt)
+    if tuner is not None:
+        tuner.stop()
     code = rc if rc >= 0 else 128 - rc  # the script's own exit status, as a shell gives it
     try:
         store.finish_run(run_id, *end_status(rc, asked))
         result = summary(store, run_id, rt.context())
+        if tuner is not None:
+            result["autotune"] = tuner.summary()
         print("\n".join(summary_lines(result)), file=sys.stderr)
         if args.json:
             print(json.dumps(result, default=str))

@@ -140,6 +140,10 @@ def _run(sub: argparse._SubParsersAction) -> None:
     r.add_argument("--name", default=None, help="run name (default: the script's file name)")
     _db(r)
     metrics_options(r)
+    r.add_argument("--autotune", action="store_true",
+                   help="tune the script's loader by itself, epoch by epoch: measure, try the "
+                        "next setting (applied at the next iter(loader)), keep it only if it "
+                        "pays beyond the noise, stop when nothing is predicted to gain 3%%")
     r.add_argument("--json", action="store_true",
                    help="after the script ends, print the summary (as measure --json) as the "
                         "last line of stdout")

@@ -74,6 +74,8 @@ def server(tmp_path, request):
         p.kill()
     assert not alive, f"closing the dashboard left processes: {alive}"
     log.close()
+    text = (tmp_path / "server.log").read_text()
+    assert "Uncaught app execution" not in text, text[-3000:]  # an exception box in the page
 
 
 def test_page_shows_sawtooth_and_reacts_to_num_workers(server):

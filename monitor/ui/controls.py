@@ -140,10 +140,15 @@ def render_controls(rt: Runtime, simulated: bool) -> None:
     _reconcile(manager, locked)
 
 
+STEP_SLIDER_MAX_MS = 500
+
+
 def _accelerator(sb: Any, args: dict, simulated: bool, locked: bool) -> None:
     sb.header("Accelerator")
+    # a calibrated step on a slow or busy machine can pass the slider's usual end
+    top = max(STEP_SLIDER_MAX_MS, int(st.session_state.get(_key("step_time_ms")) or 0))
     if simulated:
-        sb.slider("step time (ms, simulated)", 0, 500, key=_key("step_time_ms"), **args,
+        sb.slider("step time (ms, simulated)", 0, top, key=_key("step_time_ms"), **args,
                   help="how long the simulated device is busy per batch; the starving preset "
                        "calibrates it to 0.8x its measured loading time until you move this "
                        "(the run line above the charts shows the value in use)")
@@ -151,7 +156,7 @@ def _accelerator(sb: Any, args: dict, simulated: bool, locked: bool) -> None:
         sb.selectbox("model size (CUDA)", MODEL_SIZES, key=_key("model_size"), **args,
                      help="auto: a width-64 conv net repeated to take about the step time "
                           "below; small/medium/large: fixed widths, one pass per step")
-        sb.slider("step time target (ms, model size auto)", 0, 500, key=_key("step_time_ms"),
+        sb.slider("step time target (ms, model size auto)", 0, top, key=_key("step_time_ms"),
                   **{**args, "disabled": locked or st.session_state[_key("model_size")] != "auto"})
 
 
