@@ -102,9 +102,12 @@ class LivePolicy:
                 b.predicted >= (1 + MIN_STEP_GAIN) * b.throughput:
             options.append(({"num_workers": b.advised_workers}, "the bound model's knee: "
                             f"predicted {b.predicted:,.0f} samples/s"))
-        if b.data_wait_share >= STARVING_SHARE and b.verdict not in CORES_BOUND:
-            options.append(({"num_workers": nw + 1}, "data wait still "
-                            f"{b.data_wait_share:.0%} and the cores are not the limit"))
+        if b.data_wait_share >= STARVING_SHARE and (b.verdict not in CORES_BOUND or nw == 0):
+            # from num_workers=0 the main process's own compute counts as busy cores: a
+            # worker may still overlap loading with it, and the measurement will say
+            options.append(({"num_workers": nw + 1}, f"data wait still "
+                            f"{b.data_wait_share:.0%}" + (" and the cores are not the limit"
+                                                          if nw else ": try a worker")))
         if nw > 0 and b.data_wait_share > PREFETCH_TRY_SHARE and b.verdict not in CORES_BOUND:
             options.append(({"prefetch_factor": 2 * int(s.get("prefetch_factor") or 2)},
                             "deeper prefetch against jittery loading"))
