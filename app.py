@@ -8,6 +8,7 @@ import streamlit as st
 from monitor.diagnosis import SIMULATED
 from monitor.gpu import workload_gpu
 from monitor.ui import panels
+from monitor.ui import view as views
 from monitor.ui.compare_panel import ask_compare_with_previous, render_compare
 from monitor.ui.controls import render_controls, shown_step_ms
 from monitor.ui.resources import get_runtime
@@ -80,7 +81,7 @@ def live_region() -> None:
     gpu_pick = st.session_state.get("gpu_pick") if devices else None
     if devices and gpu_pick is None:
         gpu_pick = workload_gpu(devices, (rt.store.run(run_id) or {}).get("device"))
-    r = panels.refresh(rt, run_id, panels.WINDOWS[window_name], bool(devices), pick, gpu_pick)
+    r = views.refresh(rt, run_id, panels.WINDOWS[window_name], bool(devices), pick, gpu_pick)
     if r is None:
         st.warning(f"Run {run_id} is not in the store.")
         return

@@ -138,6 +138,16 @@ def summary_lines(d: dict[str, Any]) -> list[str]:
     return out
 
 
+def script_env(store: Store, run_id: int) -> dict[str, str]:
+    """The script's environment: the probe first on its path, the run and store named."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(
+        p for p in (str(INJECT), str(ROOT), env.get("PYTHONPATH")) if p)
+    env[RUN_ENV] = str(run_id)
+    env[DB_ENV] = str(store.path.resolve())
+    return env
+
+
 def run_attached(args: argparse.Namespace) -> int:
     cmd = list(args.cmd)
     if cmd and cmd[0] == "--":
@@ -164,11 +174,7 @@ def run_attached(args: argparse.Namespace) -> int:
     script = next((Path(c).name for c in cmd[1:] if c.endswith(".py")), Path(cmd[0]).name)
     run_id = store.create_run(args.name or script, "attached",
                               {"preset": "custom", "workload": f"{ATTACHED_PREFIX}{script}"})
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(
-        p for p in (str(INJECT), str(ROOT), env.get("PYTHONPATH")) if p)
-    env[RUN_ENV] = str(run_id)
-    env[DB_ENV] = str(store.path.resolve())
+    env = script_env(store, run_id)
     rt.start()
     try:
         # its own process group, so signals reach the script and its DataLoader workers
