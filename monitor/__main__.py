@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from monitor.cli_args import build_parser, parse_param
-from monitor.config import ConfigError, LoaderConfig, max_workers, normalise
+from monitor.config import DEFAULT_PREFETCH, ConfigError, LoaderConfig, max_workers
 from monitor.host import usable_cores
 
 
@@ -50,8 +50,12 @@ def _config(args: argparse.Namespace, limit: int) -> LoaderConfig:
     )
     if args.workload:
         return LoaderConfig.build(worker_limit=limit, workload=args.workload, **kwargs)
-    cfg = LoaderConfig(**normalise({"preset": args.preset, **kwargs}))  # the preset's step
-    cfg.check_workers(limit)  # stays None (a calibrated preset measures it)
+    if kwargs["num_workers"] and kwargs["prefetch_factor"] is None:  # torch's default, said
+        kwargs["prefetch_factor"] = DEFAULT_PREFETCH
+    # the constructor, not build(): flags that do not apply are refused, not dropped, and a
+    # calibrated preset's step stays None (the workload measures it)
+    cfg = LoaderConfig(preset=args.preset, **kwargs)
+    cfg.check_workers(limit)
     return cfg
 
 
