@@ -108,7 +108,7 @@ def live_region() -> None:
     panels.render_explain(a, apply_advice if live_now else None)
     panels.render_other_charts(figs)
     if len(ranks) > 1:
-        panels.render_ranks(a, view)
+        panels.render_ranks(a, view, rt.store.ranks(run_id), devices)
     if devices:
         st.subheader("GPU (NVML)")
         st.caption(plain(gpu_notice))

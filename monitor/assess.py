@@ -209,7 +209,7 @@ def _figures(window: Window, rank: int, f: Features) -> RankFigures:
         (r["rank"] == rank).any() else None
     return RankFigures(rank, None if row is None else row["hostname"], f.steps, f.throughput,
                        f.data_wait_share, f.wait_per_step_s, f.compute_per_step_s,
-                       f.config.get("num_workers"))
+                       f.config.get("num_workers"), f.workers_cpu_cores, f.workload_mem_mb)
 
 
 def _assess_job(window: Window, ctx: Context, ranks: list[int], base: dict) -> Assessment:

@@ -87,6 +87,25 @@ def job_key() -> str | None:
     return f"job:{run}@{socket.gethostname()}"
 
 
+def cuda_device() -> dict[str, Any] | None:
+    """This process's CUDA device as NVML can match it (uuid, PCI location, CUDA index and
+    CUDA_VISIBLE_DEVICES), or None without CUDA in use. Never initialises CUDA itself."""
+    torch = sys.modules.get("torch")
+    cuda = getattr(torch, "cuda", None)
+    try:
+        if cuda is None or not cuda.is_initialized():
+            return None
+        idx = cuda.current_device()
+        p = cuda.get_device_properties(idx)
+        uuid = getattr(p, "uuid", None)
+        pci = [getattr(p, k, None) for k in ("pci_domain_id", "pci_bus_id", "pci_device_id")]
+        return {"cuda_index": idx, "uuid": f"GPU-{uuid}" if uuid is not None else None,
+                "pci": pci if None not in pci else None,
+                "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
+    except Exception:  # the script's CUDA is the script's business
+        return None
+
+
 class Recorder:
     """One run's epochs and control in a user's process; the steps themselves go through a
     Probe (the same records and batching as the managed workload)."""
@@ -178,10 +197,13 @@ class Recorder:
         """This process's rank, loader settings and accelerator, for the store; rank 0 (or a
         single process) also speaks for the run record."""
         kind = accelerator_kind()
+        device = cuda_device()
         self.store.set_rank(self.run_id, self.rank, self.local_rank, self.world_size,
-                            socket.gethostname(), os.getpid(), settings, kind)
+                            socket.gethostname(), os.getpid(), settings, kind, device)
         if self.rank == 0:
-            extra = {"pid": os.getpid()} if self.world_size == 1 else {}
+            extra: dict[str, Any] = {"pid": os.getpid()} if self.world_size == 1 else {}
+            if device is not None:
+                extra["device"] = device
             self.store.update_run(self.run_id, config={
                 **settings, "workload": f"{ATTACHED_PREFIX}{self.script}"},
                 accelerator_kind=kind, accelerator=f"your script's own step ({kind})", **extra)

@@ -32,6 +32,9 @@ class RankFigures:
     wait_per_step_s: float
     compute_per_step_s: float
     workers: int | None
+    workers_cpu_cores: float | None = None  # the rank's DataLoader workers
+    workers_memory_mb: float | None = None  # main RSS + workers' USS, mean
+    gpu: int | None = None  # the NVML index of the rank's CUDA device, when known
 
     def to_dict(self) -> dict:
         return {k: getattr(self, k) for k in self.__slots__}

@@ -106,6 +106,8 @@ class Store(SharedState, Rollups):
         for col in ("device", "accelerator_kind"):  # columns added since 0.1
             if col not in have:
                 conn.execute(f"ALTER TABLE runs ADD COLUMN {col} TEXT")
+        if "device" not in {r[1] for r in conn.execute("PRAGMA table_info(ranks)")}:
+            conn.execute("ALTER TABLE ranks ADD COLUMN device TEXT")
         for table, rec in RECORD_TABLES.items():
             cols = ", ".join(f"{f.name} {sql_type(str(f.type))}" for f in fields(rec))
             conn.execute(f"CREATE TABLE IF NOT EXISTS {table} ({cols})")

@@ -50,6 +50,7 @@ CREATE TABLE IF NOT EXISTS ranks (
     pid INTEGER,
     config TEXT,
     accelerator_kind TEXT,
+    device TEXT,
     ts REAL NOT NULL,
     PRIMARY KEY (run_id, rank)
 );

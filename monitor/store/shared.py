@@ -20,20 +20,23 @@ class SharedState:
     # -- ranks of a distributed job ------------------------------------------------------
     def set_rank(self, run_id: int, rank: int, local_rank: int | None, world_size: int,
                  hostname: str, pid: int, config: dict[str, Any] | None = None,
-                 accelerator_kind: str | None = None) -> None:
-        """What one rank's probe says of itself (at its first epoch, and after changes)."""
+                 accelerator_kind: str | None = None,
+                 device: dict[str, Any] | None = None) -> None:
+        """What one rank's probe says of itself (at its first epoch, and after changes);
+        `device`: its CUDA device as the collector finds it in NVML (uuid, pci, index)."""
         self._conn().execute(
             "INSERT OR REPLACE INTO ranks (run_id, rank, local_rank, world_size, hostname, pid,"
-            " config, accelerator_kind, ts) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            " config, accelerator_kind, device, ts) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (run_id, rank, local_rank, world_size, hostname, pid,
              json.dumps(config, sort_keys=True) if config is not None else None,
-             accelerator_kind, time.time()))
+             accelerator_kind, json.dumps(device) if device else None, time.time()))
 
     def ranks(self, run_id: int) -> pd.DataFrame:
         """One row per rank that has reported, by rank; `config` parsed."""
         df = self._frame("SELECT * FROM ranks WHERE run_id = ? ORDER BY rank", (run_id,))
         if not df.empty:
             df["config"] = [json.loads(c) if isinstance(c, str) else {} for c in df["config"]]
+            df["device"] = [json.loads(d) if isinstance(d, str) else None for d in df["device"]]
         return df
 
     def job_run(self, key: str, name: str, config: dict[str, Any]) -> int:

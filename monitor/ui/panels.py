@@ -15,6 +15,7 @@ from monitor.config import ConfigError, LoaderConfig
 from monitor.diagnosis import NO_DATA, evidence_rows
 from monitor.diagnosis.rules import HEALTHY
 from monitor.export.files import export_zip
+from monitor.gpu import workload_gpu
 from monitor.store import Store
 from monitor.ui import charts
 from monitor.ui.text import plain
@@ -139,14 +140,27 @@ def render_gpu_panel(view: View, devices: list, default: int | None) -> int | No
     return pick
 
 
-def render_ranks(a: Assessment, view: View) -> None:
-    """A job's ranks: data wait per step on one chart, and each rank's figures."""
+def render_ranks(a: Assessment, view: View, ranks: Any = None, devices: list | None = None,
+                 ) -> None:
+    """A job's ranks: data wait per step on one chart, and each rank's figures (with the
+    NVML index of its CUDA device where the GPU inventory has it)."""
     st.plotly_chart(charts.rank_wait_figure(view.chart_steps, view.events,
                                             (view.start, view.end)),
                     key="chart_ranks", config=PLOT_CONFIG)
     rows = pd.DataFrame([r.to_dict() for r in a.ranks])
-    if not rows.empty:
-        st.dataframe(rows, hide_index=True, key="rank_table")
+    if rows.empty:
+        return
+    rows["gpu"] = rank_gpus(ranks, devices or [], rows["rank"].tolist())
+    st.dataframe(rows, hide_index=True, key="rank_table")
+
+
+def rank_gpus(ranks: Any, devices: list, order: list[int]) -> list[int | None]:
+    """Each rank's NVML index, from the CUDA device its probe reported (several GPUs on one
+    host: CUDA and NVML number them differently)."""
+    if ranks is None or ranks.empty or not devices:
+        return [None] * len(order)
+    by_rank = dict(zip(ranks["rank"].astype(int), ranks["device"], strict=True))
+    return [workload_gpu(devices, by_rank.get(int(r))) for r in order]
 
 
 def render_attached_controls(store: Store, run: dict, ranks: list[int]) -> None:
