@@ -2,11 +2,13 @@
 simulated accelerator (STARVATION_MONITOR_SIMULATE=1 even where CUDA exists)."""
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import sys
 import threading
 import time
+import types
 from pathlib import Path
 
 import psutil
@@ -123,3 +125,18 @@ def quiet_page(db_path, monkeypatch):
     yield AppTest.from_file(str(ROOT / "app.py"), default_timeout=60)
     get_runtime().close()
     get_runtime.clear()
+
+
+@contextlib.contextmanager
+def fake_torch(**cuda: object):
+    """sys.modules["torch"] replaced, for the probe's reads of a script's torch, by a stand-in
+    whose `torch.cuda` has the given callables (CUDA is hardware this machine lacks)."""
+    old = sys.modules.get("torch")
+    sys.modules["torch"] = types.SimpleNamespace(cuda=types.SimpleNamespace(**cuda))
+    try:
+        yield
+    finally:
+        if old is None:
+            sys.modules.pop("torch", None)
+        else:
+            sys.modules["torch"] = old

@@ -4,8 +4,6 @@ the same verdict and figures for the same window, and the accelerator kind a run
 from __future__ import annotations
 
 import json
-import sys
-import types
 from pathlib import Path
 
 import pytest
@@ -96,17 +94,10 @@ def test_the_stored_accelerator_kind_decides_simulation(store, kind, scales):
 def test_attached_run_on_cuda_is_judged_as_cuda(store):
     """The probe records the kind from the script's torch; assess reads it back."""
     from monitor import attach
+    from tests.conftest import fake_torch
 
-    fake_cuda = types.SimpleNamespace(is_initialized=lambda: True, is_available=lambda: True)
-    old = sys.modules.get("torch")
-    sys.modules["torch"] = types.SimpleNamespace(cuda=fake_cuda)  # type: ignore[assignment]
-    try:
+    with fake_torch(is_initialized=lambda: True, is_available=lambda: True):
         kind = attach.accelerator_kind()
-    finally:
-        if old is None:
-            sys.modules.pop("torch", None)
-        else:
-            sys.modules["torch"] = old
     assert kind == "cuda"
     cfg = {"preset": "custom", "workload": "attached:train.py", "num_workers": 0,
            "batch_size": 32, "prefetch_factor": None, "pin_memory": False,

@@ -197,26 +197,17 @@ def test_collector_writes_util_samples_and_gpu_rows(store):
 def test_each_rank_maps_to_its_own_nvml_gpu(store):
     """Two ranks on one host report their CUDA devices; CUDA and NVML number them
     differently, the UUID decides."""
-    import sys
     import types
 
     from monitor import attach
     from monitor.ui.panels import rank_gpus
+    from tests.conftest import fake_torch
 
     props = types.SimpleNamespace(uuid="bbbb-2", pci_domain_id=0, pci_bus_id=0x3B,
                                   pci_device_id=0)
-    fake = types.SimpleNamespace(cuda=types.SimpleNamespace(
-        is_initialized=lambda: True, current_device=lambda: 0,
-        get_device_properties=lambda i: props))
-    old = sys.modules.get("torch")
-    sys.modules["torch"] = fake  # type: ignore[assignment]
-    try:
+    with fake_torch(is_initialized=lambda: True, current_device=lambda: 0,
+                    get_device_properties=lambda i: props):
         dev = attach.cuda_device()
-    finally:
-        if old is None:
-            sys.modules.pop("torch", None)
-        else:
-            sys.modules["torch"] = old
     assert dev["uuid"] == "GPU-bbbb-2" and dev["cuda_index"] == 0
     run = store.create_run("job", "attached", {})
     store.set_rank(run, 0, 0, 2, "h", 1, {}, "cuda", {"uuid": "GPU-aaaa-1", "cuda_index": 0})
