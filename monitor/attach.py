@@ -321,6 +321,8 @@ def recorder(name: str | None = None) -> Recorder:
                 run_id = int(env_run)
             elif job is not None:  # a rank of a job launched without `monitor run`
                 run_id = store.job_run(job, name or script, cfg)
+                if rank_identity()[0] == 0:  # the run lives as long as rank 0 (orphan check)
+                    store.update_run(run_id, pid=os.getpid())
                 atexit.register(lambda: store.finish_run(run_id, "finished"))
             else:
                 run_id = store.create_run(name or script, "attached", cfg)
