@@ -104,6 +104,9 @@ def test_page_shows_sawtooth_and_reacts_to_num_workers(server):
         kpi = page.locator('[data-testid="stMetric"]').first.bounding_box()
         assert chart["y"] + chart["height"] <= 1000 and kpi["y"] < chart["y"], (chart, kpi)
         expect(page.locator(".js-plotly-plot .main-svg").first).to_be_visible()
+        # the before-state for the picture: a full KPI window of the starved loop
+        expect(page.get_by_text(re.compile(r"KPIs over the last 10 s \(\d{2,} steps\)"))
+               .first).to_be_visible(timeout=60_000)
         SHOTS.mkdir(parents=True, exist_ok=True)
         page.screenshot(path=str(SHOTS / "sawtooth-before.png"))
 
