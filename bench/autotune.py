@@ -1,13 +1,14 @@
-"""Grid sweep vs autotune, back to back, on each preset.
+"""`monitor tune` against a grid sweep, on each preset, head to head.
 
-    python bench/autotune.py [--seconds 6] [--presets starving,io-bound,cpu-bound]
+    python bench/autotune.py [--seconds 6] [--presets starving,io-bound,cpu-bound,healthy]
 
-The grid is num_workers 0..2x cores x prefetch_factor {1, 2, 4}. Prints per preset: the
-grid's best (configuration and samples/s), the autotuner's pick and its measured samples/s,
-their ratio, the grid's own measurement of the autotuner's pick, and the time ratio
-(autotune seconds / grid seconds). Single measurements on a shared 2-core VM drift by 10-15%
-between minutes, so the two picks are then verified head to head: measured alternately,
-`--verify` times each, and the ratio of their medians printed. Figures only.
+The grid is num_workers 0..3x usable cores x prefetch_factor {1, 2, 4}. Per preset it
+prints the grid's best (configuration, samples/s, configurations, seconds) and the tuner's
+pick (the same, plus its settled line). A shared 2-core VM drifts 10-15% between minutes, so
+the two picks are then measured head to head: alternately, `--verify` times each, with runs
+of the same length, and the ratio of their medians printed, with the time ratio (tune
+seconds / grid seconds). Figures only: the goal is >= 0.95 of the grid's best in <= 0.35 of
+its time.
 """
 from __future__ import annotations
 
@@ -25,14 +26,26 @@ from monitor.tuning.experiment import Experiments
 from monitor.tuning.search import describe, find_knee, grid
 
 
+def head_to_head(runner: Experiments, a: LoaderConfig, b: LoaderConfig, times: int,
+                 ) -> tuple[list[float], list[float]]:
+    """Interleaved runs of equal length: a, b, b, a, a, b, ... (ABBA against drift)."""
+    out: tuple[list[float], list[float]] = ([], [])
+    for i in range(times):
+        order = (0, 1) if i % 2 == 0 else (1, 0)
+        for j in order:
+            out[j].append(runner.measure((a, b)[j]).throughput or 0.0)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seconds", type=float, default=6.0)
-    ap.add_argument("--presets", default="starving,io-bound,cpu-bound")
-    ap.add_argument("--verify", type=int, default=2)
+    ap.add_argument("--presets", default="starving,io-bound,cpu-bound,healthy")
+    ap.add_argument("--verify", type=int, default=3)
     a = ap.parse_args()
     rt = Runtime(Path(tempfile.mkdtemp()) / "autotune.db").start()
     top = rt.max_workers
+    rows = []
     try:
         for preset in a.presets.split(","):
             base = LoaderConfig.build(preset=preset)
@@ -41,31 +54,34 @@ def main() -> None:
             runner = Experiments(rt, a.seconds)
             g = runner.sweep(configs)
             knee = find_knee(g.results)
-            t = runner.tune(base, top)
-            tb = t.best or {}
-            tuned = tb.get("throughput") or 0.0
-            picked = LoaderConfig.from_dict(tb["config"]) if tb else None
-            in_grid = next((r.throughput for r in g.results if r.config == picked), None)
+            t = Experiments(rt, a.seconds)
+            t.pinned_step_ms = runner.pinned_step_ms  # the same device for both
+            ts = t.tune(base, top)
+            tb = ts.best or {}
+            picked = LoaderConfig.from_dict(tb["config"]) if tb else base
             print(f"{preset}: grid best {describe(knee.best.config)} "
                   f"{knee.best.throughput:.1f} samples/s ({len(g.results)} configs, "
                   f"{g.seconds:.0f} s)")
-            print(f"{preset}: autotune {describe(picked) if picked else '-'} {tuned:.1f} "
-                  f"samples/s ({len(t.results)} configs, {t.seconds:.0f} s); grid measured "
-                  f"that config at {in_grid or float('nan'):.1f}")
-            verified = 1.0
-            if picked is not None and picked != knee.best.config and a.verify:
-                pairs = {"best": [], "pick": []}
-                for _ in range(a.verify):
-                    pairs["best"].append(runner.measure(knee.best.config).throughput)
-                    pairs["pick"].append(runner.measure(picked).throughput)
-                verified = statistics.median(pairs["pick"]) / statistics.median(pairs["best"])
-                print(f"{preset}: head to head: grid best {pairs['best']}, autotune pick "
-                      f"{pairs['pick']}")
-            print(f"{preset}: ratio {tuned / knee.best.throughput:.3f} (as measured), "
-                  f"{verified:.3f} (head to head), time ratio {t.seconds / g.seconds:.3f}",
-                  flush=True)
+            print(f"{preset}: tune {describe(picked)} {tb.get('throughput') or 0:.1f} "
+                  f"samples/s ({len(ts.results)} runs, {ts.seconds:.0f} s): "
+                  f"{tb.get('settled')}")
+            ratio = 1.0
+            if picked != knee.best.config and a.verify:
+                best_runs, pick_runs = head_to_head(runner, knee.best.config, picked,
+                                                    a.verify)
+                ratio = statistics.median(pick_runs) / statistics.median(best_runs)
+                print(f"{preset}: head to head: grid best {[round(x) for x in best_runs]}, "
+                      f"tune pick {[round(x) for x in pick_runs]}")
+            rows.append((preset, describe(knee.best.config), describe(picked), ratio,
+                         ts.seconds / g.seconds, len(ts.results), len(g.results)))
+            print(f"{preset}: head to head {ratio:.3f}, time ratio "
+                  f"{ts.seconds / g.seconds:.3f}", flush=True)
     finally:
         rt.close()
+    print(f"\n{'preset':<10} {'grid best':<40} {'tune pick':<40} {'h2h':>6} {'time':>6} runs")
+    for p, gb, tp, r, tr, n, m in rows:
+        print(f"{p:<10} {gb:<40} {tp:<40} {r:6.3f} {tr:6.3f} {n}/{m}"
+              f"  {'met' if r >= 0.95 and tr <= 0.35 else 'NOT met'}")
 
 
 if __name__ == "__main__":

@@ -99,7 +99,7 @@ def _sweep(sub: argparse._SubParsersAction, common: argparse.ArgumentParser,
     s.add_argument("--param", action="append", default=[], metavar="NAME=V1,V2,...",
                    help="a swept setting, repeatable: num_workers=0,1,2,4 "
                         "prefetch_factor=1,2,4 batch_size=32,64 pin_memory=off,on "
-                        "persistent_workers=off,on (default: num_workers=0,1,2,...,2x cores)")
+                        "persistent_workers=off,on (default: num_workers=0,1,2,...,3x cores)")
     s.add_argument("--seconds-per-config", type=float, default=8.0,
                    help="measured seconds per configuration after its first batch (default 8)")
     s.add_argument("--windows", type=int, default=3,
@@ -124,7 +124,7 @@ def _tune(sub: argparse._SubParsersAction, common: argparse.ArgumentParser,
     t.add_argument("--budget-seconds", type=float, default=None,
                    help="stop trying new configurations after this long")
     t.add_argument("--max-workers", type=int, default=None,
-                   help=f"largest num_workers to try (default {limit}: 2x usable cores)")
+                   help=f"largest num_workers to try (default {limit}: 3x usable cores)")
 
 
 def _run(sub: argparse._SubParsersAction) -> None:
@@ -144,6 +144,12 @@ def _run(sub: argparse._SubParsersAction) -> None:
                    help="tune the script's loader by itself, epoch by epoch: measure, try the "
                         "next setting (applied at the next iter(loader)), keep it only if it "
                         "pays beyond the noise, stop when nothing is predicted to gain 3%%")
+    r.add_argument("--autotune-every-steps", type=int, default=None, metavar="N",
+                   help="with --autotune, judge every N steps and apply a change at a step "
+                        "boundary, without waiting for the epoch (for epochs of hours): only "
+                        "for a map-style dataset with a batch sampler, whose epoch order is "
+                        "then drawn at iter(loader) and resumed after the change; other "
+                        "loaders wait for the epoch, and the run says why")
     r.add_argument("--json", action="store_true",
                    help="after the script ends, print the summary (as measure --json) as the "
                         "last line of stdout")

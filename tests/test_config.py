@@ -58,7 +58,7 @@ def test_change_labels_name_each_changed_field():
 
 
 def test_worker_limit_is_passed_in_and_says_what_to_do():
-    assert max_workers(3) == 6 and max_workers(0) == 2
+    assert max_workers(3) == 9 and max_workers(0) == 3
     assert LoaderConfig.build(num_workers=4, worker_limit=4).num_workers == 4
     with pytest.raises(ConfigError, match="use at most 4"):
         LoaderConfig.build(num_workers=5, worker_limit=4)

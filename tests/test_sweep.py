@@ -26,8 +26,8 @@ def surface(kind: str):
         n, pf = cfg.num_workers, cfg.prefetch_factor or 2
         if kind == "starving":  # two workers feed the device; beyond, contention
             base = {0: 190, 1: 300, 2: 470, 3: 465, 4: 440}.get(n, 400)
-        elif kind == "io-bound":  # workers beyond cores keep helping
-            base = {0: 165, 1: 200, 2: 390, 3: 580, 4: 760}.get(n, 780)
+        elif kind == "io-bound":  # workers beyond cores keep helping (measured: best at 6)
+            base = {0: 165, 1: 200, 2: 390, 3: 580, 4: 741, 5: 820}.get(n, 865)
         elif kind == "cpu-bound":  # plateau at the core count
             base = {0: 130, 1: 150, 2: 240, 3: 236, 4: 225}.get(n, 220)
         else:
@@ -42,13 +42,18 @@ def fake_measure(kind: str, log: list):
     def measure(cfg: LoaderConfig) -> ConfigResult:
         log.append(cfg)
         t = thr(cfg)
-        advised = {"starving": 2, "io-bound": 4, "cpu-bound": 2}[kind] if cfg.num_workers == 0 \
+        advised = {"starving": 2, "io-bound": 5, "cpu-bound": 2}[kind] if cfg.num_workers == 0 \
             else None
         verdict = "cpu-bound" if kind == "cpu-bound" and cfg.num_workers >= 2 else "starving"
+        advice = [{"param": "num_workers", "value": advised,
+                   "predicted_throughput": thr(cfg.replace(num_workers=advised))}] \
+            if advised else []
         return ConfigResult(cfg, run_id=len(log), throughput=t, throughput_spread=0.02,
-                            data_wait_share=max(0.0, 1 - t / 800), device_busy_mean=t / 800,
+                            data_wait_share=max(0.0, 1 - t / 900), device_busy_mean=t / 900,
                             peak_memory_mb=300 + 200 * cfg.num_workers, seconds=10.0,
-                            advised_workers=advised, verdict=verdict)
+                            advised_workers=advised, verdict=verdict,
+                            assessment={"advice": advice, "throughput_windows":
+                                        [0.99 * t, t, 1.01 * t]})
     return measure
 
 
@@ -109,12 +114,14 @@ def test_sweep_skips_and_cancels():
 
 @pytest.mark.parametrize("kind", ["starving", "io-bound", "cpu-bound"])
 def test_autotune_finds_near_best_in_a_third_of_the_grid(kind):
-    configs = grid(BASE, {"num_workers": [0, 1, 2, 3, 4], "prefetch_factor": [1, 2, 4]})
+    """Grids to 3x the cores of a 2-core machine (0..6 workers x prefetch 1, 2, 4)."""
+    configs = grid(BASE, {"num_workers": list(range(7)), "prefetch_factor": [1, 2, 4]})
     thr = surface(kind)
     best = max(thr(c) for c in configs)
     log: list = []
-    state = autotune(BASE, fake_measure(kind, log), lambda r: r.advised_workers, 4)
+    state = autotune(BASE, fake_measure(kind, log), 6)
     assert state.best["throughput"] >= 0.95 * best
+    assert state.best["settled"].startswith("settled at")
     assert len(log) <= 0.35 * len(configs), [c.num_workers for c in log]
     assert len(set(log)) == len(log)  # nothing measured twice
 
@@ -126,15 +133,20 @@ def test_autotune_respects_the_time_budget():
         t[0] += 10.0
         return fake_measure("io-bound", [])(cfg)
 
-    state = autotune(BASE, slow, lambda r: r.advised_workers, 4, budget_s=15.0,
-                     clock=lambda: t[0])
+    state = autotune(BASE, slow, 6, budget_s=15.0, clock=lambda: t[0])
     assert len(state.results) == 2 and state.best is not None
 
 
 def test_autotune_without_a_prediction_still_climbs():
     log: list = []
-    state = autotune(BASE, fake_measure("starving", log), lambda r: None, 4)
+
+    def blind(cfg):  # no advice at all: the policy climbs a worker at a time
+        return dataclasses.replace(fake_measure("starving", log)(cfg), advised_workers=None,
+                                   assessment=None)
+
+    state = autotune(BASE, blind, 6)
     assert state.best["config"]["num_workers"] == 2
+    assert [c.num_workers for c in log][:4] == [0, 1, 2, 3]
     assert isinstance(state, SweepState) and state.error is None
 
 
@@ -146,6 +158,22 @@ def test_autotune_does_not_climb_when_the_cores_are_saturated():
         bump = {3: 1.05, 4: 1.1}.get(cfg.num_workers, 1.0)
         return dataclasses.replace(r, throughput=r.throughput * bump)
 
-    state = autotune(BASE, noisy, lambda r: r.advised_workers, 4)
-    assert [c.num_workers for c in log] == [0, 2, 1]
+    state = autotune(BASE, noisy, 6)
+    assert [c.num_workers for c in log] == [0, 2]  # cores-bound at 2: no step up, no prefetch
     assert state.best["config"]["num_workers"] == 2
+
+
+def test_autotune_reverts_a_failed_run_and_goes_on_from_the_best():
+    log: list = []
+
+    def oom_at_five(cfg):
+        r = fake_measure("io-bound", log)(cfg)
+        if cfg.num_workers == 5:
+            return dataclasses.replace(r, status="failed", throughput=None,
+                                       reason="workload process killed by signal 9 (SIGKILL)")
+        return r
+
+    state = autotune(BASE, oom_at_five, 6)
+    failed = [m for m in state.best["moves"] if m["failed"]]
+    assert failed and "SIGKILL" in failed[0]["failed"] and not failed[0]["kept"]
+    assert state.best["config"]["num_workers"] != 5 and state.best["throughput"] > 165

@@ -86,5 +86,5 @@ class Experiments:
 
     def tune(self, base: LoaderConfig, max_workers: int, budget_s: float | None = None,
              state: SweepState | None = None) -> SweepState:
-        return autotune(base, self.measure, lambda r: r.advised_workers, max_workers,
-                        budget_s, state, self.cancel)
+        return autotune(base, self.measure, max_workers, budget_s, state, self.cancel,
+                        memory_budget=memory_budget_mb(self.rt.memory_budget_mb))

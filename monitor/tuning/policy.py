@@ -1,15 +1,31 @@
-"""The live autotune policy: from one measured stretch of a running job to the next loader
-setting to try, kept only if it pays more than the measurement's noise. Pure: no store, no
-processes (monitor/tuning/live.py drives it from a running job's epochs).
+"""The one tuning policy, shared by `monitor tune` (each setting a fresh run, search.py) and the
+live autotuner (each setting a stretch of a running job, live.py): from one measured setting
+to the next one to try, kept only if it pays more than the measurement's noise. Pure: no
+store, no processes.
 
-Each observation is one setting's throughput over a stretch (an epoch, or a window of the
-managed workload) cut into parts; its noise is the parts' standard error. A move is kept when
-the new throughput beats the best so far by more than max(MIN_STEP_GAIN, NOISE_Z x the
-combined standard error); otherwise the job goes back to the best setting. Candidates, in
-order: the bound model's knee for num_workers (never past the memory budget or the usable
-cores' limit), one worker more while the data wait stays high and the cores are not the
-limit, prefetch_factor doubled, persistent_workers when epoch starts stall. It settles when
-no candidate is left that the model predicts to gain MIN_STEP_GAIN, or after MAX_MOVES.
+Each observation is one setting's throughput over a stretch (a run's steady window, an epoch,
+N steps, or a window of the managed workload) cut into parts; its noise is the parts'
+standard error, SE = stdev(parts) / sqrt(parts). A move is kept when the new throughput beats
+the best so far by more than max(MIN_STEP_GAIN, NOISE_Z x sqrt(SE_new² + SE_best²));
+otherwise the job goes back to the best setting (a fresh-run search simply measures from the
+best again). A move whose stretch failed (workers killed, out of memory) is reverted with
+its reason.
+
+Candidates, in order, from the best setting so far:
+1. the bound model's knee for num_workers (monitor/diagnosis/bound.py, searched up to
+   max_workers: 3x the usable cores, since storage-latency-bound loaders keep gaining past
+   the core count, which the model's io term says);
+2. from num_workers=0, a loader per usable core (one worker alone only overlaps loading
+   with the compute, a gain of at most the compute's share); else one worker more while the
+   data wait could still pay MIN_STEP_GAIN (removing a share s of waiting gains at most
+   s / (1 - s)) and the cores are not the limit;
+3. prefetch_factor doubled, on the same condition;
+4. persistent_workers when epoch starts stall;
+5. pin_memory on a CUDA device when the host-to-device copy shows in the step.
+A job found healthy at its first stretch is left alone. Never a move past max_workers or
+predicted (per-worker memory measured) to exceed the memory left. It settles when no
+candidate is left that is predicted to gain MIN_STEP_GAIN, or after max_moves, and says so
+in one line.
 """
 from __future__ import annotations
 
@@ -17,8 +33,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from monitor.diagnosis.rules import CORES_BOUND, EPOCH_STALL
-from monitor.diagnosis.thresholds import MIN_STEP_GAIN, PREFETCH_TRY_SHARE, STARVING_SHARE
+from monitor.diagnosis.rules import CORES_BOUND, EPOCH_STALL, HEALTHY, TRANSFER_BOUND
+from monitor.diagnosis.thresholds import MEMORY_HEADROOM, MIN_STEP_GAIN
 
 MAX_MOVES = 6
 NOISE_Z = 2.0
@@ -29,7 +45,8 @@ LIVE_KEYS = ("num_workers", "prefetch_factor", "pin_memory", "persistent_workers
 class Observation:
     """One setting measured: samples/s over the stretch and its standard error; what the
     diagnosis of the same stretch said (verdict, advised num_workers and its prediction,
-    data-wait share, per-worker memory, memory limit)."""
+    data-wait share, per-worker memory, memory left); `failed` says why nothing usable came
+    through (the stretch's run failed, workers were killed)."""
 
     settings: dict[str, Any]
     throughput: float
@@ -40,46 +57,68 @@ class Observation:
     predicted: float | None = None
     worker_memory_mb: float | None = None
     memory_left_mb: float | None = None
+    failed: str | None = None
+    cuda: bool = False
+    cores: int | None = None  # usable cores (affinity, cgroup quota)
 
 
 @dataclass(frozen=True, slots=True)
 class Move:
     settings: dict[str, Any]
     reason: str
+    revert: bool = False  # back to the best setting, already measured
+
+
+def memory_left_mb(available_mb: float | None, used_mb: float | None,
+                   budget_mb: float | None) -> float | None:
+    """What a move may add: the budget (the diagnosis's one resolver) less what the workload
+    uses, else MEMORY_HEADROOM of the machine's available memory; None when unknown."""
+    if budget_mb is not None:
+        return max(0.0, budget_mb - (used_mb or 0.0))
+    return None if available_mb is None else MEMORY_HEADROOM * available_mb
 
 
 @dataclass
-class LivePolicy:
-    """The state of one job's autotune; `observe` returns the next move, or None."""
+class Policy:
+    """The state of one search; `observe` returns the next move, or None (settled)."""
 
     max_workers: int
     max_moves: int = MAX_MOVES
+    unit: str = "stretch"  # what one observation is, for the settled line: epoch, run, ...
     best: Observation | None = None
     start: Observation | None = None
     moves: list[dict[str, Any]] = field(default_factory=list)
     tried: set = field(default_factory=set)
     settled: str | None = None
     pending: Move | None = None
+    observed: int = 0
 
-    def observe(self, obs: Observation) -> Move | None:
-        """Judge the stretch just measured, then say what to try next (None: stay)."""
+    def observe(self, obs: Observation, measured: bool = True) -> Move | None:
+        """Judge the stretch just measured, then say what to try next (None: stay).
+        `measured` False: an observation fed again, not a new stretch (a fresh-run search
+        going back to its best), left out of the count."""
         if self.settled:
             return None
+        self.observed += measured
         if self.start is None:
             self.start = self.best = obs
+            self.tried.add(_key(obs.settings))
+            if obs.verdict == HEALTHY:  # a fed device: a healthy job is left alone
+                return self._settle(None, "the loader keeps the device fed")
         elif self.pending is not None:
-            move = self.pending
-            self.pending = None
-            if self._beats(obs, self.best):
-                self._record(move, obs, kept=True)
+            move, self.pending = self.pending, None
+            kept = obs.failed is None and self._beats(obs, self.best)
+            self._record(move, obs, kept)
+            if kept:
                 self.best = obs
             else:
-                self._record(move, obs, kept=False)
-                back = Move(dict(self.best.settings), "back to the best setting: "
-                            f"{_desc(move.settings)} did not pay beyond the noise")
+                why = (f"{_desc(move.settings)} failed: {obs.failed}" if obs.failed else
+                       f"{_desc(move.settings)} did not pay beyond the noise")
+                back = Move(dict(self.best.settings), f"back to the best setting: {why}",
+                            revert=True)
                 if len(self.moves) >= self.max_moves:
-                    return self._settle(back)
-                return back  # measured again before the next candidate
+                    return self._settle(back, f"after {len(self.moves)} moves")
+                return back  # measured again (live) before the next candidate
         if len(self.moves) >= self.max_moves:
             return self._settle(None, f"after {len(self.moves)} moves")
         cand = self._candidate(self.best)
@@ -95,34 +134,47 @@ class LivePolicy:
         noise = NOISE_Z * math.sqrt(sum(e * e for e in errors)) if errors else 0.0
         return new.throughput - old.throughput > max(MIN_STEP_GAIN * old.throughput, noise)
 
-    def _candidate(self, b: Observation) -> Move | None:
+    def _options(self, b: Observation) -> list[tuple[dict, str]]:
         s, nw = b.settings, int(b.settings.get("num_workers") or 0)
-        options: list[tuple[dict, str]] = []
+        cores_bound = b.verdict in CORES_BOUND
+        out: list[tuple[dict, str]] = []
         if b.advised_workers is not None and b.predicted and \
-                b.predicted >= (1 + MIN_STEP_GAIN) * b.throughput:
-            options.append(({"num_workers": b.advised_workers}, "the bound model's knee: "
-                            f"predicted {b.predicted:,.0f} samples/s"))
-        if b.data_wait_share >= STARVING_SHARE and (b.verdict not in CORES_BOUND or nw == 0):
-            # from num_workers=0 the main process's own compute counts as busy cores: a
-            # worker may still overlap loading with it, and the measurement will say
-            options.append(({"num_workers": nw + 1}, f"data wait still "
-                            f"{b.data_wait_share:.0%}" + (" and the cores are not the limit"
-                                                          if nw else ": try a worker")))
-        if nw > 0 and b.data_wait_share > PREFETCH_TRY_SHARE and b.verdict not in CORES_BOUND:
-            options.append(({"prefetch_factor": 2 * int(s.get("prefetch_factor") or 2)},
-                            "deeper prefetch against jittery loading"))
+                b.predicted >= (1 + MIN_STEP_GAIN) * b.throughput and \
+                (b.advised_workers > nw or cores_bound):  # fewer: only off oversubscription
+            out.append(({"num_workers": b.advised_workers}, "the bound model's knee: "
+                         f"predicted {b.predicted:,.0f} samples/s"))
+        # what removing the whole data wait would give: share / (1 - share)
+        room = b.data_wait_share / max(1e-9, 1 - b.data_wait_share)
+        if room >= MIN_STEP_GAIN and nw == 0:
+            # one worker only overlaps loading with the compute (a gain of at most the
+            # compute's share): start with a loader per usable core
+            n = max(1, min(self.max_workers, b.cores or 1))
+            out.append(({"num_workers": n}, f"data wait {b.data_wait_share:.0%}: "
+                         f"a loader per usable core ({n})"))
+        elif room >= MIN_STEP_GAIN and not cores_bound:
+            out.append(({"num_workers": nw + 1}, f"data wait still {b.data_wait_share:.0%}"
+                         " and the cores are not the limit"))
+        if nw > 0 and room >= MIN_STEP_GAIN and not cores_bound:
+            out.append(({"prefetch_factor": 2 * int(s.get("prefetch_factor") or 2)},
+                        "deeper prefetch against jittery loading"))
         if nw > 0 and b.verdict == EPOCH_STALL and not s.get("persistent_workers"):
-            options.append(({"persistent_workers": True}, "epoch starts stall"))
-        for change, why in options:
+            out.append(({"persistent_workers": True}, "epoch starts stall"))
+        if b.cuda and b.verdict == TRANSFER_BOUND and not s.get("pin_memory"):
+            out.append(({"pin_memory": True}, "the host-to-device copy shows in the step"))
+        return out
+
+    def _candidate(self, b: Observation) -> Move | None:
+        s = b.settings
+        for change, why in self._options(b):
             new = {**s, **change}
             n = int(new.get("num_workers") or 0)
-            if not 0 <= n <= self.max_workers or _key(new) in self.tried \
-                    or _key(new) == _key(s) or not self._fits(b, n):
-                continue
             if n == 0:
                 new.update(prefetch_factor=None, persistent_workers=False)
             elif new.get("prefetch_factor") is None:
                 new["prefetch_factor"] = 2
+            if not 0 <= n <= self.max_workers or _key(new) in self.tried \
+                    or not self._fits(b, n):
+                continue
             return Move(new, why)
         return None
 
@@ -135,25 +187,33 @@ class LivePolicy:
     def _record(self, move: Move, obs: Observation, kept: bool) -> None:
         self.moves.append({"settings": move.settings, "reason": move.reason,
                            "throughput": obs.throughput, "best_before": self.best.throughput,
-                           "kept": kept})
+                           "kept": kept, "failed": obs.failed})
 
     def _settle(self, last: Move | None, why: str = "") -> Move | None:
         gain = self.best.throughput / self.start.throughput - 1 if self.start.throughput else 0
-        self.settled = (f"settled at {_desc(self.best.settings)} after {len(self.moves)} "
-                        f"move(s): {self.start.throughput:,.0f} → {self.best.throughput:,.0f}"
-                        f" samples/s ({gain:+.0%})" + (f"; {why}" if why else ""))
+        n = self.observed
+        self.settled = (f"settled at {_desc(self.best.settings)} after {n} {self.unit}"
+                        f"{'s' if n != 1 else ''}: {self.start.throughput:,.0f} → "
+                        f"{self.best.throughput:,.0f} samples/s ({gain:+.0%})"
+                        + (f"; {why}" if why else ""))
         return last
 
     def summary(self) -> dict[str, Any]:
         return {"moves": self.moves, "start": self.start.settings if self.start else None,
                 "final": self.best.settings if self.best else None,
+                "start_throughput": self.start.throughput if self.start else None,
+                "final_throughput": self.best.throughput if self.best else None,
                 "gain": (self.best.throughput / self.start.throughput - 1)
                 if self.start and self.start.throughput else None,
-                "settled": self.settled}
+                "observed": self.observed, "settled": self.settled}
 
 
 def _key(settings: dict[str, Any]) -> tuple:
     return tuple(settings.get(k) for k in LIVE_KEYS)
+
+
+def describe_settings(settings: dict[str, Any]) -> str:
+    return _desc(settings)
 
 
 def _desc(settings: dict[str, Any]) -> str:

@@ -7,14 +7,15 @@ in memory (from the per-worker memory measured so far). The knee is the cheapest
 configuration within KNEE_SHARE of the best, "cheapest" meaning fewer worker processes, then
 fewer prefetched batches, then smaller batches.
 
-Autotune measures the starting point, jumps to the bound model's predicted knee, then takes
-single steps of num_workers (and one of prefetch_factor) until no neighbour gains more than
-MIN_STEP_GAIN; no step up where the diagnosis found the cores saturated; it stops early on
-the time budget. It usually needs three or four configurations where a grid needs ten.
+Autotune is the one policy of policy.py (shared with the live autotuner) driven over fresh
+runs: the starting point, the bound model's knee, single steps up while the data wait stays
+high and the cores are not the limit, a deeper prefetch; each kept only if it beats the best
+by more than the noise. It usually needs three to five runs where a grid needs twenty.
 """
 from __future__ import annotations
 
 import itertools
+import statistics
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -22,13 +23,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from monitor.config import LoaderConfig
-from monitor.diagnosis.rules import CORES_BOUND
-from monitor.diagnosis.thresholds import (
-    KNEE_SHARE,
-    MEMORY_HEADROOM,
-    MIN_STEP_GAIN,
-    PREFETCH_TRY_SHARE,
-)
+from monitor.diagnosis.thresholds import KNEE_SHARE, MEMORY_HEADROOM
+from monitor.tuning.policy import LIVE_KEYS, Observation, Policy, memory_left_mb
 
 SWEEP_PARAMS = ("num_workers", "prefetch_factor", "batch_size", "pin_memory",
                 "persistent_workers")
@@ -219,97 +215,73 @@ def run_sweep(
     return state
 
 
-class _Climb:
-    """The state of one autotune: every configuration measured once, the best kept."""
-
-    def __init__(self, measure_fn: MeasureFn, state: SweepState, budget_s: float | None,
-                 cancel: threading.Event | None, clock: Callable[[], float]) -> None:
-        self.measure_fn, self.state, self.budget_s = measure_fn, state, budget_s
-        self.cancel, self.clock, self.t0 = cancel, clock, clock()
-        self.tried: dict[LoaderConfig, ConfigResult] = {}
-
-    def out_of_time(self) -> bool:
-        return (self.cancel is not None and self.cancel.is_set()) or (
-            self.budget_s is not None and self.clock() - self.t0 >= self.budget_s)
-
-    def run(self, cfg: LoaderConfig) -> ConfigResult | None:
-        if cfg in self.tried:
-            return self.tried[cfg]
-        if self.out_of_time():
-            return None
-        self.state.current = cfg
-        r = self.measure_fn(cfg)
-        self.tried[cfg] = r
-        self.state.add(r)
-        self.state.total = len(self.tried)
-        return r
-
-
-def score(r: ConfigResult | None) -> float:
-    return r.throughput if r is not None and r.status == "ok" and r.throughput else -1.0
-
-
-def beats(r: ConfigResult | None, best: ConfigResult | None) -> bool:
-    """r gains more than MIN_STEP_GAIN over best."""
-    return score(r) > (1 + MIN_STEP_GAIN) * score(best)
-
-
-def _cores_bound(r: ConfigResult) -> bool:
-    # the diagnosis saw the cores saturated: more workers or prefetch cannot help
-    return r.verdict in CORES_BOUND
-
-
-def _step_workers(c: _Climb, best: ConfigResult, max_workers: int) -> ConfigResult:
-    """Single num_workers steps from `best` until neither neighbour gains."""
-    improved = True
-    while improved and not c.out_of_time():
-        improved = False
-        n = best.config.num_workers
-        for m in (n + 1, n - 1):
-            if not 0 <= m <= max_workers or (m > n and _cores_bound(best)):
-                continue
-            cand = best.config.replace(num_workers=m)
-            if cand in c.tried:
-                continue
-            r = c.run(cand)
-            if beats(r, best):
-                best, improved = r, True
-                break
-            if m == n + 1 and score(r) >= 0:
-                break  # going up did not pay: the plateau starts here
-    return best
+def observation(r: ConfigResult, memory_budget: float | None = None) -> Observation:
+    """The policy's view of a fresh run: its steady-window throughput, the standard error of
+    that window's parts, and what its diagnosis advised; a failed run is a failed move."""
+    a = r.assessment or {}
+    ev = a.get("evidence") or {}
+    parts = [float(x) for x in a.get("throughput_windows") or [] if x]
+    se = statistics.stdev(parts) / len(parts) ** 0.5 if len(parts) >= 2 else None
+    knee = next((x for x in a.get("advice") or [] if x.get("param") == "num_workers"), None)
+    settings = {k: getattr(r.config, k) for k in LIVE_KEYS}
+    failed = None if r.status == "ok" and r.throughput else (r.reason or r.status)
+    return Observation(
+        settings, r.throughput or 0.0, se, r.verdict or "", r.data_wait_share or 0.0,
+        knee["value"] if knee else r.advised_workers,
+        knee.get("predicted_throughput") if knee else None,
+        ev.get("worker_uss_mb") or ev.get("worker_rss_mb"),
+        memory_left_mb(ev.get("mem_available_mb"), r.peak_memory_mb, memory_budget),
+        failed, a.get("accelerator_kind") == "cuda", ev.get("usable_cores"))
 
 
 def autotune(
-    base: LoaderConfig, measure_fn: MeasureFn, predict: Callable[[ConfigResult], int | None],
-    max_workers: int, budget_s: float | None = None, state: SweepState | None = None,
+    base: LoaderConfig, measure_fn: MeasureFn, max_workers: int,
+    budget_s: float | None = None, state: SweepState | None = None,
     cancel: threading.Event | None = None, clock: Callable[[], float] = time.monotonic,
+    memory_budget: float | None = None,
 ) -> SweepState:
-    """Seeded local search over num_workers (then one prefetch_factor step).
-
-    `predict(result)` returns the bound model's advised num_workers for a measured start (or
-    None). Each configuration is measured once; the best measured one wins.
-    """
+    """`monitor tune`: the one policy (policy.py) over fresh runs. Each setting it asks for is
+    measured once, as a run of its own; a revert needs no run (the best is measured). Stops
+    when the policy settles, on the time budget, or on cancel."""
     state = state or SweepState("tune", 0)
-    c = _Climb(measure_fn, state, budget_s, cancel, clock)
+    policy = Policy(max_workers, unit="run")
+    t0 = clock()
+    seen: dict[tuple, tuple[ConfigResult, Observation]] = {}
+
+    def run(cfg: LoaderConfig) -> Observation:
+        state.current = cfg
+        r = measure_fn(cfg)
+        state.add(r)
+        state.total = len(state.results)
+        obs = observation(r, memory_budget)
+        seen[_settings_key(cfg)] = (r, obs)
+        return obs
+
+    def out_of_time() -> bool:
+        return (cancel is not None and cancel.is_set()) or (
+            budget_s is not None and clock() - t0 >= budget_s)
+
     try:
-        best = c.run(base)
-        seed = predict(best) if best is not None and best.status == "ok" else None
-        if seed is not None and seed != base.num_workers:
-            r = c.run(base.replace(num_workers=seed))
-            best = r if score(r) > score(best) else best
-        if best is not None:
-            best = _step_workers(c, best, max_workers)
-        if best is not None and best.config.num_workers > 0 and (best.data_wait_share or 0) \
-                > PREFETCH_TRY_SHARE and not _cores_bound(best) and not c.out_of_time():
-            r = c.run(best.config.replace(prefetch_factor=(best.config.prefetch_factor or 2)
-                                          * 2))
-            best = r if beats(r, best) else best
-        if best is not None and best.status == "ok":
-            state.best = {"config": best.config.to_dict(), "throughput": best.throughput,
-                          "run_id": best.run_id}
+        move = policy.observe(run(base))
+        while move is not None and not out_of_time():
+            cfg = base.replace(**move.settings)
+            known = seen.get(_settings_key(cfg))
+            move = policy.observe(known[1], measured=False) if known else \
+                policy.observe(run(cfg))
+            if state.results and state.results[-1].status == "cancelled":
+                break
+        best = seen.get(_settings_key(base.replace(**policy.best.settings))) \
+            if policy.best else None
+        if best is not None and best[0].status == "ok" and best[0].throughput:
+            state.best = {"config": best[0].config.to_dict(), "throughput": best[0].throughput,
+                          "run_id": best[0].run_id, "settled": policy.settled,
+                          "moves": policy.moves}
     except Exception as exc:
         state.error = f"{type(exc).__name__}: {exc}"
     finally:
         state.finish()
     return state
+
+
+def _settings_key(cfg: LoaderConfig) -> tuple:
+    return tuple(getattr(cfg, k) for k in LIVE_KEYS)

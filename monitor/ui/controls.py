@@ -124,7 +124,7 @@ def render_controls(rt: Runtime, simulated: bool) -> None:
     nw_max = rt.max_workers
     sb.slider("num_workers", 0, nw_max, key=_key("num_workers"), **args,
               help=f"worker processes; 0 loads in the training process. This machine has "
-                   f"{nw_max // 2} usable cores (slider goes to 2x).")
+                   f"{nw_max // 3} usable cores (slider goes to 3x).")
     sb.select_slider("batch_size", BATCH_SIZES, key=_key("batch_size"), **args)
     no_workers = int(st.session_state[_key("num_workers")]) == 0
     sb.slider("prefetch_factor", 1, 16, key=_key("prefetch_factor"),
