@@ -9,6 +9,7 @@ from monitor.diagnosis import SIMULATED
 from monitor.gpu import workload_gpu
 from monitor.ui import panels
 from monitor.ui import view as views
+from monitor.ui.autotune_panel import render_autotune
 from monitor.ui.compare_panel import ask_compare_with_previous, render_compare
 from monitor.ui.controls import render_controls, shown_step_ms
 from monitor.ui.resources import get_runtime
@@ -106,6 +107,8 @@ def live_region() -> None:
     panels.render_verdict(a)
     live_now = run_id == manager.run_id and manager.is_alive() and not rt.jobs.running()
     panels.render_explain(a, apply_advice if live_now else None)
+    if view.run["status"] == "running" and (live_now or view.run["kind"] == "attached"):
+        render_autotune(rt, view.run)
     panels.render_other_charts(figs)
     if len(ranks) > 1:
         panels.render_ranks(a, view, rt.store.ranks(run_id), devices)

@@ -10,7 +10,8 @@ Two ways in, one recorder:
 Per step it records the data wait (blocked in `next()`) and the compute (from the batch's
 arrival to the next `next()`), per epoch (`iter()` call) the DataLoader's worker PIDs. At each
 epoch start it applies loader changes requested through the store's control table
-(num_workers, prefetch_factor, pin_memory, persistent_workers) and records when; settings a
+(num_workers, prefetch_factor, pin_memory, persistent_workers) and records when (or, under
+`--autotune-every-steps N`, at a step boundary: monitor/timed.py); settings a
 DataLoader fixes at construction (batch_size, sampler, ...) are refused with the reason.
 
 Only the standard library and monitor's store/records are imported here: the user's
@@ -30,8 +31,10 @@ from collections.abc import Iterator
 from typing import Any
 
 from monitor.config import ATTACHED_PREFIX, ConfigError, LoaderConfig, describe_change
+from monitor.identity import accelerator_kind, cuda_device, job_key, rank_identity
 from monitor.probe import Probe
 from monitor.store import Store
+from monitor.timed import TimedIterator, every_steps, why_not_resumable
 from monitor.watchdog import Watchdog
 
 RUN_ENV = "STARVATION_MONITOR_RUN_ID"
@@ -39,6 +42,7 @@ DB_ENV = "STARVATION_MONITOR_DB"
 FIXED_SETTINGS = ("batch_size", "drop_last", "sampler", "batch_sampler", "dataset",
                   "collate_fn", "shuffle")
 FLUSH_S = 0.5
+AWAIT_TUNER_S = 2.0  # the longest an epoch start waits for a searching autotuner
 
 
 def loader_settings(loader: Any) -> dict[str, Any]:
@@ -50,60 +54,6 @@ def loader_settings(loader: Any) -> dict[str, Any]:
         "pin_memory": bool(getattr(loader, "pin_memory", False)),
         "persistent_workers": bool(getattr(loader, "persistent_workers", False)),
     }
-
-
-def accelerator_kind() -> str:
-    """"cuda" when the script uses (or can use) CUDA, else "cpu": its step is real either
-    way, never simulated. Read from torch only if the script imported it."""
-    torch = sys.modules.get("torch")
-    cuda = getattr(torch, "cuda", None)
-    try:
-        if cuda is not None and (cuda.is_initialized() or cuda.is_available()):
-            return "cuda"
-    except Exception:  # a broken CUDA install is the script's to report, not ours
-        pass
-    return "cpu"
-
-
-def rank_identity(env: dict[str, str] | None = None) -> tuple[int, int | None, int]:
-    """(rank, local rank, world size) from the torch.distributed environment that torchrun
-    and other launchers set; (0, None, 1) for a single process."""
-    env = dict(os.environ) if env is None else env
-    def num(key: str) -> int | None:
-        try:
-            return int(env[key])
-        except (KeyError, ValueError):
-            return None
-    return num("RANK") or 0, num("LOCAL_RANK"), num("WORLD_SIZE") or 1
-
-
-def job_key() -> str | None:
-    """What the ranks of one job on this host share, under a torch.distributed launcher:
-    torchrun's run id, else the rendezvous address; None for a single process."""
-    if rank_identity()[2] <= 1:
-        return None
-    run = os.environ.get("TORCHELASTIC_RUN_ID") or \
-        f"{os.environ.get('MASTER_ADDR', '')}:{os.environ.get('MASTER_PORT', '')}"
-    return f"job:{run}@{socket.gethostname()}"
-
-
-def cuda_device() -> dict[str, Any] | None:
-    """This process's CUDA device as NVML can match it (uuid, PCI location, CUDA index and
-    CUDA_VISIBLE_DEVICES), or None without CUDA in use. Never initialises CUDA itself."""
-    torch = sys.modules.get("torch")
-    cuda = getattr(torch, "cuda", None)
-    try:
-        if cuda is None or not cuda.is_initialized():
-            return None
-        idx = cuda.current_device()
-        p = cuda.get_device_properties(idx)
-        uuid = getattr(p, "uuid", None)
-        pci = [getattr(p, k, None) for k in ("pci_domain_id", "pci_bus_id", "pci_device_id")]
-        return {"cuda_index": idx, "uuid": f"GPU-{uuid}" if uuid is not None else None,
-                "pci": pci if None not in pci else None,
-                "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
-    except Exception:  # the script's CUDA is the script's business
-        return None
 
 
 class Recorder:
@@ -119,6 +69,7 @@ class Recorder:
         self.loader_id: int | None = None
         self.lock = threading.Lock()
         self.stopped: str | None = None  # why recording stopped (the training goes on)
+        self.said_no_midepoch = False
         self.watchdog = Watchdog(self.probe, on_stall=self._say).start()
         atexit.register(self.close)
 
@@ -168,16 +119,60 @@ class Recorder:
         if self.stopped:
             return
         try:
+            if self.epoch > 0:
+                self._await_tuner()
             self._epoch_control(loader)
         except Exception as exc:  # the store failed: the training goes on without us
             self._stop_recording(exc)
 
+    def _await_tuner(self) -> None:
+        """While an autotuner is searching (monitor/tuning/live.py), say the last epoch is
+        done and give it up to AWAIT_TUNER_S to judge it, so its next setting lands at this
+        epoch, not the one after. One read per epoch when no autotuner is on."""
+        key = f"{self.run_id}:{self.rank}"
+        if self.store.meta(f"autotune:{self.run_id}") != "on":
+            return
+        done = self.epoch - 1
+        self.store.set_meta(f"epoch_done:{key}", str(done))
+        deadline = time.monotonic() + AWAIT_TUNER_S
+        pause = threading.Event()
+        while time.monotonic() < deadline:
+            ack = self.store.meta(f"autotune_ack:{key}")
+            if ack is not None and (not ack.lstrip("-").isdigit() or int(ack) >= done):
+                return  # judged (or settled: any non-number)
+            pause.wait(0.02)
+
     def _epoch_control(self, loader: Any) -> None:
-        first = self.epoch == 0
-        if first:
+        if self.epoch == 0:
             settings = loader_settings(loader)
             self._report(settings)
             self.store.add_event(self.run_id, "config", "start", {**settings, "rank": self.rank})
+        self._apply_requests(loader)
+
+    def apply_pending(self, loader: Any, at_step: int) -> bool:
+        """Mid-epoch (monitor/timed.py): apply pending requests at this step boundary; True
+        when the loader's settings changed (its iterator must then be rebuilt)."""
+        if self.stopped:
+            return False
+        seq = self.config_seq
+        try:
+            self._apply_requests(loader, at_step)
+        except Exception as exc:
+            self._stop_recording(exc)
+        return self.config_seq != seq
+
+    def resumable(self, loader: Any) -> bool:
+        """Whether mid-epoch changes can apply to this loader; says why not, once."""
+        why = why_not_resumable(loader)
+        if why is not None and not self.said_no_midepoch:
+            self.said_no_midepoch = True
+            self._say(f"mid-epoch changes are off for this loader: {why}")
+            if not self.stopped:
+                self.store.add_event(self.run_id, "autotune", f"mid-epoch changes off: {why}",
+                                     {"rank": self.rank})
+        return why is None
+
+    def _apply_requests(self, loader: Any, at_step: int | None = None) -> None:
         reqs = [(cid, kind, payload) for cid, kind, payload in
                 self.store.control_after(self.run_id, self.last_control) if _for_me(payload,
                                                                                     self.rank)]
@@ -191,7 +186,7 @@ class Recorder:
                 self.store.mark_control(cid, f"refused: attached runs take loader settings "
                                              f"only, not {kind!r}")
                 continue
-            self.store.mark_control(cid, self.apply(loader, payload))
+            self.store.mark_control(cid, self.apply(loader, payload, at_step))
 
     def _report(self, settings: dict[str, Any]) -> None:
         """This process's rank, loader settings and accelerator, for the store; rank 0 (or a
@@ -208,11 +203,12 @@ class Recorder:
                 **settings, "workload": f"{ATTACHED_PREFIX}{self.script}"},
                 accelerator_kind=kind, accelerator=f"your script's own step ({kind})", **extra)
 
-    def apply(self, loader: Any, payload: dict[str, Any]) -> str:
+    def apply(self, loader: Any, payload: dict[str, Any], at_step: int | None = None) -> str:
         """Apply a requested change to the loader before its next iterator is built; the
         request is validated and normalised by LoaderConfig like any other setting."""
         before = loader_settings(loader)
-        payload = {k: v for k, v in payload.items() if k != "rank"}
+        source = payload.get("source")  # who asked ("autotune: why"), for the marker
+        payload = {k: v for k, v in payload.items() if k not in ("rank", "source")}
         fixed = [k for k in FIXED_SETTINGS if k in payload and payload[k] != before.get(k)]
         if fixed:
             return (f"refused: {', '.join(fixed)} cannot change after the DataLoader is built; "
@@ -235,11 +231,15 @@ class Recorder:
         after = loader_settings(loader)
         self.probe.config_seq += 1
         label = describe_change(before, after) or "settings"
+        if isinstance(source, str) and source.startswith("autotune"):
+            label = f"autotune: {label}"
+        where = f"epoch {self.epoch}" + (f", step {at_step}" if at_step else "")
         self.store.add_event(self.run_id, "config", label if self.world_size == 1 else
                              f"rank {self.rank}: {label}",
-                             {**after, "applied_at_epoch": self.epoch, "rank": self.rank})
+                             {**after, "applied_at_epoch": self.epoch, "rank": self.rank,
+                              "applied_at_step": at_step})
         self._report(after)
-        return f"ok: applied at epoch {self.epoch}" + (
+        return f"ok: applied at {where}" + (
             f" (rank {self.rank})" if self.world_size > 1 else "")
 
     def note_workers(self, it: Any) -> None:
@@ -263,43 +263,6 @@ def _covering(payload: Any, later: list[tuple[int, str, Any]]) -> int | None:
         if kind == "config" and isinstance(p, dict) and keys and keys <= set(p):
             return cid
     return None
-
-
-class TimedIterator:
-    """Wraps a DataLoader iterator: times each next() and the gap until the following one."""
-
-    def __init__(self, inner: Any, rec: Recorder, t_start: float) -> None:
-        self._inner, self._rec = inner, rec
-        self._t_req = t_start  # iter() counts in the epoch's first wait: workers start there
-        self._t_got: float | None = None
-        self._batch: Any = None
-
-    def __iter__(self) -> TimedIterator:
-        return self
-
-    def __next__(self) -> Any:
-        now = time.perf_counter()
-        probe = self._rec.probe
-        if self._t_got is not None:
-            self._rec.record(self._t_req, self._t_got, now, self._batch)
-            self._t_req = time.perf_counter()  # a flush in record() is neither wait nor step
-        probe.waiting_since = self._t_req  # the watchdog's clock: waiting for data
-        try:
-            batch = next(self._inner)
-        except StopIteration:
-            self._t_got = None
-            self._rec.flush()
-            raise
-        finally:
-            probe.waiting_since = None
-        self._t_got, self._batch = time.perf_counter(), batch
-        return batch
-
-    def __len__(self) -> int:
-        return len(self._inner)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._inner, name)
 
 
 _recorder: Recorder | None = None
@@ -340,9 +303,9 @@ def timed_iter(loader: Any, orig_iter: Any) -> Iterator[Any]:
         return orig_iter(loader)  # another loader (validation, say): not ours to time
     t0 = time.perf_counter()
     rec.start_epoch(loader)
-    it = orig_iter(loader)
-    rec.note_workers(it)
-    return TimedIterator(it, rec, t0)
+    it = TimedIterator(loader, orig_iter, rec, t0, every_steps())
+    rec.note_workers(it._inner)
+    return it
 
 
 def watch(loader: Any, name: str | None = None) -> Iterator[Any]:

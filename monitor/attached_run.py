@@ -21,7 +21,8 @@ from monitor.config import ATTACHED_PREFIX
 from monitor.export.prometheus import ExporterError
 from monitor.runtime import Runtime
 from monitor.store import Store, StoreError, explain
-from monitor.tuning.live import LiveTuner
+from monitor.timed import EVERY_ENV
+from monitor.tuning.live import MIN_STEPS, Cadence, LiveTuner
 
 ROOT = Path(__file__).resolve().parent.parent
 INJECT = Path(__file__).resolve().parent / "_inject"
@@ -156,6 +157,13 @@ def run_attached(args: argparse.Namespace) -> int:
         print("error: give the command after --, e.g. python -m monitor run -- python "
               "train.py", file=sys.stderr)
         return 2
+    every = args.autotune_every_steps
+    if every is not None and (every < MIN_STEPS or not args.autotune):
+        print(f"error: --autotune-every-steps takes a number of steps >= {MIN_STEPS} (a "
+              "shorter stretch is mostly noise), with --autotune" if args.autotune else
+              "error: --autotune-every-steps goes with --autotune: add --autotune",
+              file=sys.stderr)
+        return 2
     try:
         rt = Runtime(args.db)
     except StoreError as exc:
@@ -175,6 +183,8 @@ def run_attached(args: argparse.Namespace) -> int:
     run_id = store.create_run(args.name or script, "attached",
                               {"preset": "custom", "workload": f"{ATTACHED_PREFIX}{script}"})
     env = script_env(store, run_id)
+    if every is not None:
+        env[EVERY_ENV] = str(every)
     rt.start()
     try:
         # its own process group, so signals reach the script and its DataLoader workers
@@ -189,7 +199,9 @@ def run_attached(args: argparse.Namespace) -> int:
     rt.collector.follow(proc.pid, run_id)
     print(f"starvation-monitor: run {run_id} recording to {store.path} (pid {proc.pid})",
           file=sys.stderr)
-    tuner = LiveTuner(store, run_id, rt.context()).start() if args.autotune else None
+    cadence = Cadence("steps", every) if every else Cadence("epoch")
+    tuner = LiveTuner(store, run_id, rt.context(), cadence=cadence).start() \
+        if args.autotune else None
     rc, asked = _supervise(proc, rt)
     if tuner is not None:
         tuner.stop()

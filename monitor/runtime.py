@@ -20,8 +20,9 @@ cite it.
   The first writer of a run's final status wins (Store.finish_run): 4 and 5 never overwrite
   each other.
   Owners:
-  6. Runtime.close (CLI commands, benches, the dashboard at interpreter exit): cancel a
-     running sweep or tune first (it owns the manager's workload), then close the manager
+  6. Runtime.close (CLI commands, benches, the dashboard at interpreter exit): stop the
+     page's autotuners (they only request; the job keeps its last applied setting), cancel a
+     running sweep or tune (it owns the manager's workload), then close the manager
      (1, then 3), then stop the collector (it flushes its last samples).
   7. The CLI turns SIGTERM into KeyboardInterrupt so 6 runs from its `finally`; exit 130.
   8. Attached runs (`monitor run`): the script is not ours to stop. Signals sent to the
@@ -41,6 +42,7 @@ from monitor.host import cpu_budget, usable_cores
 from monitor.session import SessionManager
 from monitor.store import Store
 from monitor.tuning.jobs import JobHolder
+from monitor.tuning.live import Cadence, LiveTuner
 
 
 class Runtime:
@@ -66,6 +68,7 @@ class Runtime:
         self.workload_error: str | None = None  # why that dataset could not be used
         self.metrics_server: Any = None
         self.metrics_error: str | None = None  # why /metrics could not be served
+        self.autotunes: dict[int, LiveTuner] = {}  # the page's Auto-tune switches, by run
         self._closed = False
 
     def start(self) -> Runtime:
@@ -86,12 +89,54 @@ class Runtime:
         """The machine's limits for an assessment, read now (cgroup throttling changes)."""
         return Context(cpu_budget(), self.max_workers, self.memory_budget_mb)
 
+    def autotune(self, run_id: int, on: bool) -> str | None:
+        """The page's Auto-tune switch for a running run: the managed workload (through the
+        session manager, measured in windows) or an attached script (through its control
+        requests, measured per epoch). Returns why it cannot, else None."""
+        tuner = self.autotunes.get(run_id)
+        if not on:
+            if tuner is not None:
+                tuner.stop()
+                self.store.add_event(run_id, "autotune", "auto-tune off", {})
+            self.autotunes.pop(run_id, None)
+            return None
+        if tuner is not None and tuner.alive:
+            return None
+        run = self.store.run(run_id) or {}
+        if run.get("status") != "running":
+            return f"run {run_id} is not running: auto-tune tunes a running job"
+        if self.jobs.running():
+            return "a sweep or tune owns the workload: stop it first"
+        if run.get("kind") == "attached":
+            tuner = LiveTuner(self.store, run_id, self.context(), cadence=Cadence("epoch"))
+        elif run_id == self.manager.run_id:
+            def request(settings: dict[str, Any], source: str) -> int | None:
+                return self.manager.reconfigure(self.manager.config.replace(**settings),
+                                                source=source)
+            tuner = LiveTuner(self.store, run_id, self.context(), cadence=Cadence("window"),
+                              request=request)
+        else:
+            return f"run {run_id} belongs to another process: tune it there"
+        self.autotunes[run_id] = tuner.start()
+        return None
+
+    def autotune_summary(self, run_id: int) -> dict[str, Any] | None:
+        """The switch's state for the page: None when off, else the tuner's summary, with
+        `running` (False once settled, ended or stopped by an error)."""
+        tuner = self.autotunes.get(run_id)
+        if tuner is None:
+            return None
+        return {**tuner.summary(), "running": tuner.alive, "unit": tuner.cadence.unit}
+
     def close(self) -> None:
-        """NOTE [shutdown protocol] 6: jobs, then the workload, then the collector."""
+        """NOTE [shutdown protocol] 6: autotuners and jobs, then the workload, then the
+        collector."""
         if self._closed:
             return
         self._closed = True
         try:
+            for tuner in list(self.autotunes.values()):
+                tuner.stop()
             self.jobs.stop()
             self.manager.close()
         finally:

@@ -131,11 +131,12 @@ class SessionManager:
                 return None
             return self.start()
 
-    def reconfigure(self, config: LoaderConfig) -> int | None:
+    def reconfigure(self, config: LoaderConfig, source: str | None = None) -> int | None:
         """Apply new settings to the running workload (within about a step and 0.25 s).
 
         A preset change starts a new run; returns the control request id, or the new run id
         for a restart (None when nothing runs: the settings are kept for the next start).
+        `source` ("autotune: why") labels the change's marker.
         """
         if not isinstance(config, LoaderConfig):
             raise ConfigError("reconfigure needs a LoaderConfig")
@@ -148,7 +149,8 @@ class SessionManager:
                 return self.start(config)
             if config == old:
                 return None
-            return self.store.request_control(self.run_id, "config", config.to_dict())
+            payload = config.to_dict() | ({"source": source} if source else {})
+            return self.store.request_control(self.run_id, "config", payload)
 
     def stop(self, timeout: float | None = None) -> None:
         """Ask the workload to stop; terminate, then kill, it and its children if it does not

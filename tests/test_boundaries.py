@@ -33,6 +33,11 @@ FORBIDDEN = [
                                     "monitor.tuning"]),
     ("monitor/assess.py", [m for m in PURE if m != "psutil"] + ["monitor.tuning"]),
     ("monitor/tuning/search.py", PURE + ["monitor.store", "monitor.host", "monitor.assess"]),
+    ("monitor/tuning/policy.py", PURE + ["monitor.store", "monitor.host", "monitor.assess",
+                                        "pandas"]),
+    # in the user's script beside the probe: the standard library only
+    ("monitor/identity.py", ["monitor.", "pandas", "psutil"]),
+    ("monitor/timed.py", ["monitor.store", "monitor.assess", "pandas", "psutil"]),
     ("monitor/records.py", ["monitor.", "pandas", "psutil"]),
     ("monitor/config.py", ["monitor.host", "monitor.store", "psutil", "pandas"]),
     ("monitor/store/*", ["monitor.session", "monitor.assess", "monitor.ui", "psutil"]),

@@ -1,16 +1,19 @@
-"""The live autotune policy on synthetic measurement sequences, and a real attached run
-tuned by itself."""
+"""The one tuning policy on synthetic measurement sequences, and real attached scripts
+tuned live: against a grid of fresh runs, mid-epoch, and a healthy script left alone."""
 from __future__ import annotations
 
 import json
 import os
+import re
+import statistics
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from monitor.tuning.policy import LivePolicy, Observation
+from monitor.diagnosis.thresholds import OTHER_LOAD_CORES
+from monitor.tuning.policy import Observation, Policy
 
 ROOT = Path(__file__).resolve().parent.parent
 START = {"num_workers": 0, "prefetch_factor": None, "pin_memory": False,
@@ -24,16 +27,16 @@ def obs(settings: dict, thr: float, se: float | None = 2.0, verdict: str = "star
 
 
 def test_jumps_to_the_knee_keeps_what_pays_and_settles():
-    p = LivePolicy(max_workers=4)
+    p = Policy(max_workers=4)
     m = p.observe(obs(START, 100.0, advised=2, predicted=250.0))
     assert m.settings["num_workers"] == 2 and m.settings["prefetch_factor"] == 2
-    m = p.observe(obs(m.settings, 240.0, share=0.05, verdict="healthy"))
+    m = p.observe(obs(m.settings, 240.0, share=0.02, verdict="healthy"))  # 2% left: < 3%
     assert p.moves[-1]["kept"] and p.best.throughput == 240.0
     assert m is None and p.settled and "100 → 240 samples/s (+140%)" in p.settled
 
 
 def test_a_gain_within_the_noise_is_reverted():
-    p = LivePolicy(max_workers=4)
+    p = Policy(max_workers=4)
     one = p.observe(obs(START, 100.0, se=10.0, advised=1, predicted=150.0))
     back = p.observe(obs(one.settings, 115.0, se=10.0))  # +15% but 2 x 14 = 28 of noise
     assert not p.moves[-1]["kept"] and back.settings == START
@@ -41,7 +44,7 @@ def test_a_gain_within_the_noise_is_reverted():
 
 
 def test_a_plateau_ends_the_search():
-    p = LivePolicy(max_workers=8)
+    p = Policy(max_workers=8)
     m = p.observe(obs(START, 100.0, advised=3, predicted=300.0))
     m = p.observe(obs(m.settings, 290.0, share=0.2))  # still waiting: one more worker
     assert m.settings["num_workers"] == 4
@@ -55,7 +58,7 @@ def test_a_plateau_ends_the_search():
 
 
 def test_a_move_past_the_memory_budget_is_never_made():
-    p = LivePolicy(max_workers=8)
+    p = Policy(max_workers=8)
     m = p.observe(obs(START, 100.0, advised=6, predicted=500.0, per_worker=400.0, left=1000.0))
     assert m.settings["num_workers"] == 1  # not the knee: 6 x 400 MB > 1000 MB left
     m = p.observe(obs(m.settings, 180.0, advised=6, predicted=500.0, per_worker=400.0,
@@ -67,36 +70,129 @@ def test_a_move_past_the_memory_budget_is_never_made():
 
 
 def test_a_healthy_job_is_left_alone():
-    p = LivePolicy(max_workers=4)
-    assert p.observe(obs(START, 300.0, verdict="healthy", share=0.02)) is None
-    assert p.moves == [] and "no candidate" in p.settled
+    p = Policy(max_workers=4)
+    assert p.observe(obs(START, 300.0, verdict="healthy", share=0.06)) is None
+    assert p.moves == [] and "keeps the device fed" in p.settled
 
 
 def test_a_failed_move_is_reverted_with_its_reason():
-    p = LivePolicy(max_workers=4)
+    p = Policy(max_workers=4)
     m = p.observe(obs(START, 100.0, advised=2, predicted=250.0))
     back = p.observe(obs(m.settings, 0.0))  # workers killed: nothing came through
     assert back.settings == START and p.moves[-1]["throughput"] == 0.0
 
 
-@pytest.mark.slow
-def test_an_attached_script_tunes_its_own_loader(tmp_path, no_leaks):
-    db = tmp_path / "t.db"
-    """A loader waiting on storage (4 ms a sample) at num_workers=0: the autotuner measures
-    the first epoch, jumps to the bound model's knee, and keeps it because it pays."""
+def test_from_no_workers_without_a_prediction_it_starts_with_a_loader_per_core():
+    """One worker alone only overlaps loading with a 5% compute: no climb through it."""
+    p = Policy(max_workers=6)
+    m = p.observe(Observation(START, 300.0, 3.0, "cpu-bound", 0.95, cores=2))
+    assert m.settings["num_workers"] == 2 and "per usable core" in m.reason
+    m = p.observe(Observation(m.settings, 420.0, 3.0, "cpu-bound", 0.9, cores=2))
+    assert m is None and p.best.throughput == 420.0  # cores-bound: no worker past them
+
+
+def monitor_run(db: Path, script: str, *args: str, tune: tuple = ("--autotune",),
+                ) -> tuple[subprocess.CompletedProcess, dict]:
     r = subprocess.run([sys.executable, "-m", "monitor", "run", "--db", str(db), "--json",
-                        "--autotune", "--", sys.executable,
-                        str(ROOT / "tests" / "scripts" / "slow_loader.py"), "--epochs", "6"],
-                       cwd=ROOT, capture_output=True, text=True, timeout=300,
+                        *tune, "--", sys.executable, str(ROOT / "tests" / "scripts" / script),
+                        *args], cwd=ROOT, capture_output=True, text=True, timeout=300,
                        env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert r.returncode == 0, r.stderr
-    d = json.loads(r.stdout.strip().splitlines()[-1])
+    return r, json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def bare_rate(nw: int, epochs: int = 3) -> float:
+    """The script run bare (no monitor) at a fixed num_workers: the median of its own
+    per-epoch samples/s, the first epoch left out."""
+    r = subprocess.run([sys.executable, str(ROOT / "tests" / "scripts" / "cpu_loader.py"),
+                        "--epochs", str(epochs), "--num-workers", str(nw), *CPU_ARGS],
+                       capture_output=True, text=True, timeout=120, check=True)
+    rates = [float(m) for m in re.findall(r"([\d.]+) samples/s", r.stdout)]
+    return statistics.median(rates[1:])
+
+
+CPU_ARGS = ("--work", "30")
+
+
+def data_of(events) -> list[dict]:
+    return [json.loads(x) for x in events["data"] if isinstance(x, str)]
+
+
+@pytest.mark.slow
+def test_live_autotune_reaches_the_best_fixed_setting_of_a_grid(tmp_path, no_leaks):
+    """A script with CPU-heavy loading at num_workers=0 is tuned live, and its final
+    setting, within 5 epochs, runs within 5% of the best of a grid of fresh bare runs
+    (measured head to head). On a machine where other processes take cores the autotuner
+    does not compete for them (the bound model's cores are the ones left), so there it must
+    only end no slower than it began."""
+    grid = {nw: bare_rate(nw) for nw in (0, 1, 2, 3)}
+    best = max(grid, key=grid.get)
+    r, d = monitor_run(tmp_path / "t.db", "cpu_loader.py", "--epochs", "6", *CPU_ARGS)
     tune = d["autotune"]
-    assert tune["start"]["num_workers"] == 0 and tune["moves"][0]["kept"]
-    assert tune["final"]["num_workers"] >= 2 and tune["gain"] > 0.5
-    assert "autotune" in r.stderr
+    final = tune["final"]["num_workers"]
+    assert tune["start"]["num_workers"] == 0 and tune["moves"], r.stderr
     from monitor.store import Store
 
-    events = Store(db).events(1)
-    assert (events["kind"] == "autotune").any()
-    assert events["label"].str.startswith("num_workers 0→").any()  # the move, as a marker
+    events = Store(tmp_path / "t.db").events(1)
+    applied = [e["applied_at_epoch"] for e in data_of(events)
+               if e.get("num_workers") == final
+               and e.get("applied_at_epoch") is not None]
+    assert final == 0 or (applied and min(applied) <= 4)  # in use from the 5th epoch on
+    pairs: dict[int, list[float]] = {best: [], final: []}
+    for order in ((final, best), (best, final)) if final != best else ():
+        for nw in order:  # interleaved: the box drifts between minutes
+            pairs[nw].append(bare_rate(nw))
+    ratio = statistics.median(pairs[final]) / statistics.median(pairs[best]) \
+        if final != best else 1.0
+    others = d["evidence"]["other_cpu_cores"] or 0.0
+    note = f"grid {grid}, final {final}, head to head {pairs}, other load {others:.2f} cores"
+    if others < OTHER_LOAD_CORES:
+        assert ratio >= 0.95, note
+    else:
+        assert tune["final_throughput"] >= tune["start_throughput"], note
+
+
+@pytest.mark.slow
+def test_mid_epoch_moves_keep_every_sample_once(tmp_path, no_leaks):
+    """One long epoch (a shuffled map-style dataset): with --autotune-every-steps the move
+    lands at a step boundary inside the epoch, and the epoch still yields every sample
+    exactly once."""
+    r, d = monitor_run(tmp_path / "m.db", "slow_loader.py", "--epochs", "1", "--samples",
+                       "2400", "--shuffle", tune=("--autotune", "--autotune-every-steps",
+                                                  "30"))
+    assert "epoch 0: every sample once: True" in r.stdout
+    assert d["autotune"]["moves"] and d["autotune"]["moves"][0]["kept"], r.stderr
+    from monitor.store import Store
+
+    ev = Store(tmp_path / "m.db").events(1)
+    steps = [e.get("applied_at_step") for e in data_of(ev)]
+    assert any(s for s in steps), "no change applied mid-epoch"
+    assert ev["label"].str.startswith("autotune: num_workers 0→").any()  # the marker
+
+
+@pytest.mark.slow
+def test_a_healthy_script_is_left_alone(tmp_path, no_leaks):
+    """Cheap samples and a long device step: the loader keeps up at num_workers=0, so the
+    autotuner says so and asks for nothing."""
+    r, d = monitor_run(tmp_path / "h.db", "cpu_loader.py", "--epochs", "3", "--work", "0",
+                       "--samples", "320", "--step-ms", "25")
+    tune = d["autotune"]
+    assert tune["moves"] == [] and "keeps the device fed" in (tune["settled"] or ""), r.stderr
+    from monitor.store import Store
+
+    assert Store(tmp_path / "h.db").control_requests(1).empty
+
+
+def test_mid_epoch_needs_a_position_to_resume_from():
+    torch = pytest.importorskip("torch")
+    from torch.utils.data import DataLoader, IterableDataset
+
+    from monitor.timed import why_not_resumable
+
+    class Stream(IterableDataset):
+        def __iter__(self):
+            return iter(range(10))
+
+    assert "IterableDataset" in why_not_resumable(DataLoader(Stream(), batch_size=2))
+    assert "batch sampler" in why_not_resumable(DataLoader(list(range(10)), batch_size=None))
+    assert why_not_resumable(DataLoader(torch.arange(10), batch_size=2, shuffle=True)) is None

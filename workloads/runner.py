@@ -98,6 +98,7 @@ class ManagedWorkload:
         self.loader: DataLoader | None = None
         self.pending: LoaderConfig | None = None
         self.pending_id = 0
+        self.pending_source: str | None = None  # "autotune: why" when the autotuner asked
         self.stop_reason: str | None = None
 
     def _step_time(self, cfg: LoaderConfig) -> float:
@@ -155,6 +156,7 @@ class ManagedWorkload:
                 return True
             if kind == "config":
                 try:
+                    source = payload.pop("source", None) if isinstance(payload, dict) else None
                     new = LoaderConfig.from_dict(payload)
                     if new.preset != self.config.preset:
                         raise ConfigError("a preset change starts a new run (session manager)")
@@ -165,6 +167,7 @@ class ManagedWorkload:
                     self.store.mark_control(self.pending_id, f"superseded by request {cid}")
                 self.pending = new
                 self.pending_id = cid
+                self.pending_source = source
         return self.pending is not None and self._needs_rebuild(self.pending)
 
     def _needs_rebuild(self, new: LoaderConfig) -> bool:
@@ -176,6 +179,8 @@ class ManagedWorkload:
 
     def _apply(self, new: LoaderConfig) -> None:
         label = describe_change(self.config, new)
+        if str(self.pending_source or "").startswith("autotune"):
+            label = f"autotune: {label}"
         self.accel.configure(self._step_time(new), new.model_size)
         self.config = new
         self.probe.config_seq += 1

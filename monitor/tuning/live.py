@@ -1,132 +1,324 @@
-"""Live autotune of a running job (`monitor run --autotune`): each rank's completed epochs
-are measured from the store, the policy (policy.py) picks the next loader setting, and the
-request goes through the control path the probe already applies at the next iter(loader).
-Epochs shorter than MIN_STEPS steps are pooled until there are enough; a change counts only
-from the first epoch that ran entirely under it.
+"""Live autotune of a running job: `monitor run --autotune` and the page's Auto-tune switch.
+
+Each rank's steps are read from the store as they come (only the new ones each second), cut
+into stretches of one loader setting, and each stretch is judged by the one policy
+(policy.py, shared with `monitor tune`). Its next setting goes through the control path the
+job already obeys: an attached script's probe applies it at its next iter(loader) (or at a
+step boundary with --autotune-every-steps), the managed workload rebuilds its loader between
+two steps. A stretch (Cadence) is:
+- "epoch": the completed epochs run entirely under the current setting, pooled until they
+  hold MIN_STEPS steps (short epochs), each epoch's start-up included since it is paid
+  every epoch;
+- "steps": N steps under the current setting, after skipping its start-up transient (the
+  new workers' start and first fill: the batches in flight, or a tenth of N), paid once;
+- "window": the managed workload's measurement window, WINDOW_S seconds under the current
+  setting after its warm-up.
+Ranks of a job are tuned apart, each within its share of the host's worker budget.
 """
 from __future__ import annotations
 
 import statistics
 import threading
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import pandas as pd
+
 from monitor.assess import Context, Window, assess
-from monitor.tuning.policy import LIVE_KEYS, LivePolicy, Move, Observation
+from monitor.diagnosis.thresholds import memory_budget_mb, warmup_seconds
+from monitor.tuning.policy import LIVE_KEYS, Move, Observation, Policy, memory_left_mb
 
 if TYPE_CHECKING:
-    import pandas as pd
+    from collections.abc import Callable
 
     from monitor.store import Store
 
+    Request = Callable[[dict[str, Any], str], int | None]
+
 MIN_STEPS = 20  # a stretch shorter than this is pooled with the next epoch's
 PARTS = 5  # the stretch is cut into this many parts for its noise
+WINDOW_S = 8.0  # the managed workload's measurement window
+LAG_S = 5.0  # how far back each read looks for steps a rank flushed late
+
+
+@dataclass(frozen=True, slots=True)
+class Cadence:
+    """When a stretch of one setting is complete: "epoch", "steps" (N) or "window" (s)."""
+
+    kind: str = "epoch"
+    steps: int = MIN_STEPS
+    seconds: float = WINDOW_S
+
+    @property
+    def unit(self) -> str:
+        return {"epoch": "epoch", "steps": f"{self.steps}-step stretch",
+                "window": f"{self.seconds:g}-s window"}[self.kind]
 
 
 class RankTuner:
-    """One rank's policy and what it has seen."""
+    """One rank's policy and the steps of its current setting not yet judged."""
 
-    def __init__(self, rank: int, max_workers: int) -> None:
-        self.rank, self.policy = rank, LivePolicy(max_workers)
-        self.used_epochs: set[int] = set()
-        self.wait_seq: int | None = None  # the config generation a request will bring
+    def __init__(self, rank: int, max_workers: int, cadence: Cadence) -> None:
+        self.rank, self.cadence = rank, cadence
+        self.policy = Policy(max_workers, unit=cadence.unit)
+        self.buf = pd.DataFrame()
+        self.seq: int | None = None  # the config generation in buf
+        self.mixed: set[int] = set()  # epochs that began under an older generation
+        self.wait_seq: int | None = None  # the generation a request will bring
+        self.request: int | None = None  # its control id
         self.announced = False  # the settled line recorded
+        self.overridden = False  # the settings were changed by someone else
+        self.expect: dict[str, Any] | None = None  # the settings last asked for
+        self.acked: int | None = None  # the last finished epoch told "judged"
+        self.stretches = 0
 
-    def ready(self, steps: pd.DataFrame) -> pd.DataFrame | None:
-        """Completed epochs of the current generation not yet used, once they hold
-        MIN_STEPS steps (an epoch is complete when a later one has begun)."""
-        if steps.empty:
+    def add(self, new: pd.DataFrame) -> None:
+        """Keep only the newest generation's steps; note epochs it did not run whole."""
+        if new.empty:
+            return
+        buf = pd.concat([self.buf, new]) if not self.buf.empty else new
+        seq = int(buf["config_seq"].max())
+        if self.seq is not None and seq > self.seq and self.wait_seq is None:
+            self.overridden = True  # a change nobody here asked for: someone took over
+        if self.seq is not None and seq != self.seq or (buf["config_seq"] < seq).any():
+            self.mixed |= set(int(e) for e in buf.loc[buf["config_seq"] < seq, "epoch"])
+            buf = buf[buf["config_seq"] == seq]
+        self.seq, self.buf = seq, buf
+
+    def ready(self, in_flight: int = 0, done: int | None = None) -> pd.DataFrame | None:
+        """The next complete stretch of the current setting (taken out of buf), or None.
+        `in_flight`: the batches the setting keeps in flight (its start-up transient);
+        `done`: the last epoch the job said it finished (else one is complete once a later
+        one has begun)."""
+        if self.buf.empty or (self.wait_seq is not None and self.seq < self.wait_seq):
             return None
-        seq = int(steps["config_seq"].max())
-        if self.wait_seq is not None and seq < self.wait_seq:
+        b, c = self.buf, self.cadence
+        if c.kind == "epoch":
+            last = int(b["epoch"].max())
+            complete = (b["epoch"] < last) | (b["epoch"] <= (done if done is not None else -1))
+            take = b[complete & ~b["epoch"].isin(self.mixed)]
+            if len(take) < MIN_STEPS:
+                return None
+            self.buf = b[~complete]
+            return take
+        if c.kind == "steps":
+            skip = 0 if self.stretches and self.wait_seq is None else \
+                max(2, in_flight, c.steps // 10)
+            if len(b) < skip + c.steps:
+                return None
+            take, self.buf = b.iloc[skip:skip + c.steps], b.iloc[skip + c.steps:]
+            return take
+        start = float(b["ts"].min())
+        live = b[b["ts"] >= start + warmup_seconds(c.seconds * 1.25)]
+        if live.empty or float(live["ts"].max() - live["ts"].min()) < c.seconds:
             return None
-        last = int(steps["epoch"].max())
-        mine = steps[(steps["config_seq"] == seq) & (steps["epoch"] < last)
-                     & ~steps["epoch"].isin(self.used_epochs)]
-        pure = [e for e, g in mine.groupby("epoch")
-                if len(g) == len(steps[steps["epoch"] == e])]  # the whole epoch under seq
-        chosen = mine[mine["epoch"].isin(pure)]
-        return chosen if len(chosen) >= MIN_STEPS else None
+        self.buf = b.iloc[0:0]
+        return live
+
+    def took(self) -> None:
+        self.stretches += 1
+        self.wait_seq = None
 
 
-def observation(window: Window, steps: pd.DataFrame, ctx: Context,
-                settings: dict[str, Any]) -> Observation:
-    """The policy's view of a stretch: its assessment, cut into parts for the noise."""
-    a = assess(window, ctx, parts=PARTS)
-    w = list(a.window_throughputs)
-    se = statistics.stdev(w) / len(w) ** 0.5 if len(w) >= 2 else None
+def std_error(steps: pd.DataFrame, in_flight: int) -> float | None:
+    """The standard error of a stretch's throughput, by batch means: the steps cut into up
+    to PARTS runs of consecutive steps, each at least two prefetch cycles long (2 x the
+    batches in flight: workers deliver in bursts, so shorter parts would measure the burst,
+    not the rate), each part's rate = its samples / its loop time (Σ wait + compute, gapless
+    between consecutive steps). Each epoch's start (its first batch, which waits for the
+    workers to start, and the first fill) is left out: it is paid every epoch alike, a
+    transient within the stretch, not noise between stretches. None when fewer than two
+    parts fit."""
+    if "epoch" in steps.columns:
+        steps = steps[steps.groupby("epoch").cumcount() > in_flight]
+    n = len(steps)
+    parts = min(PARTS, n // max(4, 2 * in_flight))
+    if parts < 2:
+        return None
+    size = n // parts
+    rates = []
+    for i in range(parts):
+        g = steps.iloc[i * size:(i + 1) * size]
+        loop = float(g["wait_s"].sum() + g["compute_s"].sum())
+        if loop > 0:
+            rates.append(float(g["samples"].sum()) / loop)
+    return statistics.stdev(rates) / len(rates) ** 0.5 if len(rates) >= 2 else None
+
+
+def observation(window: Window, ctx: Context, settings: dict[str, Any]) -> Observation:
+    """The policy's view of a stretch: its assessment, and the noise of its throughput."""
+    a = assess(window, ctx)
+    nw = int(settings.get("num_workers") or 0)
+    se = std_error(window.steps, nw * int(settings.get("prefetch_factor") or 2))
     f = a.features
     advice = next((x for x in a.diagnosis.advice if x.param == "num_workers"), None)
-    left = None
-    if f.mem_available_mb is not None:
-        left = 0.85 * f.mem_available_mb
     return Observation(settings, f.throughput, se, a.verdict, f.data_wait_share,
                        advice.value if advice else None,
                        advice.predicted_throughput if advice else None,
-                       f.worker_uss_mb or f.worker_rss_mb, left)
+                       f.worker_uss_mb or f.worker_rss_mb,
+                       memory_left_mb(f.mem_available_mb, f.workload_peak_mb,
+                                      memory_budget_mb(ctx.memory_budget_mb)),
+                       None, f.accelerator == "cuda", f.usable_cores)
 
 
 class LiveTuner:
-    """Drives one LivePolicy per rank from a named daemon thread until stop()."""
+    """Drives one Policy per rank from a named daemon thread until stop() or the run ends."""
 
-    def __init__(self, store: Store, run_id: int, ctx: Context, interval: float = 1.0) -> None:
+    def __init__(self, store: Store, run_id: int, ctx: Context, interval: float = 0.2,
+                 cadence: Cadence | None = None, request: Request | None = None) -> None:
+        """`request(settings, source)`: how a managed workload's owner applies a setting
+        (the page's session manager, so its sliders follow); else a control request."""
         self.store, self.run_id, self.ctx, self.interval = store, run_id, ctx, interval
+        self.cadence = cadence or Cadence()
+        self.request = request
         self.ranks: dict[int, RankTuner] = {}
+        self.seen: dict[tuple[int, int], float] = {}  # (rank, step) read in the last LAG_S
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="starvation-autotune",
                                         daemon=True)
         self.errors: list[str] = []
 
     def start(self) -> LiveTuner:
+        self.store.set_meta(f"autotune:{self.run_id}", "on")  # probes wait for verdicts
+        self.store.add_event(self.run_id, "autotune", "auto-tune on: measuring each "
+                             f"{self.cadence.unit}", {"cadence": self.cadence.kind})
         self._thread.start()
         return self
 
     def stop(self) -> None:
         self._stop.set()
-        self._thread.join(10)
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(10)
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    @property
+    def settled(self) -> bool:
+        return bool(self.ranks) and all(t.announced for t in self.ranks.values())
 
     def _loop(self) -> None:
-        while not self._stop.wait(self.interval):
+        try:
+            while not self._stop.wait(self.interval):
+                if self.step() is False or self.settled:
+                    break
+        except Exception as exc:  # the job goes on; the note says why tuning stopped
+            self.errors.append(f"{type(exc).__name__}: {exc}")
+            self.store.add_event(self.run_id, "autotune", f"auto-tune stopped: {exc}", {})
+        finally:
             try:
-                self.step()
-            except Exception as exc:  # the job goes on; the note says why tuning stopped
-                self.errors.append(f"{type(exc).__name__}: {exc}")
-                return
-        self.store.close()
+                self.store.set_meta(f"autotune:{self.run_id}", "off")
+            finally:
+                self.store.close()  # this thread's connection
 
-    def step(self) -> None:
+    def _new_steps(self) -> pd.DataFrame:
+        """Steps not read before. Ranks flush on their own clocks, so each read goes back
+        LAG_S before the newest step read and drops the (rank, step) pairs already seen."""
+        top = max(self.seen.values(), default=None)
+        steps = self.store.steps(self.run_id, since=top - LAG_S if top is not None else None)
+        if steps.empty:
+            return steps
+        if "rank" not in steps.columns:
+            steps = steps.assign(rank=0)
+        ids = list(zip(steps["rank"].astype(int), steps["step"].astype(int), strict=True))
+        fresh = [i not in self.seen for i in ids]
+        self.seen.update(zip(ids, steps["ts"].astype(float), strict=True))
+        newest = max(self.seen.values())
+        self.seen = {i: t for i, t in self.seen.items() if t >= newest - LAG_S}
+        return steps[fresh]
+
+    def _refused(self, tuner: RankTuner) -> None:
+        """A request the job refused (say, a setting its loader cannot take) is a failed
+        move: the policy goes back to the best, which the job never left."""
+        if tuner.request is None:
+            return
+        _, result = self.store.control_result(tuner.request)
+        if result is None or not result.startswith("refused"):
+            return
+        tuner.request, tuner.wait_seq = None, None
+        pending = tuner.policy.pending
+        if pending is not None:
+            tuner.policy.observe(Observation(pending.settings, 0.0, None, "", 0.0,
+                                             failed=result))
+
+    def step(self) -> bool:
+        """One look at the job: False once the run has ended."""
         run = self.store.run(self.run_id) or {}
         info = self.store.ranks(self.run_id)
-        world = max(1, len(info))
-        steps = self.store.steps(self.run_id)
-        for _, row in info.iterrows():
-            r = int(row["rank"])
-            tuner = self.ranks.setdefault(r, RankTuner(r, max(1, self.ctx.max_workers
-                                                                  // world)))
-            mine = steps[steps["rank"] == r] if "rank" in steps.columns else steps
-            chosen = tuner.ready(mine)
+        ranks = {int(r["rank"]): r["config"] or {} for _, r in info.iterrows()} \
+            or {0: run.get("config") or {}}
+        world = len(ranks)
+        steps = self._new_steps()
+        for r, config in ranks.items():
+            tuner = self.ranks.setdefault(
+                r, RankTuner(r, max(1, self.ctx.max_workers // world), self.cadence))
+            tuner.add(steps[steps["rank"] == r] if world > 1 else steps)
+            if tuner.overridden:
+                return self._taken_over(r)
+            self._refused(tuner)
+            done = self.store.meta(f"epoch_done:{self.run_id}:{r}")
+            done_epoch = int(done) if done is not None and done.lstrip("-").isdigit() else None
+            chosen = tuner.ready(int(config.get("num_workers") or 0)
+                                 * int(config.get("prefetch_factor") or 2), done_epoch)
             if chosen is None:
+                self._ack(r, done_epoch, tuner)
                 continue
-            tuner.used_epochs |= set(int(e) for e in chosen["epoch"].unique())
-            settings = {k: (row["config"] or {}).get(k) for k in LIVE_KEYS}
-            host = self.store.host_samples(float(chosen["ts"].min()), float(chosen["ts"].max()))
+            tuner.took()
+            host = self.store.host_samples(float((chosen["ts"] - chosen["wait_s"]).min()),
+                                           float(chosen["ts"].max()))
             if "rank" in host.columns and world > 1:
                 host = host[host["rank"] == r]
-            window = Window({**run, "config": row["config"] or {}}, chosen, host)
-            move = tuner.policy.observe(observation(window, chosen, self.ctx, settings))
+            window = Window({**run, "config": config}, chosen, host)
+            settings = {k: config.get(k) for k in LIVE_KEYS}
+            if tuner.expect is not None and tuner.expect != settings:
+                tuner.overridden = True  # it runs something other than what was asked
+            if tuner.overridden:
+                return self._taken_over(r)
+            tuner.expect = None
+            move = tuner.policy.observe(observation(window, self.ctx, settings))
             if move is not None:
-                self._request(tuner, r, move, int(mine["config_seq"].max()), world)
-            elif tuner.policy.settled and not tuner.announced:
+                self._request(tuner, move, run, world)
+            if tuner.policy.settled and not tuner.announced:
                 tuner.announced = True
-                self.store.add_event(self.run_id, "autotune", tuner.policy.settled,
-                                     {"rank": r})
+                self.store.add_event(self.run_id, "autotune", tuner.policy.settled, {"rank": r})
+            self._ack(r, done_epoch, tuner)
+        return run.get("status") in (None, "running")
 
-    def _request(self, tuner: RankTuner, rank: int, move: Move, seq: int, world: int) -> None:
-        payload = {k: move.settings.get(k) for k in LIVE_KEYS}
-        if world > 1:
-            payload["rank"] = rank
-        self.store.request_control(self.run_id, "config", payload)
-        self.store.add_event(self.run_id, "autotune", move.reason, {**payload, "rank": rank})
-        tuner.wait_seq = seq + 1
+    def _ack(self, rank: int, done: int | None, tuner: RankTuner) -> None:
+        """Tell a probe waiting at its epoch start (monitor/attach.py) that the epoch it
+        finished has been judged (or pooled), or that the search is over."""
+        key = f"autotune_ack:{self.run_id}:{rank}"
+        if tuner.policy.settled:
+            self.store.set_meta(key, "settled")
+        elif done is not None and done != tuner.acked:
+            tuner.acked = done
+            self.store.set_meta(key, str(done))
+
+    def _taken_over(self, rank: int) -> bool:
+        """The user changed the loader by hand: it is theirs now."""
+        self.store.add_event(self.run_id, "autotune", "auto-tune off: the loader settings "
+                             "were changed by hand", {"rank": rank})
+        self.errors.append("stopped: the loader settings were changed by hand")
+        return False
+
+    def _request(self, tuner: RankTuner, move: Move, run: dict[str, Any], world: int) -> None:
+        settings = {k: move.settings.get(k) for k in LIVE_KEYS}
+        source = f"autotune: {move.reason}"
+        if run.get("kind") == "attached":
+            payload: dict[str, Any] = {**settings, "source": source}
+            if world > 1:
+                payload["rank"] = tuner.rank
+            tuner.request = self.store.request_control(self.run_id, "config", payload)
+        elif self.request is not None:  # the page's workload: through its session manager
+            tuner.request = self.request(settings, source)
+        else:  # a managed workload takes a whole configuration
+            payload = {**(run.get("config") or {}), **settings, "source": source}
+            tuner.request = self.store.request_control(self.run_id, "config", payload)
+        self.store.add_event(self.run_id, "autotune", move.reason,
+                             {**settings, "rank": tuner.rank, "revert": move.revert})
+        tuner.wait_seq = (tuner.seq or 0) + 1
+        tuner.expect = settings
 
     def summary(self) -> dict[str, Any]:
         per = {r: t.policy.summary() for r, t in sorted(self.ranks.items())}

@@ -1,0 +1,61 @@
+"""The Live tab's Auto-tune switch for the selected running run (the page's own workload, or
+an attached script): the monitor then tunes its loader by itself (monitor/tuning/live.py)
+and this panel says where it stands; each move is a marker on the charts."""
+from __future__ import annotations
+
+from typing import Any
+
+import pandas as pd
+import streamlit as st
+
+from monitor.tuning.policy import describe_settings
+from monitor.ui.text import plain
+
+
+def _switch(rt: Any, run_id: int, key: str) -> None:
+    why = rt.autotune(run_id, bool(st.session_state[key]))
+    st.session_state[f"{key}_error"] = why
+
+
+def moves_table(summary: dict[str, Any]) -> pd.DataFrame:
+    """One row per move: the setting tried, why, what it measured, kept or reverted."""
+    return pd.DataFrame([{
+        "setting": describe_settings(m["settings"]), "why": m["reason"],
+        "samples/s": round(m["throughput"]), "best before": round(m["best_before"]),
+        "outcome": "kept" if m["kept"] else ("failed: " + m["failed"] if m.get("failed")
+                                             else "reverted"),
+    } for m in summary.get("moves") or []])
+
+
+def status_line(summary: dict[str, Any]) -> str:
+    if summary.get("settled"):
+        return f"Auto-tune {summary['settled']}."
+    if summary.get("error"):
+        return f"Auto-tune {summary['error']}."
+    n = summary.get("observed") or 0
+    where = f"at {describe_settings(summary['final'])}" if summary.get("final") else ""
+    return (f"Auto-tune is measuring each {summary.get('unit', 'stretch')}: {n} judged so "
+            f"far {where}".rstrip() + ".")
+
+
+def render_autotune(rt: Any, run: dict) -> None:
+    run_id = int(run["id"])
+    key = f"autotune_{run_id}"
+    summary = rt.autotune_summary(run_id)
+    st.session_state[key] = summary is not None  # another tab may have switched it
+    managed = run.get("kind") != "attached"
+    st.toggle("Auto-tune", key=key, on_change=_switch, args=(rt, run_id, key),
+              help="the monitor tunes this run's loader by itself: it measures each "
+                   + ("window of the workload" if managed else "epoch of the script")
+                   + ", tries the next setting the bound model suggests, keeps it only if "
+                   "it pays beyond the noise, and stops when nothing is predicted to gain "
+                   "3%. Moving a setting by hand turns it off.")
+    why = st.session_state.get(f"{key}_error")
+    if why:
+        st.warning(plain(why))
+    if summary is None:
+        return
+    st.caption(plain(status_line(summary)))
+    table = moves_table(summary)
+    if not table.empty:
+        st.dataframe(table, hide_index=True, key=f"{key}_moves")
