@@ -120,6 +120,8 @@ def live_region() -> None:
         panels.render_attached_controls(rt.store, view.run, ranks)
     if view.run["status"] != "running" and st.session_state.get("_live_fragment"):
         st.rerun()  # it ended: the still view takes over (an ended run is not re-read)
+    if st.session_state.get("_synced") not in (None, manager.config):
+        st.rerun()  # the settings moved elsewhere (Auto-tune, another tab): the sidebar follows
     if manager.config.step_time_ms is None and st.session_state.get("_step_synced") not in (
             None, shown_step_ms(manager.config, rt.store)):
         st.rerun()  # the calibrated step is known now: the sidebar shows the real one

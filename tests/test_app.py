@@ -229,3 +229,29 @@ def test_attached_run_can_be_retuned_from_the_page(app, db_path):
     assert not app.exception
     (cid, kind, payload), = store.pending_control(run)
     assert kind == "config" and payload["num_workers"] == 2 and payload["prefetch_factor"] == 2
+
+
+def test_auto_tune_switch_tunes_the_page_workload_by_itself(app, db_path):
+    """The starving default at num_workers=0: with Auto-tune on, the monitor measures a
+    window, moves the workload's loader itself (a labelled marker), and the sidebar follows."""
+    from monitor.store import Store
+    from monitor.ui.resources import get_runtime
+    from monitor.ui.text import plain
+
+    app.run()
+    rt = get_runtime()
+    run = rt.manager.run_id
+    app.toggle(key=f"autotune_{run}").set_value(True).run()
+    assert not app.exception
+    assert run in rt.autotunes and rt.autotunes[run].alive
+    store = Store(db_path)
+    moved = wait_for(lambda: [x for x in store.events(run, kinds=("config",))["label"]
+                              if x.startswith("autotune: num_workers 0→")], 90)
+    assert moved, store.events(run)[["kind", "label"]].to_string()
+    app.run()
+    assert not app.exception
+    assert rt.manager.config.num_workers > 0  # the session manager made the move
+    assert app.sidebar.slider(key="cfg_num_workers").value == rt.manager.config.num_workers
+    assert any(c.value.startswith(plain("Auto-tune ")) for c in app.caption)
+    app.toggle(key=f"autotune_{run}").set_value(False).run()
+    assert run not in rt.autotunes

@@ -215,3 +215,27 @@ def test_compare_tab_in_a_real_page(server):
         page.screenshot(path=str(SHOTS / "compare.png"), full_page=True)
         browser.close()
     assert not errors, errors
+
+
+def test_auto_tune_moves_show_as_markers_in_a_real_page(server):
+    """The Auto-tune switch in a real page: the monitor moves the starving workload's loader
+    by itself, and the move is drawn on the charts as a labelled autotune marker."""
+    from playwright.sync_api import expect, sync_playwright
+
+    url, db, _ = server
+    with sync_playwright() as p:
+        browser = launch(p)
+        page = browser.new_page(viewport={"width": 1500, "height": 1000})
+        errors = console_errors(page)
+        page.goto(url)
+        switch = page.get_by_text("Auto-tune", exact=True)
+        expect(switch.first).to_be_visible(timeout=90_000)
+        switch.first.click()
+        expect(page.get_by_text(re.compile(r"Auto-tune (is measuring|settled)")).first
+               ).to_be_visible(timeout=30_000)
+        marker = page.locator("svg text").filter(has_text="autotune: num_workers 0→")
+        expect(marker.first).to_be_visible(timeout=120_000)
+        SHOTS.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(SHOTS / "autotune.png"))
+        browser.close()
+    assert not errors, errors

@@ -205,7 +205,8 @@ class Policy:
                 "final_throughput": self.best.throughput if self.best else None,
                 "gain": (self.best.throughput / self.start.throughput - 1)
                 if self.start and self.start.throughput else None,
-                "observed": self.observed, "settled": self.settled}
+                "observed": self.observed, "settled": self.settled,
+                "trying": self.pending.settings if self.pending else None}
 
 
 def _key(settings: dict[str, Any]) -> tuple:

@@ -33,9 +33,12 @@ def status_line(summary: dict[str, Any]) -> str:
     if summary.get("error"):
         return f"Auto-tune {summary['error']}."
     n = summary.get("observed") or 0
-    where = f"at {describe_settings(summary['final'])}" if summary.get("final") else ""
-    return (f"Auto-tune is measuring each {summary.get('unit', 'stretch')}: {n} judged so "
-            f"far {where}".rstrip() + ".")
+    where = f"; best so far {describe_settings(summary['final'])}" \
+        if summary.get("final") else ""
+    trying = f"; trying {describe_settings(summary['trying'])}" \
+        if summary.get("trying") else ""
+    return (f"Auto-tune is measuring each {summary.get('unit', 'stretch')}: {n} judged"
+            f"{where}{trying}.")
 
 
 def render_autotune(rt: Any, run: dict) -> None:

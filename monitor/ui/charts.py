@@ -23,7 +23,7 @@ MEAN_WINDOW_S = 1.0
 MAX_MARKERS = 12
 COLORS = {
     "busy": "#1f77b4", "gpu": "#d62728", "wait": "#ff7f0e", "compute": "#2ca02c",
-    "throughput": "#9467bd", "marker": "#555555",
+    "throughput": "#9467bd", "marker": "#555555", "autotune": "#8c1aa3",
 }
 _LOCAL_TZ = datetime.now().astimezone().tzinfo
 _UTC_OFFSET_S = (datetime.now(_LOCAL_TZ).utcoffset() or timedelta(0)).total_seconds()
@@ -78,14 +78,17 @@ def markers(events: pd.DataFrame | None, lay: dict) -> dict:
         return lay
     ev = events[events["kind"] == "config"].tail(MAX_MARKERS)
     xs = x_ms(ev["ts"]).tolist()
+    # the autotuner's moves in their own colour ("autotune: num_workers 0→2")
+    colors = [COLORS["autotune" if str(t).startswith("autotune") else "marker"]
+              for t in ev["label"]]
     lay["shapes"] = [{"type": "line", "x0": x, "x1": x, "y0": 0, "y1": 1, "xref": "x",
-                      "yref": "paper", "line": {"color": COLORS["marker"], "width": 1,
-                                                "dash": "dash"}} for x in xs]
+                      "yref": "paper", "line": {"color": c, "width": 1, "dash": "dash"}}
+                     for x, c in zip(xs, colors, strict=True)]
     lay["annotations"] = lay.get("annotations", []) + [
         {"x": x, "y": 1.0 - 0.09 * (i % 3), "xref": "x", "yref": "paper", "text": str(text),
          "showarrow": False, "xanchor": "left", "yanchor": "top",
-         "font": {"size": 10, "color": COLORS["marker"]}, "bgcolor": "rgba(255,255,255,0.75)"}
-        for i, (x, text) in enumerate(zip(xs, ev["label"], strict=True))]
+         "font": {"size": 10, "color": c}, "bgcolor": "rgba(255,255,255,0.75)"}
+        for i, (x, text, c) in enumerate(zip(xs, ev["label"], colors, strict=True))]
     return lay
 
 
