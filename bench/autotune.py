@@ -1,6 +1,6 @@
 """`monitor tune` against a grid sweep, on each preset, head to head.
 
-    python bench/autotune.py [--seconds 6] [--presets starving,io-bound,cpu-bound,healthy]
+    python bench/autotune.py [--seconds 6] [--presets starving,io-bound,...]
 
 The grid is num_workers 0..3x usable cores x prefetch_factor {1, 2, 4}. Per preset it
 prints the grid's best (configuration, samples/s, configurations, seconds) and the tuner's
@@ -40,7 +40,7 @@ def head_to_head(runner: Experiments, a: LoaderConfig, b: LoaderConfig, times: i
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seconds", type=float, default=6.0)
-    ap.add_argument("--presets", default="starving,io-bound,cpu-bound,healthy")
+    ap.add_argument("--presets", default="starving,io-bound,cpu-bound,healthy,memory-heavy")
     ap.add_argument("--verify", type=int, default=3)
     a = ap.parse_args()
     rt = Runtime(Path(tempfile.mkdtemp()) / "autotune.db").start()
@@ -78,9 +78,9 @@ def main() -> None:
                   f"{ts.seconds / g.seconds:.3f}", flush=True)
     finally:
         rt.close()
-    print(f"\n{'preset':<10} {'grid best':<40} {'tune pick':<40} {'h2h':>6} {'time':>6} runs")
+    print(f"\n{'preset':<10} {'grid best':<50} {'tune pick':<50} {'h2h':>6} {'time':>6} runs")
     for p, gb, tp, r, tr, n, m in rows:
-        print(f"{p:<10} {gb:<40} {tp:<40} {r:6.3f} {tr:6.3f} {n}/{m}"
+        print(f"{p:<10} {gb:<50} {tp:<50} {r:6.3f} {tr:6.3f} {n}/{m}"
               f"  {'met' if r >= 0.95 and tr <= 0.35 else 'NOT met'}")
 
 

@@ -190,6 +190,8 @@ def _tune(args: argparse.Namespace, base: LoaderConfig, rt: Any) -> int:
            "throughput": best["throughput"] if best else None,
            "run_id": best["run_id"] if best else None,
            "configs_tried": len(state.results), "seconds": state.seconds,
+           "settled": best.get("settled") if best else None,
+           "moves": best.get("moves") if best else None,
            "tried": [r.to_dict() for r in state.results], "error": state.error}
     if args.json:
         print(json.dumps(out))
@@ -200,6 +202,8 @@ def _tune(args: argparse.Namespace, base: LoaderConfig, rt: Any) -> int:
             print(f"best: num_workers={c['num_workers']} prefetch_factor={c['prefetch_factor']}"
                   f" batch_size={c['batch_size']}: {best['throughput']:.1f} samples/s "
                   f"({len(state.results)} configurations, {state.seconds:.0f} s)")
+            if best.get("settled"):
+                print(f"tune {best['settled']}")
     return 1 if state.error or not best else 0
 
 

@@ -118,6 +118,23 @@ def test_short_real_sweep_json_and_csv(tmp_path, no_leaks):
 
 
 @pytest.mark.slow
+def test_tune_runs_the_shared_policy_and_says_where_it_settled(tmp_path, no_leaks):
+    """io-bound from num_workers=0: the policy's first move adds workers and pays; the
+    answer names the best measured run, every move with its reason, and the settled line."""
+    r = cli("tune", "--preset", "io-bound", "--seconds-per-config", "3", "--json", db=tmp_path
+            / "t.db")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    tried = out["tried"]
+    assert tried[0]["config"]["num_workers"] == 0 and out["configs_tried"] == len(tried)
+    assert out["best"]["num_workers"] > 0
+    assert out["throughput"] == max(x["throughput"] or 0 for x in tried)
+    assert out["moves"] and all(m["reason"] for m in out["moves"])
+    assert out["moves"][0]["kept"] and out["settled"].startswith("settled at num_workers=")
+    assert len({json.dumps(x["config"], sort_keys=True) for x in tried}) == len(tried)
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_sweep_stopped_midway_leaves_nothing_behind(tmp_path, no_leaks, sig):
     db = tmp_path / "s.db"
