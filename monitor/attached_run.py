@@ -23,6 +23,7 @@ from monitor.runtime import Runtime
 from monitor.store import Store, StoreError, explain
 from monitor.timed import EVERY_ENV
 from monitor.tuning.live import MIN_STEPS, Cadence, LiveTuner
+from monitor.tuning.policy import describe_settings as _desc
 
 ROOT = Path(__file__).resolve().parent.parent
 INJECT = Path(__file__).resolve().parent / "_inject"
@@ -132,10 +133,16 @@ def summary_lines(d: dict[str, Any]) -> list[str]:
     out += [f"  advice {i}: {a['reason']}" for i, a in enumerate(d.get("advice") or [], 1)]
     tune = d.get("autotune")
     if tune is not None:
-        out += [f"  autotune move {i}: {m['reason']} → {m['throughput']:,.0f} samples/s "
-                f"({'kept' if m['kept'] else 'reverted'})" for i, m in enumerate(tune["moves"],
-                                                                              1)]
-        out.append(f"  autotune: {tune['settled'] or 'still searching when the job ended'}")
+        per = tune.get("ranks") or {0: tune}
+        for r, t in per.items():
+            who = f"autotune rank {r}" if len(per) > 1 else "autotune"
+            out += [f"  {who} move {i}: {_desc(m['settings'])} ({m['reason']}) → "
+                    f"{m['throughput']:,.0f} samples/s, "
+                    + ("kept" if m["kept"] else f"failed: {m['failed']}" if m.get("failed")
+                       else "reverted") for i, m in enumerate(t["moves"], 1)]
+            out.append(f"  {who}: {t['settled'] or 'still searching when the job ended'}")
+        if tune.get("error"):
+            out.append(f"  autotune {tune['error']}")
     return out
 
 

@@ -140,6 +140,11 @@ def test_a_refused_move_is_a_failed_move_and_the_search_goes_on(store):
     tuner.step()
     moves = tuner.summary()["moves"]
     assert moves and moves[0]["failed"].startswith("refused") and not moves[0]["kept"]
+    labels = store.events(1, kinds=("autotune",))["label"].tolist()
+    assert any("failed: refused" in x for x in labels), labels  # its effect, recorded
+    assert not any("by hand" in x for x in labels), labels  # it never left num_workers=0
+    reqs = store.control_requests(1)  # newest first: the search went on to another move
+    assert len(reqs) == 2 and reqs["payload"].iloc[0] != reqs["payload"].iloc[1]
 
 
 def test_a_change_by_hand_turns_auto_tune_off(store):
@@ -152,3 +157,20 @@ def test_a_change_by_hand_turns_auto_tune_off(store):
                  settings={**START, "num_workers": asked + 1, "prefetch_factor": 2})
     assert tuner.step() is False
     assert "by hand" in tuner.summary()["error"]
+
+
+def test_the_end_of_run_lines_give_each_ranks_moves():
+    from monitor.attached_run import summary_lines
+
+    move = {"settings": {"num_workers": 2, "prefetch_factor": 2}, "reason": "the knee",
+            "throughput": 300.0, "best_before": 100.0, "kept": True, "failed": None}
+    tune = {"moves": [move], "settled": "settled at num_workers=2", "ranks": {
+        0: {"moves": [move], "settled": "settled at num_workers=2"},
+        1: {"moves": [{**move, "kept": False, "failed": "refused: no"}], "settled": None}}}
+    d = {"run_id": 1, "status": "finished", "steps": 100, "throughput": 600.0,
+         "data_wait_share": 0.1,
+         "verdict": "healthy", "verdict_text": "fed", "ranks": [], "autotune": tune}
+    text = "\n".join(summary_lines(d))
+    assert "autotune rank 0 move 1: num_workers=2, prefetch_factor=2 (the knee) → 300" in text
+    assert "autotune rank 1 move 1:" in text and "failed: refused: no" in text
+    assert "autotune rank 1: still searching when the job ended" in text

@@ -26,7 +26,14 @@ import pandas as pd
 
 from monitor.assess import Context, Window, assess
 from monitor.diagnosis.thresholds import memory_budget_mb, warmup_seconds
-from monitor.tuning.policy import LIVE_KEYS, Move, Observation, Policy, memory_left_mb
+from monitor.tuning.policy import (
+    LIVE_KEYS,
+    Move,
+    Observation,
+    Policy,
+    describe_settings,
+    memory_left_mb,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -236,11 +243,12 @@ class LiveTuner:
         _, result = self.store.control_result(tuner.request)
         if result is None or not result.startswith("refused"):
             return
-        tuner.request, tuner.wait_seq = None, None
+        tuner.request, tuner.wait_seq, tuner.expect = None, None, None
         pending = tuner.policy.pending
         if pending is not None:
             tuner.policy.observe(Observation(pending.settings, 0.0, None, "", 0.0,
                                              failed=result))
+            self._record_effect(tuner.rank, tuner.policy.moves[-1])
 
     def step(self) -> bool:
         """One look at the job: False once the run has ended."""
@@ -276,7 +284,10 @@ class LiveTuner:
             if tuner.overridden:
                 return self._taken_over(r)
             tuner.expect = None
+            judged = len(tuner.policy.moves)
             move = tuner.policy.observe(observation(window, self.ctx, settings))
+            if len(tuner.policy.moves) > judged:  # the last move's measured effect
+                self._record_effect(r, tuner.policy.moves[-1])
             if move is not None:
                 self._request(tuner, move, run, world)
             if tuner.policy.settled and not tuner.announced:
@@ -294,6 +305,14 @@ class LiveTuner:
         elif done is not None and done != tuner.acked:
             tuner.acked = done
             self.store.set_meta(key, str(done))
+
+    def _record_effect(self, rank: int, m: dict[str, Any]) -> None:
+        gain = m["throughput"] / m["best_before"] - 1 if m["best_before"] else 0.0
+        outcome = "kept" if m["kept"] else (f"failed: {m['failed']}" if m.get("failed")
+                                            else "not beyond the noise: reverted")
+        self.store.add_event(self.run_id, "autotune", f"{describe_settings(m['settings'])}: "
+                             f"{m['best_before']:,.0f} → {m['throughput']:,.0f} samples/s "
+                             f"({gain:+.0%}), {outcome}", {**m, "rank": rank})
 
     def _taken_over(self, rank: int) -> bool:
         """The user changed the loader by hand: it is theirs now."""
