@@ -42,7 +42,7 @@ def abba(measure, a, b, times: int) -> tuple[list[float], list[float]]:
     out: tuple[list[float], list[float]] = ([], [])
     for i in range(times):
         for j in ((0, 1) if i % 2 == 0 else (1, 0)):
-            out[j].append(measure((a, b)[j]))
+            out[j].append(round(measure((a, b)[j]), 1))
     return out
 
 

@@ -38,9 +38,20 @@ def test_jumps_to_the_knee_keeps_what_pays_and_settles():
 def test_a_gain_within_the_noise_is_reverted():
     p = Policy(max_workers=4)
     one = p.observe(obs(START, 100.0, se=10.0, advised=1, predicted=150.0))
-    back = p.observe(obs(one.settings, 115.0, se=10.0))  # +15% but 2 x 14 = 28 of noise
-    assert not p.moves[-1]["kept"] and back.settings == START
+    again = p.observe(obs(one.settings, 115.0, se=10.0))  # +15% but 2 x 14 = 28 of noise
+    assert again.extend and again.settings == one.settings and not p.moves  # once more
+    back = p.observe(obs(one.settings, 101.0, se=10.0))  # pooled: 108 ± 8.5: not beyond
+    assert not p.moves[-1]["kept"] and back.settings == START and back.revert
     assert "did not pay beyond the noise" in back.reason
+    assert p.moves[-1]["throughput"] == pytest.approx(108.0)
+
+
+def test_a_promising_gain_confirmed_by_a_second_measurement_is_kept():
+    p = Policy(max_workers=4)
+    one = p.observe(obs(START, 100.0, se=10.0, advised=2, predicted=200.0))
+    assert p.observe(obs(one.settings, 120.0, se=10.0)).extend
+    p.observe(obs(one.settings, 128.0, se=3.0))  # pooled 124 ± 5.2: +24 > 2 x 11.3 = 22.5
+    assert p.moves[-1]["kept"] and p.best.throughput == pytest.approx(124.0)
 
 
 def test_a_plateau_ends_the_search():
@@ -88,7 +99,11 @@ def test_from_no_workers_without_a_prediction_it_starts_with_a_loader_per_core()
     m = p.observe(Observation(START, 300.0, 3.0, "cpu-bound", 0.95, cores=2))
     assert m.settings["num_workers"] == 2 and "per usable core" in m.reason
     m = p.observe(Observation(m.settings, 420.0, 3.0, "cpu-bound", 0.9, cores=2))
-    assert m is None and p.best.throughput == 420.0  # cores-bound: no worker past them
+    assert m.settings["num_workers"] == 3  # the model says cores-bound; the gain says climb
+    m = p.observe(Observation(m.settings, 425.0, 3.0, "cpu-bound", 0.9, cores=2))
+    assert m.revert and m.settings["num_workers"] == 2
+    assert p.observe(Observation(m.settings, 421.0, 3.0, "cpu-bound", 0.9, cores=2)) is None
+    assert p.best.throughput == 420.0 and p.settled  # cores-bound, the last move did not pay
 
 
 def monitor_run(db: Path, script: str, *args: str, tune: tuple = ("--autotune",),

@@ -288,7 +288,9 @@ class LiveTuner:
             move = tuner.policy.observe(observation(window, self.ctx, settings))
             if len(tuner.policy.moves) > judged:  # the last move's measured effect
                 self._record_effect(r, tuner.policy.moves[-1])
-            if move is not None:
+            if move is not None and move.extend:  # the same setting, one more stretch
+                self.store.add_event(self.run_id, "autotune", move.reason, {"rank": r})
+            elif move is not None:
                 self._request(tuner, move, run, world)
             if tuner.policy.settled and not tuner.announced:
                 tuner.announced = True

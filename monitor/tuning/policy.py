@@ -18,7 +18,8 @@ Candidates, in order, from the best setting so far:
 2. from num_workers=0, a loader per usable core (one worker alone only overlaps loading
    with the compute, a gain of at most the compute's share); else one worker more while the
    data wait could still pay MIN_STEP_GAIN (removing a share s of waiting gains at most
-   s / (1 - s)) and the cores are not the limit;
+   s / (1 - s)) and the cores are not the limit (or the last move's measured gain says the
+   climb still pays, whatever the model thought of the cores);
 3. prefetch_factor doubled, on the same condition;
 4. persistent_workers when epoch starts stall;
 5. pin_memory on a CUDA device when the host-to-device copy shows in the step.
@@ -67,6 +68,7 @@ class Move:
     settings: dict[str, Any]
     reason: str
     revert: bool = False  # back to the best setting, already measured
+    extend: bool = False  # the same setting measured once more (nothing to apply)
 
 
 def memory_left_mb(available_mb: float | None, used_mb: float | None,
@@ -91,6 +93,7 @@ class Policy:
     tried: set = field(default_factory=set)
     settled: str | None = None
     pending: Move | None = None
+    partial: Observation | None = None  # a promising move's first measurement
     observed: int = 0
 
     def observe(self, obs: Observation, measured: bool = True) -> Move | None:
@@ -106,6 +109,14 @@ class Policy:
             if obs.verdict == HEALTHY:  # a fed device: a healthy job is left alone
                 return self._settle(None, "the loader keeps the device fed")
         elif self.pending is not None:
+            if self.partial is not None:  # the second measurement of a promising move
+                obs, self.partial = _pooled(self.partial, obs), None
+            elif obs.failed is None and not self._beats(obs, self.best) and \
+                    obs.throughput >= (1 + MIN_STEP_GAIN) * self.best.throughput:
+                self.partial = obs  # a gain the noise hides: measure it once more
+                gain = obs.throughput / self.best.throughput - 1
+                return Move(dict(obs.settings), f"{gain:+.0%} but within the noise: "
+                            "measured once more", extend=True)
             move, self.pending = self.pending, None
             kept = obs.failed is None and self._beats(obs, self.best)
             self._record(move, obs, kept)
@@ -136,7 +147,9 @@ class Policy:
 
     def _options(self, b: Observation) -> list[tuple[dict, str]]:
         s, nw = b.settings, int(b.settings.get("num_workers") or 0)
-        cores_bound = b.verdict in CORES_BOUND
+        # the model says the cores are full; a measured gain from the last move says the
+        # climb still pays (a CPU-bound step's threads lose CPU to more loaders): one more
+        cores_bound = b.verdict in CORES_BOUND and not (self.moves and self.moves[-1]["kept"])
         out: list[tuple[dict, str]] = []
         if b.advised_workers is not None and b.predicted and \
                 b.predicted >= (1 + MIN_STEP_GAIN) * b.throughput and \
@@ -207,6 +220,16 @@ class Policy:
                 if self.start and self.start.throughput else None,
                 "observed": self.observed, "settled": self.settled,
                 "trying": self.pending.settings if self.pending else None}
+
+
+def _pooled(a: Observation, b: Observation) -> Observation:
+    """Two measurements of one setting as one: their mean, and the larger of their combined
+    standard error and the one their difference shows."""
+    errors = [e for e in (a.std_error, b.std_error) if e is not None]
+    se = max(math.sqrt(sum(e * e for e in errors)) / 2 if errors else 0.0,
+             abs(a.throughput - b.throughput) / 2)
+    return Observation(**{**{f: getattr(b, f) for f in Observation.__dataclass_fields__},
+                          "throughput": (a.throughput + b.throughput) / 2, "std_error": se})
 
 
 def _key(settings: dict[str, Any]) -> tuple:

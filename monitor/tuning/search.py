@@ -265,7 +265,7 @@ def autotune(
         move = policy.observe(run(base))
         while move is not None and not out_of_time():
             cfg = base.replace(**move.settings)
-            known = seen.get(_settings_key(cfg))
+            known = seen.get(_settings_key(cfg)) if not move.extend else None
             move = policy.observe(known[1], measured=False) if known else \
                 policy.observe(run(cfg))
             if state.results and state.results[-1].status == "cancelled":
