@@ -42,7 +42,7 @@ from monitor.host import cpu_budget, usable_cores
 from monitor.session import SessionManager
 from monitor.store import Store
 from monitor.tuning.jobs import JobHolder
-from monitor.tuning.live import Cadence, LiveTuner
+from monitor.tuning.live import Cadence, LiveTuner, window_s
 
 
 class Runtime:
@@ -113,8 +113,8 @@ class Runtime:
             def request(settings: dict[str, Any], source: str) -> int | None:
                 return self.manager.reconfigure(self.manager.config.replace(**settings),
                                                 source=source)
-            tuner = LiveTuner(self.store, run_id, self.context(), cadence=Cadence("window"),
-                              request=request)
+            tuner = LiveTuner(self.store, run_id, self.context(),
+                              cadence=Cadence("window", seconds=window_s()), request=request)
         else:
             return f"run {run_id} belongs to another process: tune it there"
         self.autotunes[run_id] = tuner.start()

@@ -231,9 +231,10 @@ def test_attached_run_can_be_retuned_from_the_page(app, db_path):
     assert kind == "config" and payload["num_workers"] == 2 and payload["prefetch_factor"] == 2
 
 
-def test_auto_tune_switch_tunes_the_page_workload_by_itself(app, db_path):
+def test_auto_tune_switch_tunes_the_page_workload_by_itself(app, db_path, monkeypatch):
     """The starving default at num_workers=0: with Auto-tune on, the monitor measures a
     window, moves the workload's loader itself (a labelled marker), and the sidebar follows."""
+    monkeypatch.setenv("STARVATION_MONITOR_AUTOTUNE_WINDOW_S", "4")
     from monitor.store import Store
     from monitor.ui.resources import get_runtime
     from monitor.ui.text import plain

@@ -217,6 +217,7 @@ def test_compare_tab_in_a_real_page(server):
     assert not errors, errors
 
 
+@pytest.mark.server_env(STARVATION_MONITOR_AUTOTUNE_WINDOW_S="4")
 def test_auto_tune_moves_show_as_markers_in_a_real_page(server):
     """The Auto-tune switch in a real page: the monitor moves the starving workload's loader
     by itself, and the move is drawn on the charts as a labelled autotune marker."""

@@ -48,7 +48,7 @@ def test_gate_fails_a_slower_run_and_passes_the_same_settings(tmp_path, no_leaks
     db = str(tmp_path / "c.db")
     runs = [("starving", "2"), ("starving", "0"), ("healthy", "0"), ("healthy", "0")]
     for preset, nw in runs:
-        r = cli("measure", "--preset", preset, "--num-workers", nw, "--seconds", "6",
+        r = cli("measure", "--preset", preset, "--num-workers", nw, "--seconds", "4",
                 "--step-time-ms", "60" if preset == "starving" else "100", "--db", db)
         assert r.returncode == 0, r.stderr
     slower = cli("compare", "1", "2", "--db", db, "--json")

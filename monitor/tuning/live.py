@@ -17,6 +17,7 @@ Ranks of a job are tuned apart, each within its share of the host's worker budge
 """
 from __future__ import annotations
 
+import os
 import statistics
 import threading
 from dataclasses import dataclass
@@ -45,6 +46,15 @@ if TYPE_CHECKING:
 MIN_STEPS = 20  # a stretch shorter than this is pooled with the next epoch's
 PARTS = 5  # the stretch is cut into this many parts for its noise
 WINDOW_S = 8.0  # the managed workload's measurement window
+WINDOW_ENV = "STARVATION_MONITOR_AUTOTUNE_WINDOW_S"  # tests shorten it
+
+
+def window_s() -> float:
+    """The managed workload's window: WINDOW_S unless the environment sets one (>= 2 s)."""
+    try:
+        return max(2.0, float(os.environ.get(WINDOW_ENV) or WINDOW_S))
+    except ValueError:
+        return WINDOW_S
 LAG_S = 5.0  # how far back each read looks for steps a rank flushed late
 
 
