@@ -128,7 +128,9 @@ def test_tune_runs_the_shared_policy_and_says_where_it_settled(tmp_path, no_leak
     tried = out["tried"]
     assert tried[0]["config"]["num_workers"] == 0 and out["configs_tried"] == len(tried)
     assert out["best"]["num_workers"] > 0
-    assert out["throughput"] == max(x["throughput"] or 0 for x in tried)
+    # the best is the best beyond the noise: a run measured a little higher may not be it
+    assert out["throughput"] in [x["throughput"] for x in tried]
+    assert out["throughput"] > tried[0]["throughput"]
     assert out["moves"] and all(m["reason"] for m in out["moves"])
     assert out["moves"][0]["kept"] and out["settled"].startswith("settled at num_workers=")
     assert len({json.dumps(x["config"], sort_keys=True) for x in tried}) == len(tried)

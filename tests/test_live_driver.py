@@ -70,11 +70,11 @@ def test_window_cadence_waits_for_its_seconds_after_warm_up():
     assert float(got["ts"].min()) >= 1.0  # its warm-up left out
 
 
-def test_a_change_nobody_asked_for_means_the_user_took_over():
+def test_a_change_nobody_asked_for_is_noticed():
     t = RankTuner(0, 6, Cadence("epoch"))
     t.add(frame([0] * 30 + [1]))
     t.add(frame([2] * 5, seq=1, t0=10))
-    assert t.overridden
+    assert t.unexpected and set(t.buf["config_seq"]) == {1}
 
 
 def test_the_noise_is_measured_over_parts_longer_than_a_prefetch_cycle():
@@ -174,3 +174,15 @@ def test_the_end_of_run_lines_give_each_ranks_moves():
     assert "autotune rank 0 move 1: num_workers=2, prefetch_factor=2 (the knee) → 300" in text
     assert "autotune rank 1 move 1:" in text and "failed: refused: no" in text
     assert "autotune rank 1: still searching when the job ended" in text
+
+
+def test_a_change_that_leaves_the_loader_alone_is_no_takeover(store):
+    """A managed workload's calibrated step time is a new config generation too: the search
+    goes on, the old generation's steps dropped."""
+    tuner = tuner_for(store)
+    t = attached_run(store, epochs=1)
+    tuner.step()
+    tuner.ranks[0].wait_seq, tuner.ranks[0].expect = None, None  # as if the move were judged
+    tuner.ranks[0].policy.pending = None
+    attached_run(store, epochs=1, seq=1, t0=t, step0=50)  # seq 1, the same loader settings
+    assert tuner.step() is True and not tuner.errors

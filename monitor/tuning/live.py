@@ -84,7 +84,8 @@ class RankTuner:
         self.wait_seq: int | None = None  # the generation a request will bring
         self.request: int | None = None  # its control id
         self.announced = False  # the settled line recorded
-        self.overridden = False  # the settings were changed by someone else
+        self.overridden = False  # the loader settings were changed by someone else
+        self.unexpected = False  # the job's config changed without a request of ours
         self.expect: dict[str, Any] | None = None  # the settings last asked for
         self.acked: int | None = None  # the last finished epoch told "judged"
         self.stretches = 0
@@ -96,7 +97,7 @@ class RankTuner:
         buf = pd.concat([self.buf, new]) if not self.buf.empty else new
         seq = int(buf["config_seq"].max())
         if self.seq is not None and seq > self.seq and self.wait_seq is None:
-            self.overridden = True  # a change nobody here asked for: someone took over
+            self.unexpected = True  # a change nobody here asked for (a step time, a user)
         if self.seq is not None and seq != self.seq or (buf["config_seq"] < seq).any():
             self.mixed |= set(int(e) for e in buf.loc[buf["config_seq"] < seq, "epoch"])
             buf = buf[buf["config_seq"] == seq]
@@ -272,6 +273,12 @@ class LiveTuner:
             tuner = self.ranks.setdefault(
                 r, RankTuner(r, max(1, self.ctx.max_workers // world), self.cadence))
             tuner.add(steps[steps["rank"] == r] if world > 1 else steps)
+            if tuner.unexpected:  # a takeover only if the loader settings moved
+                tuner.unexpected = False
+                now = {k: config.get(k) for k in LIVE_KEYS}
+                want = tuner.expect or (tuner.policy.best.settings if tuner.policy.best
+                                        else None)
+                tuner.overridden = want is not None and want != now
             if tuner.overridden:
                 return self._taken_over(r)
             self._refused(tuner)
