@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 import psutil
@@ -133,7 +134,10 @@ def test_tune_runs_the_shared_policy_and_says_where_it_settled(tmp_path, no_leak
     assert out["throughput"] > tried[0]["throughput"]
     assert out["moves"] and all(m["reason"] for m in out["moves"])
     assert out["moves"][0]["kept"] and out["settled"].startswith("settled at num_workers=")
-    assert len({json.dumps(x["config"], sort_keys=True) for x in tried}) == len(tried)
+    # a setting is measured once, or twice when its gain was within the noise of one run
+    counts = Counter(json.dumps(x["config"], sort_keys=True) for x in tried)
+    assert max(counts.values()) <= 2
+    assert sum(n - 1 for n in counts.values()) == out["extensions"]
 
 
 @pytest.mark.slow

@@ -94,6 +94,7 @@ class Policy:
     settled: str | None = None
     pending: Move | None = None
     partial: Observation | None = None  # a promising move's first measurement
+    extensions: int = 0  # measurements taken once more
     observed: int = 0
 
     def observe(self, obs: Observation, measured: bool = True) -> Move | None:
@@ -114,6 +115,7 @@ class Policy:
             elif obs.failed is None and not self._beats(obs, self.best) and \
                     obs.throughput >= (1 + MIN_STEP_GAIN) * self.best.throughput:
                 self.partial = obs  # a gain the noise hides: measure it once more
+                self.extensions += 1
                 gain = obs.throughput / self.best.throughput - 1
                 return Move(dict(obs.settings), f"{gain:+.0%} but within the noise: "
                             "measured once more", extend=True)
@@ -218,7 +220,8 @@ class Policy:
                 "final_throughput": self.best.throughput if self.best else None,
                 "gain": (self.best.throughput / self.start.throughput - 1)
                 if self.start and self.start.throughput else None,
-                "observed": self.observed, "settled": self.settled,
+                "observed": self.observed, "extensions": self.extensions,
+                "settled": self.settled,
                 "trying": self.pending.settings if self.pending else None}
 
 
