@@ -211,3 +211,12 @@ def test_mid_epoch_needs_a_position_to_resume_from():
     assert "IterableDataset" in why_not_resumable(DataLoader(Stream(), batch_size=2))
     assert "batch sampler" in why_not_resumable(DataLoader(list(range(10)), batch_size=None))
     assert why_not_resumable(DataLoader(torch.arange(10), batch_size=2, shuffle=True)) is None
+
+
+def test_pinned_memory_is_tried_only_on_cuda_when_the_copy_shows():
+    two = {**START, "num_workers": 2, "prefetch_factor": 2}
+    fed = Observation(two, 500.0, 3.0, "transfer-bound", 0.01, cuda=True, cores=2)
+    m = Policy(max_workers=6).observe(fed)
+    assert m.settings["pin_memory"] is True and "copy" in m.reason
+    cpu = Observation(two, 500.0, 3.0, "transfer-bound", 0.01, cuda=False, cores=2)
+    assert Policy(max_workers=6).observe(cpu) is None  # no device copy to speed up
