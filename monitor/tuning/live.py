@@ -273,12 +273,12 @@ class LiveTuner:
             tuner = self.ranks.setdefault(
                 r, RankTuner(r, max(1, self.ctx.max_workers // world), self.cadence))
             tuner.add(steps[steps["rank"] == r] if world > 1 else steps)
+            settings = {k: config.get(k) for k in LIVE_KEYS}
             if tuner.unexpected:  # a takeover only if the loader settings moved
                 tuner.unexpected = False
-                now = {k: config.get(k) for k in LIVE_KEYS}
                 want = tuner.expect or (tuner.policy.best.settings if tuner.policy.best
                                         else None)
-                tuner.overridden = want is not None and want != now
+                tuner.overridden = want is not None and want != settings
             if tuner.overridden:
                 return self._taken_over(r)
             self._refused(tuner)
@@ -295,7 +295,6 @@ class LiveTuner:
             if "rank" in host.columns and world > 1:
                 host = host[host["rank"] == r]
             window = Window({**run, "config": config}, chosen, host)
-            settings = {k: config.get(k) for k in LIVE_KEYS}
             if tuner.expect is not None and tuner.expect != settings:
                 tuner.overridden = True  # it runs something other than what was asked
             if tuner.overridden:
