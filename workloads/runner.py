@@ -43,6 +43,10 @@ def format_error(exc: BaseException) -> str:
     if isinstance(exc, WorkloadError):
         return f"{exc}"[:MAX_ERROR_CHARS]
     head = f"{type(exc).__name__}: {exc}"
+    if isinstance(exc, (ConnectionResetError, EOFError, BrokenPipeError)):
+        # a worker killed while the main process read its queue: torch's own "worker
+        # (pid N) is killed" message loses that race
+        head = f"a DataLoader worker died mid-transfer (killed?): {head}"
     tb = "".join(traceback.format_exception(exc))
     room = MAX_ERROR_CHARS - len(head) - 2
     return (head + "\n\n" + tb[-room:]) if room > 0 else head[:MAX_ERROR_CHARS]
