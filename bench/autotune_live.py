@@ -22,6 +22,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -61,9 +62,9 @@ def preset_row(rt: Runtime, preset: str, a: argparse.Namespace) -> None:
 
     tuner = LiveTuner(rt.store, run_id, rt.context(), cadence=Cadence("window", a.window),
                       request=request).start()
-    t0 = time.monotonic()
+    t0, tick = time.monotonic(), threading.Event()
     while tuner.alive and time.monotonic() - t0 < a.max_s:
-        tuner._stop.wait(0.5)
+        tick.wait(0.5)
     live_s = time.monotonic() - t0
     tuner.stop()
     mgr.stop()

@@ -125,8 +125,8 @@ class Policy:
             if kept:
                 self.best = obs
             else:
-                why = (f"{_desc(move.settings)} failed: {obs.failed}" if obs.failed else
-                       f"{_desc(move.settings)} did not pay beyond the noise")
+                why = (f"{describe_settings(move.settings)} failed: {obs.failed}" if obs.failed else
+                       f"{describe_settings(move.settings)} did not pay beyond the noise")
                 back = Move(dict(self.best.settings), f"back to the best setting: {why}",
                             revert=True)
                 if len(self.moves) >= self.max_moves:
@@ -207,7 +207,7 @@ class Policy:
     def _settle(self, last: Move | None, why: str = "") -> Move | None:
         gain = self.best.throughput / self.start.throughput - 1 if self.start.throughput else 0
         n = self.observed
-        self.settled = (f"settled at {_desc(self.best.settings)} after {n} {self.unit}"
+        self.settled = (f"settled at {describe_settings(self.best.settings)} after {n} {self.unit}"
                         f"{'s' if n != 1 else ''}: {self.start.throughput:,.0f} → "
                         f"{self.best.throughput:,.0f} samples/s ({gain:+.0%})"
                         + (f"; {why}" if why else ""))
@@ -240,9 +240,6 @@ def _key(settings: dict[str, Any]) -> tuple:
 
 
 def describe_settings(settings: dict[str, Any]) -> str:
-    return _desc(settings)
-
-
-def _desc(settings: dict[str, Any]) -> str:
+    """'num_workers=2, prefetch_factor=2' (plus pin/persistent when on)."""
     return ", ".join(f"{k}={settings.get(k)}" for k in LIVE_KEYS
                      if k in ("num_workers", "prefetch_factor") or settings.get(k))
