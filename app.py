@@ -5,8 +5,9 @@ import os
 
 import streamlit as st
 
+from monitor.assess.devices import workload_gpu
+from monitor.assess.stall import STALL_KINDS, active_stall
 from monitor.diagnosis import SIMULATED
-from monitor.gpu import workload_gpu
 from monitor.ui import panels
 from monitor.ui import view as views
 from monitor.ui.autotune_panel import render_autotune
@@ -15,7 +16,6 @@ from monitor.ui.controls import render_controls, shown_step_ms
 from monitor.ui.resources import get_runtime
 from monitor.ui.sweep_panel import render_sweep_controls, render_sweep_progress
 from monitor.ui.text import plain
-from monitor.watchdog import STALL_KINDS, active_stall
 
 st.set_page_config(page_title="Starvation Monitor", page_icon="📉", layout="wide")
 

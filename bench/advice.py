@@ -16,8 +16,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from monitor.config import LIVE_SETTINGS, LoaderConfig
-from monitor.measure import measure
-from monitor.runtime import Runtime
+from monitor.manage.measure import measure
+from monitor.manage.runtime import Runtime
 from monitor.tuning.experiment import step_time_of
 
 SLIDER_PARAMS = (*LIVE_SETTINGS, "batch_size")

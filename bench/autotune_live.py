@@ -29,7 +29,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from monitor.config import LoaderConfig
-from monitor.runtime import Runtime
+from monitor.manage.runtime import Runtime
 from monitor.tuning.experiment import Experiments
 from monitor.tuning.live import Cadence, LiveTuner
 from monitor.tuning.policy import describe_settings

@@ -21,12 +21,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from monitor.analysis import busy_series, nvml_vs_busy, series_stats, span
-from monitor.assess import steady_window
+from monitor.assess.analysis import busy_series, nvml_vs_busy, series_stats, span
+from monitor.assess.devices import workload_gpu
+from monitor.assess.window import steady_window
 from monitor.config import LoaderConfig
-from monitor.gpu import open_backend, workload_gpu
-from monitor.measure import measure
-from monitor.runtime import Runtime
+from monitor.manage.measure import measure
+from monitor.manage.runtime import Runtime
+from monitor.sampling.gpu import open_backend
 
 
 def pass_cost_us(gpu, n: int = 40) -> float:
@@ -52,7 +53,7 @@ def main() -> int:
                          "accelerator, to check this script itself")
     a = ap.parse_args()
     if a.dry_run:
-        from monitor.gpu.nvml import NvmlBackend
+        from monitor.sampling.gpu.nvml import NvmlBackend
         from tests import fake_nvml as fk
 
         gpu = NvmlBackend(fk.make([fk.FakeGpu(util=50.0)]))

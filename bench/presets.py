@@ -16,8 +16,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from monitor.config import LoaderConfig
-from monitor.measure import measure
-from monitor.runtime import Runtime
+from monitor.manage.measure import measure
+from monitor.manage.runtime import Runtime
 
 CASES = [
     ("starving", 0), ("starving", 2),

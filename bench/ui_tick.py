@@ -28,8 +28,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from monitor.manage.runtime import Runtime  # noqa: E402
 from monitor.records import HostSample, StepRecord  # noqa: E402
-from monitor.runtime import Runtime  # noqa: E402
 from monitor.store import Store  # noqa: E402
 from monitor.ui import view as views  # noqa: E402
 

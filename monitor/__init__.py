@@ -8,7 +8,21 @@ __version__ = "0.1.0"
 
 def watch(loader: Any, name: str | None = None) -> Any:
     """`for batch in watch(loader): ...` records this epoch's data wait and compute per step
-    to the store (see monitor.attach)."""
-    from monitor.attach import watch as _watch
+    to the store (see monitor.probe.patch)."""
+    from monitor.probe.patch import watch as _watch
 
     return _watch(loader, name)
+
+
+def lightning_callback(name: str | None = None) -> Any:
+    """A Lightning Callback recording the fit loop's steps (monitor.probe.frameworks)."""
+    from monitor.probe.frameworks import lightning_callback as make
+
+    return make(name)
+
+
+def hf_callback(name: str | None = None) -> Any:
+    """A Hugging Face TrainerCallback recording the Trainer's steps (monitor.probe.frameworks)."""
+    from monitor.probe.frameworks import hf_callback as make
+
+    return make(name)

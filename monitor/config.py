@@ -23,8 +23,16 @@ MAX_STEP_TIME_MS = 10_000.0
 MODEL_SIZES: tuple[str, ...] = ("auto", "small", "medium", "large")
 DEFAULT_PREFETCH = 2  # torch's own default batches per worker
 MAX_WORKERS_CEILING = 1024  # a sanity bound; the machine's limit is passed to build()
-# Settings a built DataLoader can change at its next iter() (an attached script's loader).
+# The DataLoader settings this tool measures, advises and moves (the sliders, the sweep's
+# parameters, a user workload's defaults), in the order they are shown.
+LOADER_SETTINGS = ("num_workers", "batch_size", "prefetch_factor", "pin_memory",
+                   "persistent_workers")
+# Those a built DataLoader can change at its next iter() (an attached script's loader, the
+# live autotuner's moves).
 LIVE_SETTINGS = ("num_workers", "prefetch_factor", "pin_memory", "persistent_workers")
+# A run's settings as the page's sidebar and `monitor compare` show them.
+SHOWN_SETTINGS = ("preset", "workload", *LOADER_SETTINGS, "step_time_ms", "model_size")
+WORKER_CEILING_X = 3  # the worker ceiling: this many loaders per usable core
 ATTACHED_PREFIX = "attached:"  # the workload name of a user's own script
 
 
@@ -37,16 +45,19 @@ def max_workers(usable_cores: int) -> int:
     (storage-latency-bound loaders keep gaining past the core count: on the 2-core machine
     the io-bound preset's best is 6 workers; CPU-bound ones stop at the cores by themselves,
     since the diagnosis then calls them cores-bound)."""
-    return 3 * max(1, int(usable_cores))
+    return WORKER_CEILING_X * max(1, int(usable_cores))
 
 
-def normalise(settings: dict[str, Any]) -> dict[str, Any]:
+def normalise(settings: dict[str, Any], clear: bool = True) -> dict[str, Any]:
     """The one rule for worker-only settings: with num_workers=0, prefetch_factor is None and
     persistent_workers off (torch refuses them); with workers, prefetch_factor defaults to
-    DEFAULT_PREFETCH. Returns a new dict."""
+    DEFAULT_PREFETCH. `clear=False` only fills the default and leaves settings that do not
+    apply in place, for a validator to refuse (the CLI's flags). Returns a new dict."""
     out = dict(settings)
     nw = out.get("num_workers", 0)
     if isinstance(nw, int) and not isinstance(nw, bool) and nw == 0:
+        if not clear:
+            return out
         out["prefetch_factor"] = None
         out["persistent_workers"] = False
     elif out.get("prefetch_factor") is None:
@@ -169,9 +180,9 @@ class LoaderConfig:
         """Refuse more workers than `limit` (three times the usable cores), saying so."""
         if self.num_workers > max(limit, 1):
             raise ConfigError(
-                f"num_workers={self.num_workers} is more than {limit}, twice this machine's "
-                f"{max(1, limit // 2)} usable cores: use at most {limit} (beyond that workers "
-                "only compete for the cores)"
+                f"num_workers={self.num_workers} is more than {limit}, {WORKER_CEILING_X} per "
+                f"usable core ({max(1, limit // WORKER_CEILING_X)} here): use at most {limit} "
+                "(beyond that workers only compete for the cores)"
             )
 
     @classmethod

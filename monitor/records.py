@@ -11,6 +11,10 @@ from typing import Any
 
 _REQUIRED: Any = object()
 
+# Event kinds of the stall watchdog (monitor/probe/watchdog.py writes, assess/stall.py reads).
+STALLED, RESUMED = "stalled", "resumed"
+STALL_KINDS = (STALLED, RESUMED)
+
 
 def col(label: str, unit: str = "", default: Any = _REQUIRED) -> Any:
     meta = {"label": label, "unit": unit}

@@ -105,7 +105,7 @@ def no_leaks():
 @pytest.fixture
 def runtime(store):
     """A started Runtime over the test's store, closed after the test."""
-    from monitor.runtime import Runtime
+    from monitor.manage.runtime import Runtime
 
     with Runtime(store=store) as rt:
         yield rt
@@ -140,3 +140,18 @@ def fake_torch(**cuda: object):
             sys.modules.pop("torch", None)
         else:
             sys.modules["torch"] = old
+
+
+def pytest_collection_modifyitems(config, items):
+    """`gpu` tests run only where CUDA is there (torch is imported only to ask when one was
+    collected); elsewhere they are skipped, saying why."""
+    gpu = [i for i in items if i.get_closest_marker("gpu")]
+    if not gpu:
+        return
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs an NVIDIA GPU with CUDA (none here)")
+    for item in gpu:
+        item.add_marker(skip)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 
+import pytest
 import torch
 
 from workloads.accelerator import SimulatedAccelerator, TorchAccelerator, make_accelerator
@@ -58,7 +59,7 @@ def test_make_accelerator_forced_simulated(monkeypatch):
 
 def test_user_model_step_is_a_real_device_never_simulated(monkeypatch):
     """A user's model_step runs on CUDA where CUDA is available: the run records "cuda" and
-    is judged as a GPU run (monitor/assess.py reads the kind back)."""
+    is judged as a GPU run (monitor/assess/window.py reads the kind back)."""
     from workloads.accelerator import UserStep
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
@@ -66,3 +67,16 @@ def test_user_model_step_is_a_real_device_never_simulated(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert UserStep(lambda batch: None).kind == "cpu"
     assert SimulatedAccelerator(10.0).kind == "simulated"
+
+
+@pytest.mark.gpu
+def test_cuda_step_copies_trains_and_reports_its_device(monkeypatch):
+    """On a GPU machine: make_accelerator picks CUDA when simulation is off, a step copies
+    the batch (copy time measured with CUDA events) and names the device for NVML."""
+    monkeypatch.setenv("STARVATION_MONITOR_SIMULATE", "0")
+    acc = make_accelerator(5.0, "small")
+    assert acc.kind == "cuda" and acc.description.startswith("CUDA ")
+    copy_s = acc.step(batch(32, 32))
+    assert copy_s is not None and 0.0 <= copy_s < 1.0
+    info = acc.device_info()
+    assert info["uuid"].startswith("GPU-") and info["cuda_index"] == 0

@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from monitor import analysis
+from monitor.assess import analysis
 
 
 def steps_frame(wait: list[float], compute: list[float], samples: int = 32, t0: float = 1000.0):

@@ -46,13 +46,10 @@ def test_page_opens_on_the_starving_default_and_a_slider_reaches_the_manager(app
     pending = store.pending_control(manager.run_id)
     assert pending or store.events(manager.run_id)["label"].str.contains("num_workers").any()
     # the workload applies it and records the marker
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        labels = store.events(manager.run_id)["label"].tolist()
-        if any("num_workers 0→2" in x for x in labels):
-            break
-        time.sleep(0.2)
-    assert any("num_workers 0→2" in x for x in labels), labels
+    def marked():
+        return any("num_workers 0→2" in x for x in store.events(manager.run_id)["label"])
+
+    assert wait_for(marked, timeout=60), store.events(manager.run_id)["label"].tolist()
 
 
 def test_stop_button_stops_the_run(app, db_path):
@@ -73,8 +70,8 @@ def test_stop_button_stops_the_run(app, db_path):
 def test_gpu_panel_with_nvml(db_path, no_leaks, monkeypatch):
     """With NVML (a scripted stand-in here) the page shows the GPU panel, NVML's utilization
     beside device busy, and a selector when there are two GPUs."""
-    from monitor import collector as collector_mod
-    from monitor.gpu.nvml import NvmlBackend
+    from monitor.sampling import collector as collector_mod
+    from monitor.sampling.gpu.nvml import NvmlBackend
     from monitor.ui.resources import get_runtime
     from tests import fake_nvml as fk
 
@@ -143,10 +140,7 @@ def test_sweep_tab_runs_a_sweep_and_applies_the_knee(app, monkeypatch):
     app.button(key="sw_run").click().run()
     assert not app.exception
     assert rt.jobs.running() and app.sidebar.slider(key="cfg_num_workers").disabled
-    deadline = time.monotonic() + 120
-    while rt.jobs.running() and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert not rt.jobs.running()
+    assert wait_for(lambda: not rt.jobs.running(), timeout=120)
     app.run()
     assert not app.exception
     results = rt.jobs.state.results

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from monitor.assess import Context, assess_run
+from monitor.assess.window import Context, assess_run
 from monitor.config import LoaderConfig, max_workers
 from monitor.diagnosis import fit_bound
-from monitor.host import cpu_budget, usable_cores
 from monitor.records import HostSample, StepRecord
+from monitor.sampling.host import cpu_budget, usable_cores
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG = LoaderConfig.build(preset="starving", num_workers=0, batch_size=32,
@@ -54,8 +54,8 @@ KEYS = ("verdict", "steps", "window_s", "throughput", "data_wait_share", "device
 
 
 def test_four_paths_agree_on_one_window(store, no_leaks, quiet_page):
-    from monitor.attached_run import summary
-    from monitor.measure import summarise
+    from monitor.manage.attached_run import summary
+    from monitor.manage.measure import summarise
     from monitor.tuning.experiment import result_from_measurement
 
     run = stored_run(store)
@@ -93,11 +93,11 @@ def test_the_stored_accelerator_kind_decides_simulation(store, kind, scales):
 
 def test_attached_run_on_cuda_is_judged_as_cuda(store):
     """The probe records the kind from the script's torch; assess reads it back."""
-    from monitor import attach
+    from monitor.probe import identity
     from tests.conftest import fake_torch
 
     with fake_torch(is_initialized=lambda: True, is_available=lambda: True):
-        kind = attach.accelerator_kind()
+        kind = identity.accelerator_kind()
     assert kind == "cuda"
     cfg = {"preset": "custom", "workload": "attached:train.py", "num_workers": 0,
            "batch_size": 32, "prefetch_factor": None, "pin_memory": False,

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from monitor.store import Store
-from tests.conftest import wait_for as _wait_for
+from tests.conftest import wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
@@ -26,10 +26,6 @@ def start(db: Path, *script_args: str, json_out: bool = True) -> subprocess.Pope
     cmd += ["--", sys.executable, str(SCRIPTS / "two_epochs.py"), *script_args]
     return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
-
-
-def wait_for(pred, timeout=90.0):
-    return _wait_for(pred, timeout)
 
 
 def test_attached_script_is_recorded_and_its_exit_code_passes_through(tmp_path, no_leaks):
@@ -59,9 +55,9 @@ def test_attached_script_is_recorded_and_its_exit_code_passes_through(tmp_path, 
 def test_change_requested_in_epoch_0_lands_at_epoch_1(tmp_path, no_leaks):
     db = tmp_path / "a.db"
     p = start(db, "0", "1.5", json_out=False)
-    store = Store(db) if wait_for(db.exists) else None
-    run_id = wait_for(lambda: len(store.runs()) and int(store.runs()["id"].iloc[0]))
-    assert wait_for(lambda: len(store.steps(run_id)) >= 3)
+    store = Store(db) if wait_for(db.exists, timeout=90) else None
+    run_id = wait_for(lambda: len(store.runs()) and int(store.runs()["id"].iloc[0]), timeout=90)
+    assert wait_for(lambda: len(store.steps(run_id)) >= 3, timeout=90)
     ok = store.request_control(run_id, "config", {"num_workers": 2})
     bad = store.request_control(run_id, "config", {"batch_size": 64})
     out, err = p.communicate(timeout=180)

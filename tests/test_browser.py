@@ -17,6 +17,8 @@ from pathlib import Path
 import psutil
 import pytest
 
+from tests.conftest import wait_for
+
 ROOT = Path(__file__).resolve().parent.parent
 CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
 ARTIFACTS = ROOT / "artifacts"
@@ -55,13 +57,14 @@ def server(tmp_path, request):
          "--server.address", "127.0.0.1", "--server.headless", "true"],
         cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
+    def healthy() -> bool:
         try:
             urllib.request.urlopen(url + "/_stcore/health", timeout=2)
-            break
+            return True
         except OSError:
-            time.sleep(0.3)
+            return False
+
+    wait_for(healthy, timeout=60, every=0.3)
     yield url, db, proc
     tree = psutil.Process(proc.pid).children(recursive=True) if proc.poll() is None else []
     proc.send_signal(signal.SIGTERM)  # closing the dashboard stops its workload

@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from monitor.analysis import busy_series
+from monitor.assess.analysis import busy_series
 from monitor.ui import charts
 from tests.test_analysis import steps_frame
 
@@ -74,8 +74,8 @@ def test_empty_frames_still_draw():
 
 
 def test_gpu_figure_shows_util_beside_sm_activity_and_process_share():
-    from monitor.gpu.nvml import _blank
     from monitor.records import GpuSample
+    from monitor.sampling.gpu.nvml import _blank
 
     util = pd.DataFrame({"ts": [1000.0, 1000.2, 1000.4], "gpu": [0, 0, 1],
                          "util_pct": [100.0, 100.0, 5.0]})

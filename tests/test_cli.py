@@ -6,12 +6,13 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections import Counter
 from pathlib import Path
 
 import psutil
 import pytest
+
+from tests.conftest import wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -81,10 +82,10 @@ def test_measure_reports_nvml_utilization_when_present(store, no_leaks):
     """gpu_util_mean/cv come from NVML's samples over the measured window (here a scripted
     NVML reporting a flat 80%), and are None without NVML."""
     from monitor.config import LoaderConfig
-    from monitor.gpu.none import NoGpu
-    from monitor.gpu.nvml import NvmlBackend
-    from monitor.measure import measure
-    from monitor.runtime import Runtime
+    from monitor.manage.measure import measure
+    from monitor.manage.runtime import Runtime
+    from monitor.sampling.gpu.none import NoGpu
+    from monitor.sampling.gpu.nvml import NvmlBackend
     from tests import fake_nvml as fk
 
     cfg = LoaderConfig.build(preset="healthy", batch_size=8, step_time_ms=10.0)
@@ -151,15 +152,13 @@ def test_sweep_stopped_midway_leaves_nothing_behind(tmp_path, no_leaks, sig):
                          stderr=subprocess.PIPE, text=True)
     from monitor.store import Store
 
-    store = None
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:  # until the second configuration is running
-        if db.exists():
-            store = store or Store(db)
-            runs = store.runs()
-            if len(runs) >= 2 and len(store.steps(int(runs["id"].iloc[0]))) >= 3:
-                break
-        time.sleep(0.3)
+    def second_running() -> bool:  # the second configuration has steps
+        if not db.exists():
+            return False
+        runs = Store(db).runs()
+        return len(runs) >= 2 and len(Store(db).steps(int(runs["id"].iloc[0]))) >= 3
+
+    wait_for(second_running, timeout=120, every=0.3)
     kids = psutil.Process(p.pid).children(recursive=True)
     assert len(kids) >= 3  # the workload and its two workers
     p.send_signal(sig)
@@ -168,6 +167,7 @@ def test_sweep_stopped_midway_leaves_nothing_behind(tmp_path, no_leaks, sig):
     assert "interrupted" in err
     gone, alive = psutil.wait_procs(kids, timeout=20)
     assert not alive
+    store = Store(db)
     runs = store.runs()
     assert len(runs) == 2 and "running" not in set(runs["status"])
     assert store.integrity_ok()

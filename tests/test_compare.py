@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from monitor.compare import CompareError, compare
+from monitor.assess.compare import CompareError, compare
 from tests.test_assess import CONFIG, context, stored_run
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -110,7 +110,7 @@ def test_starving_advises_workers_with_a_prediction():
 
 
 def test_threshold_boundary():
-    from monitor.diagnosis.thresholds import STARVING_SHARE
+    from monitor.thresholds import STARVING_SHARE
 
     assert diagnose(feat(data_wait_share=STARVING_SHARE)).verdict == "starving"
     assert diagnose(feat(data_wait_share=STARVING_SHARE - 0.01)).verdict == "healthy"

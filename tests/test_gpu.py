@@ -5,11 +5,12 @@ import sys
 
 import pytest
 
-from monitor.collector import Collector
-from monitor.gpu import NoGpu, open_backend, resolve_device
-from monitor.gpu.base import GpuDevice, workload_gpu
-from monitor.gpu.nvml import NvmlBackend
-from monitor.host import HostSampler
+from monitor.assess.devices import resolve_device, workload_gpu
+from monitor.sampling.collector import Collector
+from monitor.sampling.gpu import NoGpu, open_backend
+from monitor.sampling.gpu.base import GpuDevice
+from monitor.sampling.gpu.nvml import NvmlBackend
+from monitor.sampling.host import HostSampler
 from tests import fake_nvml as fk
 
 NOW = 1_800_000_000.0
@@ -199,7 +200,7 @@ def test_each_rank_maps_to_its_own_nvml_gpu(store):
     differently, the UUID decides."""
     import types
 
-    from monitor import attach
+    from monitor.probe import identity
     from monitor.ui.panels import rank_gpus
     from tests.conftest import fake_torch
 
@@ -207,7 +208,7 @@ def test_each_rank_maps_to_its_own_nvml_gpu(store):
                                   pci_device_id=0)
     with fake_torch(is_initialized=lambda: True, current_device=lambda: 0,
                     get_device_properties=lambda i: props):
-        dev = attach.cuda_device()
+        dev = identity.cuda_device()
     assert dev["uuid"] == "GPU-bbbb-2" and dev["cuda_index"] == 0
     run = store.create_run("job", "attached", {})
     store.set_rank(run, 0, 0, 2, "h", 1, {}, "cuda", {"uuid": "GPU-aaaa-1", "cuda_index": 0})

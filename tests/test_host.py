@@ -10,7 +10,8 @@ import types
 import psutil
 import pytest
 
-from monitor.host import HostSampler
+from monitor.sampling.host import HostSampler
+from tests.conftest import wait_for
 
 TREE = """
 import subprocess, sys, time
@@ -25,9 +26,7 @@ finally:
 @pytest.fixture
 def tree():
     p = subprocess.Popen([sys.executable, "-c", TREE])
-    deadline = time.monotonic() + 20
-    while len(psutil.Process(p.pid).children()) < 2 and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_for(lambda: len(psutil.Process(p.pid).children()) >= 2, timeout=20, every=0.05)
     yield p
     for c in psutil.Process(p.pid).children(recursive=True):
         c.kill()
@@ -79,7 +78,7 @@ def _files(root, files: dict[str, str]):
 
 
 def test_cpu_budget_cgroup_v2_quota_and_throttling(tmp_path):
-    from monitor.host import cpu_budget
+    from monitor.sampling.host import cpu_budget
 
     root = _files(tmp_path, {
         "cpu.max": "150000 100000\n",
@@ -92,7 +91,7 @@ def test_cpu_budget_cgroup_v2_quota_and_throttling(tmp_path):
 
 
 def test_cpu_budget_cgroup_v2_unlimited(tmp_path):
-    from monitor.host import cpu_budget
+    from monitor.sampling.host import cpu_budget
 
     root = _files(tmp_path, {"cpu.max": "max 100000\n", "cpu.stat": "usage_usec 1\n"})
     b = cpu_budget(root, affinity=4)
@@ -100,7 +99,7 @@ def test_cpu_budget_cgroup_v2_unlimited(tmp_path):
 
 
 def test_cpu_budget_cgroup_v1(tmp_path):
-    from monitor.host import cpu_budget
+    from monitor.sampling.host import cpu_budget
 
     root = _files(tmp_path, {
         "cpu/cpu.cfs_quota_us": "100000\n", "cpu/cpu.cfs_period_us": "100000\n",
@@ -115,7 +114,7 @@ def test_cpu_budget_cgroup_v1(tmp_path):
 
 
 def test_cpu_budget_without_cgroup_files_uses_affinity(tmp_path):
-    from monitor.host import cpu_budget
+    from monitor.sampling.host import cpu_budget
 
     b = cpu_budget(str(tmp_path / "none"), affinity=3)
     assert (b.usable, b.quota, b.throttled, b.throttled_s) == (3, None, None, None)

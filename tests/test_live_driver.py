@@ -9,10 +9,11 @@ import json
 import numpy as np
 import pandas as pd
 
-from monitor.assess import Context
-from monitor.host import cpu_budget
+from monitor.assess.window import Context
 from monitor.records import HostSample, StepRecord
-from monitor.tuning.live import MIN_STEPS, Cadence, LiveTuner, RankTuner, std_error
+from monitor.sampling.host import cpu_budget
+from monitor.thresholds import AUTOTUNE_MIN_STEPS as MIN_STEPS
+from monitor.tuning.live import Cadence, LiveTuner, RankTuner, std_error
 
 START = {"preset": "custom", "num_workers": 0, "batch_size": 16, "prefetch_factor": None,
          "pin_memory": False, "persistent_workers": False}
@@ -160,7 +161,7 @@ def test_a_change_by_hand_turns_auto_tune_off(store):
 
 
 def test_the_end_of_run_lines_give_each_ranks_moves():
-    from monitor.attached_run import summary_lines
+    from monitor.manage.attached_run import summary_lines
 
     move = {"settings": {"num_workers": 2, "prefetch_factor": 2}, "reason": "the knee",
             "throughput": 300.0, "best_before": 100.0, "kept": True, "failed": None}

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from monitor.diagnosis.thresholds import OTHER_LOAD_CORES
+from monitor.thresholds import OTHER_LOAD_CORES
 from monitor.tuning.policy import Observation, Policy
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -77,7 +77,9 @@ def test_a_move_past_the_memory_budget_is_never_made():
     assert m.settings["num_workers"] == 2  # one more fits (400 <= 600); five more would not
     m = p.observe(obs(m.settings, 250.0, advised=6, predicted=500.0, per_worker=400.0,
                       left=300.0))
-    assert m is None or m.settings["num_workers"] == 2  # a third worker would not fit
+    # a third worker would not fit: the next candidate keeps 2 workers, deeper prefetch
+    assert m.settings == {**START, "num_workers": 2, "prefetch_factor": 4}
+    assert "prefetch" in m.reason
 
 
 def test_a_healthy_job_is_left_alone():
@@ -152,10 +154,14 @@ def test_live_autotune_reaches_the_best_fixed_setting_of_a_grid(tmp_path, no_lea
     applied = [e["applied_at_epoch"] for e in data_of(events)
                if e.get("num_workers") == final
                and e.get("applied_at_epoch") is not None]
-    assert final == 0 or (applied and min(applied) <= 4)  # in use from the 5th epoch on
-    # head to head: the grid's measurement of each, then one more run of each, interleaved
-    # (final, then best: the grid ran best before the autotune run)
-    pairs = {nw: [grid[nw]] for nw in {best, final}}
+    if final == 0:  # it went back to where it began: every move it tried was measured worse
+        assert all(not m["kept"] for m in tune["moves"]), tune["moves"]
+    else:
+        assert applied and min(applied) <= 4  # in use from the 5th epoch on
+    # head to head: the grid's measurement of each (a final setting outside the grid is
+    # measured now), then one more run of each, interleaved (final, then best: the grid ran
+    # best before the autotune run)
+    pairs = {nw: [grid[nw] if nw in grid else bare_rate(nw)] for nw in {best, final}}
     for nw in (final, best) if final != best else ():
         pairs[nw].append(bare_rate(nw))
     ratio = statistics.mean(pairs[final]) / statistics.mean(pairs[best])
@@ -202,7 +208,7 @@ def test_mid_epoch_needs_a_position_to_resume_from():
     torch = pytest.importorskip("torch")
     from torch.utils.data import DataLoader, IterableDataset
 
-    from monitor.timed import why_not_resumable
+    from monitor.probe.epoch_plan import why_not_resumable
 
     class Stream(IterableDataset):
         def __iter__(self):

@@ -1,7 +1,7 @@
 """The probe times wait and compute per step with an injected clock, and batches writes."""
 from __future__ import annotations
 
-from monitor.probe import Probe, batch_len
+from monitor.probe.timing import Probe, batch_len
 
 
 class FakeClock:
@@ -43,17 +43,28 @@ def test_between_can_end_the_epoch_and_writes_are_batched(store):
     run = store.create_run("x", "managed", {})
     clock = FakeClock()
     probe = Probe(store, run, flush_interval=0.5, clock=clock)
-    calls = []
+    written = []
 
     def between():
-        calls.append(clock.t)
-        return len(calls) == 5
+        written.append(len(store.steps(run)))  # after this step's record, before the next
+        return len(written) == 5
 
     n = sum(1 for _ in probe.iterate(SlowLoader(clock, 100, wait=0.13), 0, between))
-    assert n == 5 and len(calls) == 5
-    assert len(store.steps(run)) == 4  # flushed at 0.52 s; the 5th still buffered
-    probe.flush()
-    assert len(store.steps(run)) == 5
+    assert n == 5
+    assert written == [0, 0, 0, 4, 4]  # one write at 0.52 s holds the first four steps
+    assert len(store.steps(run)) == 5  # the epoch's end writes the rest
+
+
+def test_a_plain_loop_records_every_step_and_not_the_exhausting_next(store):
+    """The for loop's last next() (StopIteration) records the last step's compute and is no
+    step itself."""
+    run = store.create_run("x", "managed", {})
+    clock = FakeClock()
+    probe = Probe(store, run, flush_interval=1e9, clock=clock)
+    for _ in probe.iterate(SlowLoader(clock, 4, wait=0.1), 0):
+        clock.t += 0.3
+    df = store.steps(run)
+    assert len(df) == 4 and df["compute_s"].round(6).tolist() == [0.3] * 4
 
 
 def test_batch_len_shapes():

@@ -15,7 +15,8 @@ from __future__ import annotations
 import pytest
 
 from monitor.config import LoaderConfig
-from monitor.diagnosis.thresholds import (
+from monitor.manage.measure import measure
+from monitor.thresholds import (
     CPU_SATURATED,
     EPOCH_STALL_SHARE,
     IO_CPU_RATIO,
@@ -23,7 +24,6 @@ from monitor.diagnosis.thresholds import (
     OTHER_LOAD_CORES,
     STARVING_SHARE,
 )
-from monitor.measure import measure
 
 pytestmark = pytest.mark.slow
 

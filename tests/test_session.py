@@ -13,8 +13,8 @@ import psutil
 import pytest
 
 from monitor.config import LoaderConfig
-from monitor.session import SessionManager
-from tests.conftest import wait_for as wait_until
+from monitor.manage.session import SessionManager
+from tests.conftest import wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -35,13 +35,13 @@ def test_reconfigure_reaches_running_workload_within_2s(manager, store):
     t_req = time.time()
     cid = manager.reconfigure(new)
     assert cid is not None
-    applied = wait_until(lambda: store.control_result(cid)[0], timeout=30)
+    applied = wait_for(lambda: store.control_result(cid)[0], timeout=30)
     assert applied and store.control_result(cid)[1] == "ok"
     assert applied - t_req < 2.0, f"applied after {applied - t_req:.2f} s"
     ev = store.events(run)
     assert "num_workers 0→2" in ev["label"].iloc[-1]
     # steps keep coming with the new generation, from the worker processes
-    assert wait_until(lambda: (store.steps(run)["config_seq"] == 1).sum() >= 5, timeout=60)
+    assert wait_for(lambda: (store.steps(run)["config_seq"] == 1).sum() >= 5, timeout=60)
     kids = psutil.Process(manager.pid).children(recursive=True)
     assert len(kids) >= 2
     manager.stop()
@@ -53,9 +53,9 @@ def test_accelerator_only_change_keeps_the_loader(manager, store):
     run = manager.start()
     assert manager.wait_for_steps(3, timeout=90)
     cid = manager.reconfigure(FAST.replace(step_time_ms=20.0))
-    assert wait_until(lambda: store.control_result(cid)[1] == "ok", timeout=30)
+    assert wait_for(lambda: store.control_result(cid)[1] == "ok", timeout=30)
     assert "step_time_ms 5→20" in store.events(run)["label"].iloc[-1]
-    assert wait_until(lambda: store.steps(run)["compute_s"].iloc[-1] > 0.015, timeout=30)
+    assert wait_for(lambda: store.steps(run)["compute_s"].iloc[-1] > 0.015, timeout=30)
     steps = store.steps(run)
     before, after = steps[steps["config_seq"] == 0], steps[steps["config_seq"] == 1]
     # the same iterator goes on: no new epoch at the change (1024 steps per epoch here)
@@ -68,10 +68,10 @@ def test_dataset_exception_in_worker_fails_the_run_with_its_text(store, no_leaks
     m = SessionManager(store, FAST.replace(num_workers=2))
     try:
         run = m.start()
-        assert wait_until(lambda: store.run(run)["status"] == "failed", timeout=90)
+        assert wait_for(lambda: store.run(run)["status"] == "failed", timeout=90)
         err = store.run(run)["error"]
         assert "injected fault at sample 5" in err and "worker" in err.lower()
-        assert wait_until(lambda: not m.is_alive(), timeout=10)
+        assert wait_for(lambda: not m.is_alive(), timeout=10)
     finally:
         m.close()
 
@@ -82,7 +82,7 @@ def test_dataset_exception_in_main_process(store, no_leaks, monkeypatch):
     m = SessionManager(store, cfg)
     try:
         run = m.start()
-        assert wait_until(lambda: store.run(run)["status"] == "failed", timeout=90)
+        assert wait_for(lambda: store.run(run)["status"] == "failed", timeout=90)
         assert store.run(run)["error"].startswith("RuntimeError: injected fault at sample 3")
     finally:
         m.close()
@@ -93,7 +93,7 @@ def test_killed_worker_fails_the_run(manager, store):
     assert manager.wait_for_steps(5, timeout=90)
     worker = psutil.Process(manager.pid).children()[0]
     worker.send_signal(signal.SIGKILL)
-    assert wait_until(lambda: store.run(run)["status"] == "failed", timeout=60)
+    assert wait_for(lambda: store.run(run)["status"] == "failed", timeout=60)
     assert "worker" in store.run(run)["error"].lower()
 
 
@@ -102,11 +102,11 @@ def test_killed_workload_is_reaped_with_its_workers(manager, store):
     assert manager.wait_for_steps(5, timeout=90)
     workers = psutil.Process(manager.pid).children(recursive=True)
     # the reaper has remembered the workers (it snapshots every 0.5 s)
-    assert wait_until(lambda: {w.pid for w in workers} <= set(manager._children), timeout=15)
+    assert wait_for(lambda: {w.pid for w in workers} <= set(manager._children), timeout=15)
     os.kill(manager.pid, signal.SIGKILL)
-    assert wait_until(lambda: store.run(run)["status"] == "failed", timeout=30)
+    assert wait_for(lambda: store.run(run)["status"] == "failed", timeout=30)
     assert "signal 9" in store.run(run)["error"]
-    assert wait_until(lambda: not any(w.is_running() and w.status() != psutil.STATUS_ZOMBIE
+    assert wait_for(lambda: not any(w.is_running() and w.status() != psutil.STATUS_ZOMBIE
                                       for w in workers), timeout=15)
 
 
@@ -125,7 +125,7 @@ def test_workload_stops_itself_when_its_parent_dies(store, db_path, no_leaks):
 import sys, time
 sys.path.insert(0, {str(db_path.parent.parent)!r})
 from monitor.config import LoaderConfig
-from monitor.session import SessionManager
+from monitor.manage.session import SessionManager
 from monitor.store import Store
 sys.path.insert(0, {os.getcwd()!r})
 m = SessionManager(Store({str(db_path)!r}),
@@ -137,14 +137,14 @@ time.sleep(120)  # sleep-ok: the parent lives until the test kills it
     parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
                               cwd=os.getcwd())
     run, pid = (int(x) for x in parent.stdout.readline().split())
-    assert wait_until(lambda: len(store.steps(run)) >= 3, timeout=90)
+    assert wait_for(lambda: len(store.steps(run)) >= 3, timeout=90)
     workload = psutil.Process(pid)
     parent.kill()
     parent.wait()
-    assert wait_until(lambda: store.run(run)["status"] != "running", timeout=30)
+    assert wait_for(lambda: store.run(run)["status"] != "running", timeout=30)
     assert store.run(run)["status"] == "stopped"
     assert "exited" in (store.run(run)["error"] or "")
-    assert wait_until(lambda: not workload.is_running() or
+    assert wait_for(lambda: not workload.is_running() or
                       workload.status() == psutil.STATUS_ZOMBIE, timeout=15)
 
 

@@ -6,8 +6,8 @@ import subprocess
 import sys
 import textwrap
 
-from monitor.gpu.nvml import _blank
 from monitor.records import GpuSample, GpuUtilSample, HostSample, StepRecord
+from monitor.sampling.gpu.nvml import _blank
 from monitor.store import Store
 
 

@@ -58,7 +58,7 @@ def fake_measure(kind: str, log: list):
 
 
 def test_parse_param():
-    from monitor.cli_args import parse_param
+    from monitor.cli.args import parse_param
 
     assert parse_param("num_workers=0,1,2,4") == ("num_workers", [0, 1, 2, 4])
     assert parse_param("pin-memory=off,on") == ("pin_memory", [False, True])

@@ -1,5 +1,5 @@
-"""Entry point of the workload process (started by monitor/session.py in a fresh
-interpreter). How it ends is NOTE [shutdown protocol] in monitor/runtime.py, points 1 to 5;
+"""Entry point of the workload process (started by monitor/manage/session.py in a fresh
+interpreter). How it ends is NOTE [shutdown protocol] in monitor/manage/runtime.py, points 1 to 5;
 `main` and `ManagedWorkload.run` are its workload half.
 """
 from __future__ import annotations
@@ -19,11 +19,12 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader
 
+from monitor import control
 from monitor.config import USER_STEP_TIME_MS, ConfigError, LoaderConfig, describe_change
 from monitor.presets import calibrated_step_ms
-from monitor.probe import Probe
+from monitor.probe.timing import Probe
+from monitor.probe.watchdog import Watchdog
 from monitor.store import Store, StoreError, explain
-from monitor.watchdog import Watchdog
 from workloads.accelerator import SimulatedAccelerator, UserStep, make_accelerator
 from workloads.synthetic import PRESET_SPECS, make_dataset, worker_init
 from workloads.user import GuardedDataset, Workload, WorkloadError, load, pickling_problem
@@ -32,7 +33,7 @@ MAX_ERROR_CHARS = 4000
 
 
 def _sigterm(signum: int, frame: Any) -> None:
-    # NOTE [shutdown protocol] in monitor/runtime.py, 3
+    # NOTE [shutdown protocol] in monitor/manage/runtime.py, 3
     raise SystemExit("terminated by the session manager (SIGTERM)")
 
 
@@ -154,21 +155,21 @@ class ManagedWorkload:
             self.stop_reason = "the process that started the workload exited"
             return True
         for cid, kind, payload in self.probe.poll_control():
-            if kind == "stop":  # NOTE [shutdown protocol], 1
+            if kind == control.STOP:  # NOTE [shutdown protocol], 1
                 self.stop_reason = "stopped on request"
-                self.store.mark_control(cid, "ok")
+                self.store.mark_control(cid, control.ok())
                 return True
-            if kind == "config":
+            if kind == control.CONFIG:
+                settings, source, _ = control.split(payload)
                 try:
-                    source = payload.pop("source", None) if isinstance(payload, dict) else None
-                    new = LoaderConfig.from_dict(payload)
+                    new = LoaderConfig.from_dict(settings)
                     if new.preset != self.config.preset:
                         raise ConfigError("a preset change starts a new run (session manager)")
                 except (ConfigError, TypeError) as exc:
-                    self.store.mark_control(cid, f"refused: {exc}")
+                    self.store.mark_control(cid, control.refused(exc))
                     continue
                 if self.pending is not None:  # a newer request replaces it unapplied
-                    self.store.mark_control(self.pending_id, f"superseded by request {cid}")
+                    self.store.mark_control(self.pending_id, control.superseded(cid))
                 self.pending = new
                 self.pending_id = cid
                 self.pending_source = source
@@ -182,15 +183,13 @@ class ManagedWorkload:
         return True
 
     def _apply(self, new: LoaderConfig) -> None:
-        label = describe_change(self.config, new)
-        if str(self.pending_source or "").startswith("autotune"):
-            label = f"autotune: {label}"
+        label = control.change_label(describe_change(self.config, new), self.pending_source)
         self.accel.configure(self._step_time(new), new.model_size)
         self.config = new
         self.probe.config_seq += 1
-        self.store.add_event(self.run_id, "config", label, new.to_dict())
+        self.store.add_event(self.run_id, control.CONFIG, label, new.to_dict())
         self.store.update_run(self.run_id, config=new.to_dict())
-        self.store.mark_control(self.pending_id, "ok")
+        self.store.mark_control(self.pending_id, control.ok())
         self.pending = None
 
     def run(self) -> str:
@@ -199,7 +198,7 @@ class ManagedWorkload:
         self.store.update_run(self.run_id, accelerator=self.accel.description, pid=os.getpid(),
                               accelerator_kind=self.accel.kind,
                               device=self.accel.device_info())
-        self.store.add_event(self.run_id, "config", "start", self.config.to_dict())
+        self.store.add_event(self.run_id, control.CONFIG, "start", self.config.to_dict())
         epoch = 0
         self.watchdog.start()
         try:
@@ -224,14 +223,14 @@ class ManagedWorkload:
         """Requests the run will never apply are marked, not left waiting."""
         with contextlib.suppress(Exception):
             if self.pending is not None:
-                self.store.mark_control(self.pending_id, "superseded: the run ended first")
+                self.store.mark_control(self.pending_id, control.ENDED_FIRST)
             for cid, _, _ in self.store.pending_control(self.run_id):
-                self.store.mark_control(cid, "superseded: the run ended first")
+                self.store.mark_control(cid, control.ENDED_FIRST)
 
 
 def main(store_path: str, run_id: int, config: dict[str, Any], parent_pid: int) -> None:
     """Process entry: run, then record how the run ended (NOTE [shutdown protocol] in
-    monitor/runtime.py, 1-4)."""
+    monitor/manage/runtime.py, 1-4)."""
     signal.signal(signal.SIGTERM, _sigterm)
     # More workers than cores is a setting we measure (io-bound loaders gain from it) and
     # diagnose (oversubscribed), not one to warn about on every loader rebuild.

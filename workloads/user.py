@@ -26,8 +26,9 @@ from typing import Any
 
 from torch.utils.data import Dataset, IterableDataset
 
-LOADER_DEFAULTS = ("batch_size", "num_workers", "prefetch_factor", "pin_memory",
-                   "persistent_workers")
+from monitor.config import LOADER_SETTINGS
+
+LOADER_DEFAULTS = LOADER_SETTINGS  # the loader settings a workload may default
 DICT_KEYS = {"dataset", "collate_fn", "model_step", "multiprocessing_context",
              *LOADER_DEFAULTS}
 

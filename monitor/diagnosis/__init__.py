@@ -1,7 +1,7 @@
 """Why the device starves, what limits throughput, and what to change: pure functions over
 the store's frames. features.py measures a window, bound.py models it (its docstring states
 the equations), rules.py names the verdict and orders advice, thresholds.py holds every
-threshold. monitor/assess.py is the one caller that puts them together.
+threshold. monitor/assess/window.py is the one caller that puts them together.
 """
 from __future__ import annotations
 

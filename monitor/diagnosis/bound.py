@@ -35,7 +35,13 @@ import math
 from dataclasses import dataclass
 
 from monitor.diagnosis.features import Features
-from monitor.diagnosis.thresholds import DEFAULT_OVERHEAD_S, KNEE_SHARE, STARVING_SHARE
+from monitor.thresholds import (
+    DEFAULT_OVERHEAD_S,
+    KNEE_SHARE,
+    MAIN_IDLE_CORES,
+    MIN_LOADER_CORES,
+    STARVING_SHARE,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,8 +95,8 @@ def fit_bound(f: Features) -> BoundModel | None:
     if f.steps < 3 or f.cpu_per_sample_s is None or not f.config.get("batch_size"):
         return None
     nw = f.num_workers
-    main = f.main_cpu_cores if nw > 0 and f.main_cpu_cores is not None else 0.05
-    cores = max(0.5, f.usable_cores - main - (f.other_cpu_cores or 0.0))
+    main = f.main_cpu_cores if nw > 0 and f.main_cpu_cores is not None else MAIN_IDLE_CORES
+    cores = max(MIN_LOADER_CORES, f.usable_cores - main - (f.other_cpu_cores or 0.0))
     overhead = DEFAULT_OVERHEAD_S
     if nw > 0 and f.data_wait_share < STARVING_SHARE:
         overhead = max(overhead, f.wait_per_step_s)

@@ -13,9 +13,9 @@ from typing import Any
 
 import pandas as pd
 
-from monitor import analysis
-from monitor.diagnosis.thresholds import STARVING_SHARE, memory_budget_mb
+from monitor.assess import analysis
 from monitor.records import CpuBudget
+from monitor.thresholds import STARVING_SHARE, memory_budget_mb
 
 SIMULATED = "simulated"  # accelerator kinds: "simulated", "cuda", "cpu" (a real CPU step)
 

@@ -13,18 +13,21 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from monitor.config import DEFAULT_PREFETCH
+from monitor.config import max_workers as config_max_workers
 from monitor.diagnosis.bound import BoundModel, best_workers, fit_bound
 from monitor.diagnosis.features import Features
-from monitor.diagnosis.thresholds import (
+from monitor.thresholds import (
     CPU_SATURATED,
+    CPU_THROTTLED_SHARE,
     EPOCH_STALL_SHARE,
     IO_CPU_RATIO,
     MEMORY_HEADROOM,
     MIN_GAIN,
-    MIN_STEPS,
     OTHER_LOAD_CORES,
     STARVING_SHARE,
     TRANSFER_SHARE,
+    VERDICT_MIN_STEPS,
 )
 
 # The one verdict vocabulary (a closed set): every JSON, chart and banner uses these names.
@@ -105,7 +108,7 @@ def memory_pressure(c: Ctx) -> str | None:
     f = c.f
     if f.memory_fraction is None or f.memory_fraction < MEMORY_HEADROOM:
         return None
-    nw, pf = f.num_workers, f.config.get("prefetch_factor") or 2
+    nw, pf = f.num_workers, f.config.get("prefetch_factor") or DEFAULT_PREFETCH
     if nw > 0 and pf > 1:
         c.add("prefetch_factor", 1, None, f"prefetch_factor {pf} → 1: {nw * (pf - 1)} fewer "
               "batches held in memory at once")
@@ -188,7 +191,7 @@ def cpu_bound(c: Ctx) -> str | None:
     c.add("dataset", "cheaper transforms", None, "the cores are saturated by per-sample work: "
           "cache decoded samples, move augmentation to the GPU (e.g. DALI, "
           "torchvision.transforms.v2 on tensors), or store pre-processed data")
-    if f.cpu_throttled and f.cpu_throttled > 0.1:
+    if f.cpu_throttled and f.cpu_throttled > CPU_THROTTLED_SHARE:
         c.add("dataset", "raise the CPU quota", None, f"the cgroup was throttled in "
               f"{f.cpu_throttled:.0%} of periods (quota {f.cpu_quota} cores)")
     return text
@@ -248,11 +251,12 @@ def bound_text(c: Ctx) -> dict[str, Any]:
 
 def diagnose(f: Features, max_workers: int | None = None) -> Diagnosis:
     """The verdict, the bound, and ordered advice for one window."""
-    if f.steps < MIN_STEPS or math.isnan(f.data_wait_share):
+    if f.steps < VERDICT_MIN_STEPS or math.isnan(f.data_wait_share):
         return Diagnosis(NO_DATA, "Not enough steps in this window to judge.",
                          {"throughput": None, "limit": None, "text": "",
                           "predicted_now": None})
-    c = Ctx(f, fit_bound(f), max_workers if max_workers is not None else 2 * f.usable_cores)
+    c = Ctx(f, fit_bound(f), max_workers if max_workers is not None else
+            config_max_workers(f.usable_cores))
     for verdict, rule in RULES:
         headline = rule(c)
         if headline is not None:

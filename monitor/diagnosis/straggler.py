@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from monitor.diagnosis.features import Features
 from monitor.diagnosis.rules import INPUT_STRAGGLER, Advice, Diagnosis, gain
-from monitor.diagnosis.thresholds import STRAGGLER_MIN_S, STRAGGLER_RATIO
+from monitor.thresholds import STRAGGLER_MIN_S, STRAGGLER_RATIO
 
 
 @dataclass(frozen=True, slots=True)

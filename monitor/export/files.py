@@ -22,7 +22,8 @@ from typing import Any
 
 import pandas as pd
 
-from monitor.assess import Context, assess_run
+from monitor.assess.analysis import run_rows, span
+from monitor.assess.window import Context, assess_run
 from monitor.records import RECORD_TABLES
 from monitor.store import Store, StoreError
 
@@ -47,12 +48,12 @@ def run_frames(store: Store, run_id: int) -> dict[str, pd.DataFrame]:
     start = run["started_at"]
     end = run["ended_at"] if run["status"] != "running" else time.time()
     if not steps.empty:  # the steps' own span, should the run record say otherwise
-        start = min(start, float((steps["ts"] - steps["wait_s"]).min()))
-        end = max(end, float((steps["ts"] + steps["compute_s"]).max()))
+        first, last = span(steps)
+        start, end = min(start, first), max(end, last)
     host = store.host_samples(start, end)
     return {
         "steps": steps,
-        "host_samples": host[host["run_id"] == run_id] if not host.empty else host,
+        "host_samples": run_rows(host, run_id),
         "gpu_samples": store.gpu_samples(start, end),
         "gpu_util": store.gpu_util(start, end),
         "events": store.events(run_id).drop(columns=["id"]),

@@ -27,7 +27,8 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import CollectorRegistry
 
-from monitor.assess import Context, assess, recent_window
+from monitor.assess.analysis import run_rows
+from monitor.assess.window import Context, assess, recent_window
 from monitor.config import LIVE_SETTINGS
 from monitor.diagnosis import VERDICTS
 from monitor.store import Store
@@ -132,8 +133,7 @@ class StoreCollector:
         """Gauges and the verdict over the run's last 10 s (its KPI window)."""
         end = min(now, run["ended_at"]) if run.get("status") != "running" else now
         steps = store.steps(int(run["id"]), since=end - 15.0, until=end)
-        host = store.host_samples(end - 15.0, end)
-        host = host[host["run_id"] == run["id"]] if not host.empty else host
+        host = run_rows(store.host_samples(end - 15.0, end), int(run["id"]))
         events = store.events(int(run["id"]), kinds=("config",))
         a = assess(recent_window(run, steps, host, events, end), self.ctx)
         f = a.features

@@ -1,6 +1,7 @@
 """Sweeps and tunes against real workloads: each configuration is a managed run of its own
 (a fresh workload process, so none inherits another's warm workers or caches), measured by
-monitor/measure.py and assessed by monitor/assess.py; the search itself is search.py's."""
+monitor/manage/measure.py and assessed by monitor/assess/window.py; the search itself is
+search.py's."""
 from __future__ import annotations
 
 import math
@@ -9,12 +10,12 @@ import time
 from typing import TYPE_CHECKING
 
 from monitor.config import LoaderConfig
-from monitor.diagnosis.thresholds import memory_budget_mb
-from monitor.measure import Measurement, measure
+from monitor.manage.measure import Measurement, measure
+from monitor.thresholds import memory_budget_mb
 from monitor.tuning.search import ConfigResult, SweepState, autotune, run_sweep
 
 if TYPE_CHECKING:
-    from monitor.runtime import Runtime
+    from monitor.manage.measure import Lab
     from monitor.store import Store
 
 
@@ -48,10 +49,10 @@ def step_time_of(store: Store, run_id: int) -> float | None:
 
 
 class Experiments:
-    """Binds sweeps and tunes to a Runtime (the page's, so the live workload stops while
+    """Binds sweeps and tunes to a Lab (the page's, so the live workload stops while
     they run; or a CLI command's own). `cancel` stops the configuration being measured."""
 
-    def __init__(self, rt: Runtime, seconds: float, parts: int = 3) -> None:
+    def __init__(self, rt: Lab, seconds: float, parts: int = 3) -> None:
         self.rt, self.seconds, self.parts = rt, seconds, parts
         self.cancel = threading.Event()
         self.pinned_step_ms: float | None = None

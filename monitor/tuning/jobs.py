@@ -1,5 +1,5 @@
 """Background sweep/tune jobs for the page: one at a time per dashboard process, run in a
-named daemon thread through the page's own Runtime (so the live workload stops while a job
+named daemon thread through the page's own Lab (so the live workload stops while a job
 measures), cancellable, with progress readable from any browser session."""
 from __future__ import annotations
 
@@ -11,14 +11,14 @@ from monitor.config import LoaderConfig
 from monitor.tuning.search import SweepState
 
 if TYPE_CHECKING:
-    from monitor.runtime import Runtime
+    from monitor.manage.measure import Lab
     from monitor.tuning.experiment import Experiments
 
 
 class JobHolder:
     """Holds the current job; thread-safe."""
 
-    def __init__(self, rt: Runtime) -> None:
+    def __init__(self, rt: Lab) -> None:
         self.rt = rt
         self._lock = threading.Lock()
         self.state: SweepState | None = None
@@ -54,7 +54,7 @@ class JobHolder:
 
     def stop(self, timeout: float = 30.0) -> None:
         """Cancel: the configuration being measured is stopped and recorded as cancelled
-        (NOTE [shutdown protocol] in monitor/runtime.py, 6)."""
+        (NOTE [shutdown protocol] in monitor/manage/runtime.py, 6)."""
         with self._lock:
             exp, thread = self._experiments, self._thread
         if exp is not None:

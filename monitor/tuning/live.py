@@ -7,7 +7,7 @@ job already obeys: an attached script's probe applies it at its next iter(loader
 step boundary with --autotune-every-steps), the managed workload rebuilds its loader between
 two steps. A stretch (Cadence) is:
 - "epoch": the completed epochs run entirely under the current setting, pooled until they
-  hold MIN_STEPS steps (short epochs), each epoch's start-up included since it is paid
+  hold AUTOTUNE_MIN_STEPS steps (short epochs), each epoch's start-up included since it is paid
   every epoch;
 - "steps": N steps under the current setting, after skipping its start-up transient (the
   new workers' start and first fill: the batches in flight, or a tenth of N), paid once;
@@ -18,22 +18,29 @@ Ranks of a job are tuned apart, each within its share of the host's worker budge
 from __future__ import annotations
 
 import os
-import statistics
 import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
-from monitor.assess import Context, Window, assess
-from monitor.diagnosis.thresholds import memory_budget_mb, warmup_seconds
+from monitor import control, thresholds
+from monitor.assess.analysis import span
+from monitor.assess.window import Context, Window, assess
+from monitor.config import DEFAULT_PREFETCH, LIVE_SETTINGS
+from monitor.thresholds import (
+    AUTOTUNE_MIN_STEPS,
+    NOISE_PARTS,
+    memory_budget_mb,
+    warmup_seconds,
+)
 from monitor.tuning.policy import (
-    LIVE_KEYS,
     Move,
     Observation,
     Policy,
     describe_settings,
     memory_left_mb,
+    outcome,
 )
 
 if TYPE_CHECKING:
@@ -43,8 +50,6 @@ if TYPE_CHECKING:
 
     Request = Callable[[dict[str, Any], str], int | None]
 
-MIN_STEPS = 20  # a stretch shorter than this is pooled with the next epoch's
-PARTS = 5  # the stretch is cut into this many parts for its noise
 WINDOW_S = 8.0  # the managed workload's measurement window
 WINDOW_ENV = "STARVATION_MONITOR_AUTOTUNE_WINDOW_S"  # tests shorten it
 
@@ -63,7 +68,7 @@ class Cadence:
     """When a stretch of one setting is complete: "epoch", "steps" (N) or "window" (s)."""
 
     kind: str = "epoch"
-    steps: int = MIN_STEPS
+    steps: int = AUTOTUNE_MIN_STEPS
     seconds: float = WINDOW_S
 
     @property
@@ -115,7 +120,7 @@ class RankTuner:
             last = int(b["epoch"].max())
             complete = (b["epoch"] < last) | (b["epoch"] <= (done if done is not None else -1))
             take = b[complete & ~b["epoch"].isin(self.mixed)]
-            if len(take) < MIN_STEPS:
+            if len(take) < AUTOTUNE_MIN_STEPS:
                 return None
             self.buf = b[~complete]
             return take
@@ -140,7 +145,7 @@ class RankTuner:
 
 def std_error(steps: pd.DataFrame, in_flight: int) -> float | None:
     """The standard error of a stretch's throughput, by batch means: the steps cut into up
-    to PARTS runs of consecutive steps, each at least two prefetch cycles long (2 x the
+    to NOISE_PARTS runs of consecutive steps, each at least two prefetch cycles long (2 x the
     batches in flight: workers deliver in bursts, so shorter parts would measure the burst,
     not the rate), each part's rate = its samples / its loop time (Σ wait + compute, gapless
     between consecutive steps). Each epoch's start (its first batch, which waits for the
@@ -150,7 +155,7 @@ def std_error(steps: pd.DataFrame, in_flight: int) -> float | None:
     if "epoch" in steps.columns:
         steps = steps[steps.groupby("epoch").cumcount() > in_flight]
     n = len(steps)
-    parts = min(PARTS, n // max(4, 2 * in_flight))
+    parts = min(NOISE_PARTS, n // max(4, 2 * in_flight))
     if parts < 2:
         return None
     size = n // parts
@@ -160,14 +165,14 @@ def std_error(steps: pd.DataFrame, in_flight: int) -> float | None:
         loop = float(g["wait_s"].sum() + g["compute_s"].sum())
         if loop > 0:
             rates.append(float(g["samples"].sum()) / loop)
-    return statistics.stdev(rates) / len(rates) ** 0.5 if len(rates) >= 2 else None
+    return thresholds.std_error(rates)
 
 
 def observation(window: Window, ctx: Context, settings: dict[str, Any]) -> Observation:
     """The policy's view of a stretch: its assessment, and the noise of its throughput."""
     a = assess(window, ctx)
     nw = int(settings.get("num_workers") or 0)
-    se = std_error(window.steps, nw * int(settings.get("prefetch_factor") or 2))
+    se = std_error(window.steps, nw * int(settings.get("prefetch_factor") or DEFAULT_PREFETCH))
     f = a.features
     advice = next((x for x in a.diagnosis.advice if x.param == "num_workers"), None)
     return Observation(settings, f.throughput, se, a.verdict, f.data_wait_share,
@@ -197,8 +202,9 @@ class LiveTuner:
         self.errors: list[str] = []
 
     def start(self) -> LiveTuner:
-        self.store.set_meta(f"autotune:{self.run_id}", "on")  # probes wait for verdicts
-        self.store.add_event(self.run_id, "autotune", "auto-tune on: measuring each "
+        # probes wait for verdicts at their epoch starts
+        self.store.set_meta(control.autotune_key(self.run_id), control.ON)
+        self.store.add_event(self.run_id, control.AUTOTUNE, "auto-tune on: measuring each "
                              f"{self.cadence.unit}", {"cadence": self.cadence.kind})
         self._thread.start()
         return self
@@ -223,10 +229,10 @@ class LiveTuner:
                     break
         except Exception as exc:  # the job goes on; the note says why tuning stopped
             self.errors.append(f"{type(exc).__name__}: {exc}")
-            self.store.add_event(self.run_id, "autotune", f"auto-tune stopped: {exc}", {})
+            self.store.add_event(self.run_id, control.AUTOTUNE, f"auto-tune stopped: {exc}", {})
         finally:
             try:
-                self.store.set_meta(f"autotune:{self.run_id}", "off")
+                self.store.set_meta(control.autotune_key(self.run_id), control.OFF)
             finally:
                 self.store.close()  # this thread's connection
 
@@ -252,7 +258,7 @@ class LiveTuner:
         if tuner.request is None:
             return
         _, result = self.store.control_result(tuner.request)
-        if result is None or not result.startswith("refused"):
+        if not control.is_refused(result):
             return
         tuner.request, tuner.wait_seq, tuner.expect = None, None, None
         pending = tuner.policy.pending
@@ -273,7 +279,7 @@ class LiveTuner:
             tuner = self.ranks.setdefault(
                 r, RankTuner(r, max(1, self.ctx.max_workers // world), self.cadence))
             tuner.add(steps[steps["rank"] == r] if world > 1 else steps)
-            settings = {k: config.get(k) for k in LIVE_KEYS}
+            settings = {k: config.get(k) for k in LIVE_SETTINGS}
             if tuner.unexpected:  # a takeover only if the loader settings moved
                 tuner.unexpected = False
                 want = tuner.expect or (tuner.policy.best.settings if tuner.policy.best
@@ -282,16 +288,16 @@ class LiveTuner:
             if tuner.overridden:
                 return self._taken_over(r)
             self._refused(tuner)
-            done = self.store.meta(f"epoch_done:{self.run_id}:{r}")
-            done_epoch = int(done) if done is not None and done.lstrip("-").isdigit() else None
+            done_epoch = control.epoch_number(
+                self.store.meta(control.epoch_done_key(self.run_id, r)))
             chosen = tuner.ready(int(config.get("num_workers") or 0)
-                                 * int(config.get("prefetch_factor") or 2), done_epoch)
+                                 * int(config.get("prefetch_factor") or DEFAULT_PREFETCH),
+                                 done_epoch)
             if chosen is None:
                 self._ack(r, done_epoch, tuner)
                 continue
             tuner.took()
-            host = self.store.host_samples(float((chosen["ts"] - chosen["wait_s"]).min()),
-                                           float(chosen["ts"].max()))
+            host = self.store.host_samples(span(chosen)[0], float(chosen["ts"].max()))
             if "rank" in host.columns and world > 1:
                 host = host[host["rank"] == r]
             window = Window({**run, "config": config}, chosen, host)
@@ -305,54 +311,54 @@ class LiveTuner:
             if len(tuner.policy.moves) > judged:  # the last move's measured effect
                 self._record_effect(r, tuner.policy.moves[-1])
             if move is not None and move.extend:  # the same setting, one more stretch
-                self.store.add_event(self.run_id, "autotune", move.reason, {"rank": r})
+                self.store.add_event(self.run_id, control.AUTOTUNE, move.reason, {"rank": r})
             elif move is not None:
                 self._request(tuner, move, run, world)
             if tuner.policy.settled and not tuner.announced:
                 tuner.announced = True
-                self.store.add_event(self.run_id, "autotune", tuner.policy.settled, {"rank": r})
+                self.store.add_event(self.run_id, control.AUTOTUNE, tuner.policy.settled,
+                                     {"rank": r})
             self._ack(r, done_epoch, tuner)
         return run.get("status") in (None, "running")
 
     def _ack(self, rank: int, done: int | None, tuner: RankTuner) -> None:
-        """Tell a probe waiting at its epoch start (monitor/attach.py) that the epoch it
+        """Tell a probe waiting at its epoch start (monitor/probe/patch.py) that the epoch it
         finished has been judged (or pooled), or that the search is over."""
-        key = f"autotune_ack:{self.run_id}:{rank}"
+        key = control.ack_key(self.run_id, rank)
         if tuner.policy.settled:
-            self.store.set_meta(key, "settled")
+            self.store.set_meta(key, control.SETTLED)
         elif done is not None and done != tuner.acked:
             tuner.acked = done
             self.store.set_meta(key, str(done))
 
     def _record_effect(self, rank: int, m: dict[str, Any]) -> None:
         gain = m["throughput"] / m["best_before"] - 1 if m["best_before"] else 0.0
-        outcome = "kept" if m["kept"] else (f"failed: {m['failed']}" if m.get("failed")
-                                            else "not beyond the noise: reverted")
-        self.store.add_event(self.run_id, "autotune", f"{describe_settings(m['settings'])}: "
+        self.store.add_event(self.run_id, control.AUTOTUNE,
+                             f"{describe_settings(m['settings'])}: "
                              f"{m['best_before']:,.0f} → {m['throughput']:,.0f} samples/s "
-                             f"({gain:+.0%}), {outcome}", {**m, "rank": rank})
+                             f"({gain:+.0%}), {outcome(m)}", {**m, "rank": rank})
 
     def _taken_over(self, rank: int) -> bool:
         """The user changed the loader by hand: it is theirs now."""
-        self.store.add_event(self.run_id, "autotune", "auto-tune off: the loader settings "
+        self.store.add_event(self.run_id, control.AUTOTUNE, "auto-tune off: the loader settings "
                              "were changed by hand", {"rank": rank})
         self.errors.append("stopped: the loader settings were changed by hand")
         return False
 
     def _request(self, tuner: RankTuner, move: Move, run: dict[str, Any], world: int) -> None:
-        settings = {k: move.settings.get(k) for k in LIVE_KEYS}
-        source = f"autotune: {move.reason}"
+        settings = {k: move.settings.get(k) for k in LIVE_SETTINGS}
+        source = control.autotune_source(move.reason)
         if run.get("kind") == "attached":
-            payload: dict[str, Any] = {**settings, "source": source}
-            if world > 1:
-                payload["rank"] = tuner.rank
-            tuner.request = self.store.request_control(self.run_id, "config", payload)
+            tuner.request = self.store.request_control(
+                self.run_id, control.CONFIG, control.config_payload(
+                    settings, source, tuner.rank if world > 1 else None))
         elif self.request is not None:  # the page's workload: through its session manager
             tuner.request = self.request(settings, source)
         else:  # a managed workload takes a whole configuration
-            payload = {**(run.get("config") or {}), **settings, "source": source}
-            tuner.request = self.store.request_control(self.run_id, "config", payload)
-        self.store.add_event(self.run_id, "autotune", move.reason,
+            tuner.request = self.store.request_control(
+                self.run_id, control.CONFIG,
+                control.config_payload({**(run.get("config") or {}), **settings}, source))
+        self.store.add_event(self.run_id, control.AUTOTUNE, move.reason,
                              {**settings, "rank": tuner.rank, "revert": move.revert})
         tuner.wait_seq = (tuner.seq or 0) + 1
         tuner.expect = settings

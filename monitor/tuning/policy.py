@@ -30,16 +30,14 @@ in one line.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from monitor.config import DEFAULT_PREFETCH, LIVE_SETTINGS, normalise
 from monitor.diagnosis.rules import CORES_BOUND, EPOCH_STALL, HEALTHY, TRANSFER_BOUND
-from monitor.diagnosis.thresholds import MEMORY_HEADROOM, MIN_STEP_GAIN
+from monitor.thresholds import MEMORY_HEADROOM, MIN_STEP_GAIN, NOISE_Z, noise_band
 
 MAX_MOVES = 6
-NOISE_Z = 2.0
-LIVE_KEYS = ("num_workers", "prefetch_factor", "pin_memory", "persistent_workers")
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,8 +141,7 @@ class Policy:
         return cand
 
     def _beats(self, new: Observation, old: Observation) -> bool:
-        errors = [e for e in (new.std_error, old.std_error) if e is not None]
-        noise = NOISE_Z * math.sqrt(sum(e * e for e in errors)) if errors else 0.0
+        noise = noise_band([new.std_error, old.std_error])
         return new.throughput - old.throughput > max(MIN_STEP_GAIN * old.throughput, noise)
 
     def _options(self, b: Observation) -> list[tuple[dict, str]]:
@@ -170,7 +167,7 @@ class Policy:
             out.append(({"num_workers": nw + 1}, f"data wait still {b.data_wait_share:.0%}"
                          " and the cores are not the limit"))
         if nw > 0 and room >= MIN_STEP_GAIN and not cores_bound:
-            out.append(({"prefetch_factor": 2 * int(s.get("prefetch_factor") or 2)},
+            out.append(({"prefetch_factor": 2 * int(s.get("prefetch_factor") or DEFAULT_PREFETCH)},
                         "deeper prefetch against jittery loading"))
         if nw > 0 and b.verdict == EPOCH_STALL and not s.get("persistent_workers"):
             out.append(({"persistent_workers": True}, "epoch starts stall"))
@@ -181,12 +178,8 @@ class Policy:
     def _candidate(self, b: Observation) -> Move | None:
         s = b.settings
         for change, why in self._options(b):
-            new = {**s, **change}
+            new = normalise({**s, **change})
             n = int(new.get("num_workers") or 0)
-            if n == 0:
-                new.update(prefetch_factor=None, persistent_workers=False)
-            elif new.get("prefetch_factor") is None:
-                new["prefetch_factor"] = 2
             if not 0 <= n <= self.max_workers or _key(new) in self.tried \
                     or not self._fits(b, n):
                 continue
@@ -200,9 +193,11 @@ class Policy:
         return b.memory_left_mb is None or extra <= b.memory_left_mb
 
     def _record(self, move: Move, obs: Observation, kept: bool) -> None:
+        best = self.best.throughput
+        noise = noise_band([obs.std_error, self.best.std_error]) / best if best else None
         self.moves.append({"settings": move.settings, "reason": move.reason,
-                           "throughput": obs.throughput, "best_before": self.best.throughput,
-                           "kept": kept, "failed": obs.failed})
+                           "throughput": obs.throughput, "best_before": best,
+                           "kept": kept, "failed": obs.failed, "noise": noise})
 
     def _settle(self, last: Move | None, why: str = "") -> Move | None:
         gain = self.best.throughput / self.start.throughput - 1 if self.start.throughput else 0
@@ -225,21 +220,36 @@ class Policy:
                 "trying": self.pending.settings if self.pending else None}
 
 
+def outcome(m: dict[str, Any]) -> str:
+    """What a judged move measured, in words: 'kept', 'worse, reverted', 'within the noise
+    ±4%, reverted', 'below the 3% a move must gain, reverted', 'failed: why'."""
+    if m.get("kept"):
+        return "kept"
+    if m.get("failed"):
+        return f"failed: {m['failed']}"
+    gain = m["throughput"] / m["best_before"] - 1 if m.get("best_before") else 0.0
+    noise = m.get("noise") or 0.0
+    if abs(gain) <= noise:
+        return f"within the noise ±{noise:.0%}, reverted"
+    if gain < 0:
+        return "worse, reverted"
+    return f"below the {MIN_STEP_GAIN:.0%} a move must gain, reverted"
+
+
 def _pooled(a: Observation, b: Observation) -> Observation:
     """Two measurements of one setting as one: their mean, and the larger of their combined
     standard error and the one their difference shows."""
-    errors = [e for e in (a.std_error, b.std_error) if e is not None]
-    se = max(math.sqrt(sum(e * e for e in errors)) / 2 if errors else 0.0,
+    se = max(noise_band([a.std_error, b.std_error]) / NOISE_Z / 2,
              abs(a.throughput - b.throughput) / 2)
     return Observation(**{**{f: getattr(b, f) for f in Observation.__dataclass_fields__},
                           "throughput": (a.throughput + b.throughput) / 2, "std_error": se})
 
 
 def _key(settings: dict[str, Any]) -> tuple:
-    return tuple(settings.get(k) for k in LIVE_KEYS)
+    return tuple(settings.get(k) for k in LIVE_SETTINGS)
 
 
 def describe_settings(settings: dict[str, Any]) -> str:
     """'num_workers=2, prefetch_factor=2' (plus pin/persistent when on)."""
-    return ", ".join(f"{k}={settings.get(k)}" for k in LIVE_KEYS
+    return ", ".join(f"{k}={settings.get(k)}" for k in LIVE_SETTINGS
                      if k in ("num_workers", "prefetch_factor") or settings.get(k))

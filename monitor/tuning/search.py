@@ -15,25 +15,23 @@ by more than the noise. It usually needs three to five runs where a grid needs t
 from __future__ import annotations
 
 import itertools
-import statistics
 import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from monitor.config import LoaderConfig
-from monitor.diagnosis.thresholds import KNEE_SHARE, MEMORY_HEADROOM
-from monitor.tuning.policy import LIVE_KEYS, Observation, Policy, memory_left_mb
+from monitor.config import LIVE_SETTINGS, LOADER_SETTINGS, LoaderConfig
+from monitor.thresholds import KNEE_SHARE, MEMORY_HEADROOM, std_error
+from monitor.tuning.policy import Observation, Policy, memory_left_mb
 
-SWEEP_PARAMS = ("num_workers", "prefetch_factor", "batch_size", "pin_memory",
-                "persistent_workers")
+SWEEP_PARAMS = LOADER_SETTINGS
 
 
 @dataclass(frozen=True, slots=True)
 class ConfigResult:
     """One configuration's measurement (or why it was skipped). The figures are those of
-    the run's steady-state assessment (monitor/assess.py), kept whole in `assessment`."""
+    the run's steady-state assessment (monitor/assess/window.py), kept whole in `assessment`."""
 
     config: LoaderConfig
     run_id: int | None = None
@@ -221,9 +219,9 @@ def observation(r: ConfigResult, memory_budget: float | None = None) -> Observat
     a = r.assessment or {}
     ev = a.get("evidence") or {}
     parts = [float(x) for x in a.get("throughput_windows") or [] if x]
-    se = statistics.stdev(parts) / len(parts) ** 0.5 if len(parts) >= 2 else None
+    se = std_error(parts)
     knee = next((x for x in a.get("advice") or [] if x.get("param") == "num_workers"), None)
-    settings = {k: getattr(r.config, k) for k in LIVE_KEYS}
+    settings = {k: getattr(r.config, k) for k in LIVE_SETTINGS}
     failed = None if r.status == "ok" and r.throughput else (r.reason or r.status)
     return Observation(
         settings, r.throughput or 0.0, se, r.verdict or "", r.data_wait_share or 0.0,
@@ -284,4 +282,4 @@ def autotune(
 
 
 def _settings_key(cfg: LoaderConfig) -> tuple:
-    return tuple(getattr(cfg, k) for k in LIVE_KEYS)
+    return tuple(getattr(cfg, k) for k in LIVE_SETTINGS)

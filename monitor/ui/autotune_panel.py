@@ -8,7 +8,7 @@ from typing import Any
 import pandas as pd
 import streamlit as st
 
-from monitor.tuning.policy import describe_settings
+from monitor.tuning.policy import describe_settings, outcome
 from monitor.ui.text import plain
 
 
@@ -22,8 +22,7 @@ def moves_table(summary: dict[str, Any]) -> pd.DataFrame:
     return pd.DataFrame([{
         "setting": describe_settings(m["settings"]), "why": m["reason"],
         "samples/s": round(m["throughput"]), "best before": round(m["best_before"]),
-        "outcome": "kept" if m["kept"] else ("failed: " + m["failed"] if m.get("failed")
-                                             else "reverted"),
+        "outcome": outcome(m),
     } for m in summary.get("moves") or []])
 
 

@@ -15,7 +15,8 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from monitor.analysis import downsample
+from monitor import control
+from monitor.assess.analysis import downsample
 from monitor.records import GpuSample, HostSample, label
 
 MAX_POINTS = 1200  # per trace: about a point per pixel of a wide chart
@@ -76,11 +77,10 @@ def markers(events: pd.DataFrame | None, lay: dict) -> dict:
     """A dashed vertical line and a label for each config event (the newest MAX_MARKERS)."""
     if events is None or events.empty:
         return lay
-    ev = events[events["kind"] == "config"].tail(MAX_MARKERS)
+    ev = events[events["kind"] == control.CONFIG].tail(MAX_MARKERS)
     xs = x_ms(ev["ts"]).tolist()
     # the autotuner's moves in their own colour ("autotune: num_workers 0→2")
-    colors = [COLORS["autotune" if str(t).startswith("autotune") else "marker"]
-              for t in ev["label"]]
+    colors = [COLORS["autotune" if control.is_autotune(t) else "marker"] for t in ev["label"]]
     lay["shapes"] = [{"type": "line", "x0": x, "x1": x, "y0": 0, "y1": 1, "xref": "x",
                       "yref": "paper", "line": {"color": c, "width": 1, "dash": "dash"}}
                      for x, c in zip(xs, colors, strict=True)]

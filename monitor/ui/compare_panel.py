@@ -1,4 +1,4 @@
-"""The Compare tab: 2-4 runs side by side (monitor/compare.py): the settings that differ
+"""The Compare tab: 2-4 runs side by side (monitor/assess/compare.py): the settings that differ
 first, their figures with deltas, throughput and device busy overlaid from each run's start,
 and the distribution of data wait per step."""
 from __future__ import annotations
@@ -6,9 +6,9 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from monitor import analysis
-from monitor.compare import CompareError, compare
-from monitor.runtime import Runtime
+from monitor.assess import analysis
+from monitor.assess.compare import CompareError, compare
+from monitor.manage.runtime import Runtime
 from monitor.ui import charts
 from monitor.ui.compare_text import kpi_table
 from monitor.ui.text import plain
@@ -30,7 +30,7 @@ def _series(rt: Runtime, run_ids: list[int]) -> tuple[dict, dict, dict]:
         steps = rt.store.steps(r)
         if steps.empty:
             continue
-        start = float((steps["ts"] - steps["wait_s"]).min())  # each run's first step
+        start = analysis.span(steps)[0]  # each run's first step
         name = f"run {r}"
         t = analysis.throughput_series(steps, 1.0)
         thr[name] = pd.DataFrame({"s": t["t"] - start, "value": t["throughput"]})

@@ -5,7 +5,7 @@ from typing import Any
 
 import pandas as pd
 
-from monitor.compare import KPI_ROWS
+from monitor.assess.compare import KPI_ROWS
 
 
 def kpi_table(out: dict[str, Any], runs: list[int]) -> pd.DataFrame:

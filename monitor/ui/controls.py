@@ -8,20 +8,21 @@ import streamlit as st
 
 from monitor.config import (
     CUSTOM,
+    DEFAULT_PREFETCH,
     MODEL_SIZES,
     PRESETS,
+    SHOWN_SETTINGS,
     USER_STEP_TIME_MS,
     ConfigError,
     LoaderConfig,
 )
+from monitor.manage.runtime import Runtime
+from monitor.manage.session import SessionManager
 from monitor.presets import PRESET_SPECS, calibrated_step_ms
-from monitor.runtime import Runtime
-from monitor.session import SessionManager
 from monitor.ui.text import plain
 
 BATCH_SIZES = [1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 1024]
-KEYS = ("preset", "num_workers", "batch_size", "prefetch_factor", "pin_memory",
-        "persistent_workers", "step_time_ms", "model_size")
+KEYS = tuple(k for k in SHOWN_SETTINGS if k != "workload")  # the sidebar's widgets
 
 
 def _key(name: str) -> str:
@@ -46,7 +47,7 @@ def shown_step_ms(config: LoaderConfig, store: Any) -> int:
 def _sync_from(config: LoaderConfig, store: Any) -> None:
     """Point this browser's widgets at the manager's config (another tab may have moved it)."""
     values = config.to_dict()
-    values["prefetch_factor"] = config.prefetch_factor or 2
+    values["prefetch_factor"] = config.prefetch_factor or DEFAULT_PREFETCH
     values["step_time_ms"] = shown_step_ms(config, store)
     if values["batch_size"] not in BATCH_SIZES:
         values["batch_size"] = min(BATCH_SIZES, key=lambda b: abs(b - config.batch_size))

@@ -10,12 +10,19 @@ from typing import Any
 import pandas as pd
 import streamlit as st
 
-from monitor.assess import Assessment
-from monitor.config import ConfigError, LoaderConfig
+from monitor import control
+from monitor.assess.devices import workload_gpu
+from monitor.assess.window import Assessment
+from monitor.config import (
+    DEFAULT_PREFETCH,
+    LOADER_SETTINGS,
+    MAX_PREFETCH_FACTOR,
+    ConfigError,
+    LoaderConfig,
+)
 from monitor.diagnosis import NO_DATA, evidence_rows
 from monitor.diagnosis.rules import HEALTHY
 from monitor.export.files import export_zip
-from monitor.gpu import workload_gpu
 from monitor.store import Store
 from monitor.ui import charts
 from monitor.ui.text import plain
@@ -25,8 +32,7 @@ WINDOWS = {"30 s": 30.0, "1 min": 60.0, "5 min": 300.0, "15 min": 900.0, "whole 
 # advice the page can apply by moving a slider
 
 
-SLIDER_PARAMS = ("num_workers", "batch_size", "prefetch_factor", "pin_memory",
-                 "persistent_workers")
+SLIDER_PARAMS = LOADER_SETTINGS
 
 
 PLOT_CONFIG = {"displaylogo": False, "responsive": True}
@@ -176,7 +182,8 @@ def render_attached_controls(store: Store, run: dict, ranks: list[int]) -> None:
         c = st.columns(4)
         nw = c[0].number_input("num_workers", 0, 64, int(cfg.get("num_workers") or 0),
                                key=f"att_nw_{run['id']}")
-        pf = c[1].number_input("prefetch_factor", 1, 64, int(cfg.get("prefetch_factor") or 2),
+        pf = c[1].number_input("prefetch_factor", 1, MAX_PREFETCH_FACTOR,
+                               int(cfg.get("prefetch_factor") or DEFAULT_PREFETCH),
                                key=f"att_pf_{run['id']}", disabled=nw == 0)
         pin = c[2].toggle("pin_memory", bool(cfg.get("pin_memory")), key=f"att_pin_{run['id']}")
         pers = c[3].toggle("persistent_workers", bool(cfg.get("persistent_workers")),
@@ -191,9 +198,9 @@ def render_attached_controls(store: Store, run: dict, ranks: list[int]) -> None:
             except ConfigError as exc:
                 st.error(plain(exc))
             else:
-                if target != "all ranks":
-                    payload["rank"] = int(target)
-                store.request_control(int(run["id"]), "config", payload)
+                rank = None if target == "all ranks" else int(target)
+                store.request_control(int(run["id"]), control.CONFIG,
+                                      control.config_payload(payload, rank=rank))
         reqs = store.control_requests(int(run["id"]))
         if not reqs.empty:
             reqs = reqs.assign(state=reqs["result"].fillna("waiting for the next epoch"))

@@ -1,4 +1,4 @@
-"""The dashboard process's Runtime (monitor/runtime.py), created once through
+"""The dashboard process's Runtime (monitor/manage/runtime.py), created once through
 st.cache_resource and shared by every browser session."""
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import streamlit as st
 
 from monitor.config import DEFAULT_PRESET, LIVE_SETTINGS, ConfigError, LoaderConfig
 from monitor.export.prometheus import ExporterError
+from monitor.manage.runtime import Runtime
+from monitor.manage.workload_spec import ENV_VAR, check
 from monitor.presets import preset_batch_size
-from monitor.runtime import Runtime
-from monitor.workload_spec import ENV_VAR, check
 
 COLLECTOR_ENV = "STARVATION_MONITOR_COLLECTOR"  # "process" (default) or "thread"
 METRICS_ENV = "STARVATION_MONITOR_METRICS_PORT"
@@ -49,7 +49,7 @@ def default_config(workload: dict | None = None) -> LoaderConfig:
 @st.cache_resource
 def get_runtime() -> Runtime:
     """Store at $STARVATION_MONITOR_DB or runs/monitor.db; the Runtime closes at interpreter
-    exit (NOTE [shutdown protocol] in monitor/runtime.py, 6)."""
+    exit (NOTE [shutdown protocol] in monitor/manage/runtime.py, 6)."""
     spec = workload_arg()
     info, error = None, None
     if spec:

@@ -6,8 +6,8 @@ import pandas as pd
 import streamlit as st
 
 from monitor.config import ConfigError, LoaderConfig
-from monitor.runtime import Runtime
-from monitor.session import SessionManager
+from monitor.manage.runtime import Runtime
+from monitor.manage.session import SessionManager
 from monitor.tuning.search import SWEEP_PARAMS, find_knee, grid
 from monitor.ui import charts
 from monitor.ui.controls import BATCH_SIZES

@@ -14,11 +14,11 @@ from typing import Any
 
 import pandas as pd
 
-from monitor import analysis
-from monitor.assess import Assessment, Window, assess, recent_window, steady_window
+from monitor.assess import analysis
+from monitor.assess.window import Assessment, Window, assess, recent_window, steady_window
 from monitor.diagnosis import SIMULATED
-from monitor.diagnosis.thresholds import KPI_WINDOW_S
 from monitor.store import Store
+from monitor.thresholds import KPI_WINDOW_S
 from monitor.ui import charts
 
 RAW_WINDOW_S = 60.0  # longer chart windows read the per-second rollup
@@ -87,8 +87,7 @@ class TailCache:
               bucket: float) -> pd.DataFrame:
         if table == "seconds":
             return store.step_seconds(run_id, since, end)
-        host = store.host_samples(since, end, bucket)
-        return host[host["run_id"] == run_id] if not host.empty else host
+        return analysis.run_rows(store.host_samples(since, end, bucket), run_id)
 
 
 TAIL = TailCache()
@@ -115,8 +114,7 @@ def load_view(
     bucket = 2.0 ** math.ceil(math.log2((end - start) / charts.MAX_POINTS)) if long else None
     host = TAIL.rows(store, "host", run_id, start, end, bucket) if long else \
         store.host_samples(start, end)
-    if not host.empty and (host["run_id"] == run_id).any():
-        host = host[host["run_id"] == run_id]  # another collector may sample another run
+    host = analysis.run_rows(host, run_id)
     return View(
         run=run,
         steps=store.steps(run_id, since=(end - KPI_WINDOW_S - 5.0) if long else start - 5.0,

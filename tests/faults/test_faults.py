@@ -128,7 +128,7 @@ def test_full_disk_fails_the_run_and_start_up_closes_it(tmpfs, no_leaks):
     assert p.returncode == 1, err
     assert f"the disk holding the store {db} is full" in err and "Traceback" not in err
     subprocess.run(["mount", "-o", "remount,size=20m", str(mnt)], check=True)
-    from monitor.runtime import Runtime
+    from monitor.manage.runtime import Runtime
 
     # Where even the run's end could not be written, the next start-up closes it.
     with Runtime(db) as rt:
@@ -208,7 +208,7 @@ def test_stop_signals_are_forwarded_too(tmp_path, no_leaks, sig):
 
 def test_superseded_requests_are_marked(store, no_leaks):
     from monitor.config import LoaderConfig
-    from monitor.session import SessionManager
+    from monitor.manage.session import SessionManager
 
     cfg = LoaderConfig.build(preset="healthy", batch_size=8, step_time_ms=10.0)
     m = SessionManager(store, cfg)

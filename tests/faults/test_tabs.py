@@ -40,7 +40,7 @@ def test_three_tabs_share_one_workload_and_sampling_holds_its_rate(server):  # n
     assert len(runs) == 1, runs  # the three tabs share one workload
     cmds = [" ".join(k.cmdline()) for k in kids]
     assert sum("workloads.runner" in c for c in cmds) == 1, cmds
-    assert sum("monitor.collector" in c for c in cmds) == 1, cmds
+    assert sum("monitor.sampling.collector" in c for c in cmds) == 1, cmds
     host = store.host_samples(t0, t0 + SECONDS)
     ts = np.sort(host["ts"].to_numpy())
     rate = (len(ts) - 1) / (ts[-1] - ts[0])

@@ -1,0 +1,257 @@
+"""Pure functions over the store's frames: shares, busy series, throughput, sawtooth.
+
+Definitions (DESIGN.md): data wait, compute, data-wait share = Σwait / Σ(wait + compute),
+device busy = the fraction of each 50 ms bin covered by compute intervals, throughput =
+samples per second over the window.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+import numpy as np
+import pandas as pd
+
+from monitor.thresholds import IDLE_GAP_MIN_S, SAWTOOTH_MIN_AC, SAWTOOTH_MIN_STD
+
+BUSY_BIN_S = 0.05
+
+
+def data_wait_share(steps: pd.DataFrame) -> float:
+    if steps.empty:
+        return float("nan")
+    wait = float(steps["wait_s"].sum())
+    total = wait + float(steps["compute_s"].sum())
+    return wait / total if total > 0 else float("nan")
+
+
+def span(steps: pd.DataFrame) -> tuple[float, float]:
+    """(start, end) of the steps: first wait start to last compute end."""
+    start = float((steps["ts"] - steps["wait_s"]).min())
+    end = float((steps["ts"] + steps["compute_s"]).max())
+    return start, end
+
+
+def run_rows(host: pd.DataFrame, run_id: int) -> pd.DataFrame:
+    """The host rows sampled for this run (a collector may sample another run at the same
+    time); no rows when none are this run's."""
+    if host.empty or "run_id" not in host.columns:
+        return host
+    return host[host["run_id"] == run_id]
+
+
+def throughput(steps: pd.DataFrame) -> float:
+    """Samples per second over the steps' span."""
+    if steps.empty:
+        return float("nan")
+    start, end = span(steps)
+    return float(steps["samples"].sum()) / (end - start) if end > start else float("nan")
+
+
+def busy_series(
+    steps: pd.DataFrame, bin_s: float = BUSY_BIN_S, start: float | None = None,
+    end: float | None = None,
+) -> pd.DataFrame:
+    """Device busy per bin: the fraction of [t, t + bin_s) covered by compute intervals.
+
+    Columns: t (bin start, wall seconds), busy (0..1). Intervals are a process's sequential
+    steps, so they do not overlap; the covered time up to any instant is a cumulative sum.
+    """
+    if steps.empty:
+        return pd.DataFrame({"t": pd.Series(dtype=float), "busy": pd.Series(dtype=float)})
+    s = steps["ts"].to_numpy(dtype=float)
+    order = np.argsort(s)
+    s = s[order]
+    d = np.clip(steps["compute_s"].to_numpy(dtype=float)[order], 0.0, None)
+    lo = s[0] - steps["wait_s"].iloc[order[0]] if start is None else start
+    hi = float((s + d).max()) if end is None else end
+    n = max(1, int(math.ceil((hi - lo) / bin_s - 1e-9)))
+    edges = lo + bin_s * np.arange(n + 1)
+    cum = np.concatenate([[0.0], np.cumsum(d)])  # covered time before interval i starts
+    idx = np.searchsorted(s, edges, side="right") - 1  # last interval starting at or before
+    covered = np.where(
+        idx >= 0, cum[np.maximum(idx, 0)] + np.clip(edges - s[np.maximum(idx, 0)], 0.0,
+                                                    d[np.maximum(idx, 0)]), 0.0)
+    busy = np.diff(covered) / bin_s
+    return pd.DataFrame({"t": edges[:-1], "busy": np.clip(busy, 0.0, 1.0)})
+
+
+def throughput_series(steps: pd.DataFrame, bin_s: float = 1.0) -> pd.DataFrame:
+    """Samples/s per bin of `bin_s` seconds, counting each batch when it arrived."""
+    if steps.empty:
+        return pd.DataFrame({"t": pd.Series(dtype=float), "throughput": pd.Series(dtype=float)})
+    t0 = float(steps["ts"].min())
+    b = ((steps["ts"] - t0) // bin_s).astype(int)
+    per = steps.groupby(b)["samples"].sum()
+    full = per.reindex(range(int(b.max()) + 1), fill_value=0)
+    out = pd.DataFrame({"t": t0 + full.index.to_numpy() * bin_s,
+                        "throughput": full.to_numpy() / bin_s})
+    return out.iloc[:-1] if len(out) > 1 else out  # the last bin is still filling
+
+
+@dataclass(frozen=True, slots=True)
+class Summary:
+    """The window's headline figures (DESIGN.md definitions), over `window_s` seconds: from
+    the first step's wait start to the last step's compute end."""
+
+    steps: int
+    window_s: float
+    throughput: float
+    data_wait_share: float
+    device_busy_mean: float
+    device_busy_cv: float
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        return {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in d.items()}
+
+
+def summarize(steps: pd.DataFrame) -> Summary:
+    if steps.empty:
+        nan = float("nan")
+        return Summary(0, 0.0, nan, nan, nan, nan)
+    start, end = span(steps)
+    busy = busy_series(steps, start=start, end=end)["busy"]
+    mean = float(busy.mean())
+    cv = float(busy.std(ddof=0) / mean) if mean > 0 else float("nan")
+    return Summary(
+        steps=len(steps), window_s=end - start, throughput=throughput(steps),
+        data_wait_share=data_wait_share(steps), device_busy_mean=mean, device_busy_cv=cv,
+    )
+
+
+def series_stats(values: pd.Series) -> tuple[float | None, float | None]:
+    """(mean, coefficient of variation) of a series, None where undefined."""
+    v = pd.to_numeric(values, errors="coerce").dropna()
+    if v.empty:
+        return None, None
+    mean = float(v.mean())
+    return mean, (float(v.std(ddof=0)) / mean if mean > 0 else None)
+
+
+def idle_gaps(steps: pd.DataFrame, min_gap_s: float = IDLE_GAP_MIN_S) -> tuple[int, float | None]:
+    """(count, median seconds) of device-idle gaps between consecutive compute intervals
+    longer than `min_gap_s` (shorter ones are the loop's own overhead)."""
+    if len(steps) < 2:
+        return 0, None
+    s = steps.sort_values("ts")
+    ends = (s["ts"] + s["compute_s"]).to_numpy()[:-1]
+    gaps = s["ts"].to_numpy()[1:] - ends
+    gaps = gaps[gaps >= min_gap_s]
+    return int(len(gaps)), (float(np.median(gaps)) if len(gaps) else None)
+
+
+def sawtooth(busy: pd.DataFrame, bin_s: float = BUSY_BIN_S) -> tuple[float | None, float]:
+    """(dominant period in seconds, duty cycle) of the busy series.
+
+    The period is the lag of the highest autocorrelation peak after the first zero crossing
+    (None for a flat line or no repeating pattern, peak below SAWTOOTH_MIN_AC); the duty
+    cycle is the busy mean."""
+    x = busy["busy"].to_numpy(dtype=float)
+    duty = float(x.mean()) if len(x) else float("nan")
+    if len(x) < 8 or x.std() < SAWTOOTH_MIN_STD:
+        return None, duty
+    x = x - x.mean()
+    n = len(x)
+    f = np.fft.rfft(x, 2 * n)
+    ac = np.fft.irfft(f * np.conj(f))[: n // 2]
+    ac = ac / ac[0]
+    below = np.nonzero(ac < 0)[0]
+    if not len(below):
+        return None, duty
+    start = below[0]
+    lag = start + int(np.argmax(ac[start:]))
+    if ac[lag] < SAWTOOTH_MIN_AC:
+        return None, duty
+    return lag * bin_s, duty
+
+
+def epoch_stalls(steps: pd.DataFrame) -> tuple[int, float, float | None]:
+    """(epoch starts seen, seconds lost at them, median time to first batch).
+
+    An epoch's first wait includes starting its workers and filling the prefetch queue; what
+    it costs beyond a typical step's wait is lost to every epoch."""
+    if steps.empty or "epoch" not in steps.columns:
+        return 0, 0.0, None
+    typical = float(steps["wait_s"].median())
+    first = steps.sort_values("ts").groupby("epoch")["wait_s"].first()
+    epochs = steps.groupby("epoch")["step"].min()
+    starts = first[epochs.index[epochs.index > steps["epoch"].min()]] if len(first) > 1 \
+        else first.iloc[0:0]  # the window's first epoch may have started before it
+    lost = float(np.clip(starts - typical, 0, None).sum())
+    return int(len(starts)), lost, (float(starts.median()) if len(starts) else None)
+
+
+def nvml_vs_busy(util: pd.DataFrame, steps: pd.DataFrame) -> dict[str, float | None]:
+    """Compare NVML's utilization samples with the step-derived busy series.
+
+    Each NVML sample averages the period before its time stamp, so it is paired with device
+    busy over [ts - spacing, ts], spacing being the median gap between the driver's samples.
+    Returns the Pearson correlation of the pairs and the spacing in seconds.
+    """
+    u = util.dropna(subset=["util_pct"]).sort_values("ts")
+    if len(u) < 3 or steps.empty:
+        return {"correlation": None, "spacing_s": None, "pairs": 0}
+    spacing = float(u["ts"].diff().median())
+    if not spacing > 0:
+        return {"correlation": None, "spacing_s": None, "pairs": 0}
+    start, end = span(steps)
+    fine = busy_series(steps, 0.01, start, end)
+    cum = np.concatenate([[0.0], np.cumsum(fine["busy"].to_numpy() * 0.01)])
+    t = u["ts"].to_numpy()
+    keep = (t - spacing >= start) & (t <= end)
+    if keep.sum() < 3:
+        return {"correlation": None, "spacing_s": spacing, "pairs": int(keep.sum())}
+    hi = np.clip(((t[keep] - start) / 0.01).astype(int), 0, len(cum) - 1)
+    lo = np.clip(((t[keep] - spacing - start) / 0.01).astype(int), 0, len(cum) - 1)
+    busy = (cum[hi] - cum[lo]) / np.maximum((hi - lo) * 0.01, 1e-9)
+    nv = u["util_pct"].to_numpy()[keep] / 100.0
+    if np.std(busy) == 0 or np.std(nv) == 0:
+        corr = None
+    else:
+        corr = float(np.corrcoef(busy, nv)[0, 1])
+    return {"correlation": corr, "spacing_s": spacing, "pairs": int(keep.sum())}
+
+
+def steady_state(steps: pd.DataFrame, warmup_s: float) -> pd.DataFrame:
+    """Steps after the first `warmup_s` seconds of the run (worker start-up, first batches)."""
+    if steps.empty:
+        return steps
+    return steps[steps["ts"] - steps["wait_s"] >= span(steps)[0] + warmup_s]
+
+
+def downsample(df: pd.DataFrame, max_points: int, time_col: str = "t",
+               value_col: str | None = None) -> pd.DataFrame:
+    """At most `max_points` rows, chosen by MinMaxLTTB (tsdownsample) on `value_col` (the
+    first column after `time_col` by default): each bucket's extremes survive, so a
+    sawtooth keeps its peaks and troughs at every zoom, where group means would flatten it."""
+    if len(df) <= max_points:
+        return df
+    from tsdownsample import MinMaxLTTBDownsampler
+
+    col = value_col or next(c for c in df.columns if c != time_col)
+    x = df[time_col].to_numpy(dtype=float)
+    y = np.nan_to_num(df[col].to_numpy(dtype=float))
+    idx = MinMaxLTTBDownsampler().downsample(x, y, n_out=max(max_points, 4))
+    return df.iloc[np.sort(idx)].reset_index(drop=True)
+
+
+def busy_from_seconds(sec: pd.DataFrame, bin_s: float = BUSY_BIN_S) -> pd.DataFrame:
+    """Device busy per second from the per-second rollup: the mean (Σ compute / 1 s), and
+    the envelope the 50 ms bins would show inside that second (a bin is fully busy when a
+    step computed at least a bin long, fully idle when one waited that long). Columns: t,
+    busy, busy_min, busy_max."""
+    if sec.empty:
+        return pd.DataFrame({c: pd.Series(dtype=float) for c in ("t", "busy", "busy_min",
+                                                                   "busy_max")})
+    if sec["rank"].nunique() == 1:  # one process: a row per second already
+        g = sec.set_index("sec").assign(ranks=1)
+    else:
+        g = sec.groupby("sec").agg(compute_s=("compute_s", "sum"), ranks=("rank", "nunique"),
+                                   max_wait_s=("max_wait_s", "max"),
+                                   max_compute_s=("max_compute_s", "max"))
+    busy = np.clip(g["compute_s"] / g["ranks"], 0.0, 1.0)
+    lo = np.where(g["max_wait_s"] >= bin_s, 0.0, np.clip(1 - g["max_wait_s"] / bin_s, 0, 1))
+    hi = np.where(g["max_compute_s"] >= bin_s, 1.0, np.clip(g["max_compute_s"] / bin_s, 0, 1))
+    return pd.DataFrame({"t": g.index.to_numpy(dtype=float), "busy": busy.to_numpy(),
+                         "busy_min": np.minimum(lo, busy), "busy_max": np.maximum(hi, busy)})

@@ -1,0 +1,60 @@
+"""Which NVML device a run's CUDA device is: from what its probe reported (uuid, PCI
+location, CUDA index under CUDA_VISIBLE_DEVICES) and the inventory the sampler wrote."""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from monitor.records import GpuDevice
+
+
+def _norm_uuid(u: Any) -> str:
+    s = str(u).strip().lower()
+    return s[4:] if s.startswith("gpu-") else s
+
+
+def resolve_device(
+    devices: Sequence[GpuDevice],
+    uuid: str | None = None,
+    pci: Sequence[int] | None = None,
+    cuda_index: int | None = None,
+    cuda_visible: str | None = None,
+) -> int | None:
+    """The NVML index of the GPU a workload's CUDA device is, or None if unknown.
+
+    CUDA numbers devices fastest-first within CUDA_VISIBLE_DEVICES, NVML in PCI order, so
+    the indices differ: match by UUID, then by PCI (domain, bus, device), and only then by
+    CUDA_VISIBLE_DEVICES (entries as NVML indices or UUID prefixes) and the CUDA index.
+    """
+    if uuid:
+        want = _norm_uuid(uuid)
+        for d in devices:
+            if d.uuid and _norm_uuid(d.uuid) == want:
+                return d.index
+    if pci is not None:
+        for d in devices:
+            if d.pci is not None and tuple(d.pci) == tuple(pci):
+                return d.index
+    if cuda_index is None:
+        return None
+    if cuda_visible:
+        entries = [e.strip() for e in cuda_visible.split(",") if e.strip()]
+        if cuda_index >= len(entries):
+            return None
+        entry = entries[cuda_index]
+        if entry.isdigit():
+            idx = int(entry)
+            return idx if any(d.index == idx for d in devices) else None
+        want = _norm_uuid(entry)
+        hits = [d.index for d in devices if d.uuid and _norm_uuid(d.uuid).startswith(want)]
+        return hits[0] if len(hits) == 1 else None
+    return cuda_index if any(d.index == cuda_index for d in devices) else None
+
+
+def workload_gpu(devices: Sequence[GpuDevice], device: dict | None) -> int | None:
+    """The NVML index of a run's CUDA device, from what the workload reported (runs.device)."""
+    if not device:
+        return None
+    return resolve_device(devices, uuid=device.get("uuid"), pci=device.get("pci"),
+                          cuda_index=device.get("cuda_index"),
+                          cuda_visible=device.get("cuda_visible_devices"))

@@ -1,0 +1,247 @@
+"""The one path from a window of a run to its assessment: summary, features, bound, verdict,
+advice and evidence. The page, `measure`, `run --json`, sweeps and the autotuner all call
+`assess`; they differ only in which window they pick, and the two choices live here too:
+
+- `steady_window`: a run's final loader settings (its last config generation), less the
+  warm-up (thresholds.warmup_seconds of that span); of a long run, its last STEADY_MAX_S.
+  What measure, run, sweep and tune report, and what the page shows for a run that ended.
+- `recent_window`: the page's live KPI window, the last KPI_WINDOW_S seconds, or less since the
+  last loader change (its warm-up discarded).
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import statistics
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import pandas as pd
+
+from monitor.assess import analysis
+from monitor.diagnosis import Diagnosis, Features, diagnose, features
+from monitor.diagnosis.straggler import RankFigures, straggler_diagnosis, stragglers
+from monitor.records import CpuBudget
+from monitor.thresholds import KPI_WINDOW_S, STEADY_MAX_S, VERDICT_MIN_STEPS, warmup_seconds
+
+if TYPE_CHECKING:
+    from monitor.store import Store
+
+UNKNOWN = "unknown"  # accelerator kind of a run that has not said (an older store file)
+
+
+@dataclass(frozen=True, slots=True)
+class Context:
+    """What the machine allows, read once by the caller (Runtime.context())."""
+
+    budget: CpuBudget
+    max_workers: int
+    memory_budget_mb: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Window:
+    """Steps and host samples of one run over one stretch of time, with a caption that says
+    which stretch (for the page)."""
+
+    run: dict[str, Any]
+    steps: pd.DataFrame
+    host: pd.DataFrame
+    caption: str = ""
+    ranks: pd.DataFrame | None = None  # a job's ranks (store.ranks): host, pid, config
+
+    @property
+    def accelerator(self) -> str:
+        return self.run.get("accelerator_kind") or UNKNOWN
+
+
+@dataclass(frozen=True, slots=True)
+class Assessment:
+    run_id: int | None
+    features: Features
+    diagnosis: Diagnosis
+    window_throughputs: tuple[float, ...] = ()  # the window cut into equal parts
+    start: float = math.nan  # wall-clock span of the window's steps
+    end: float = math.nan
+    ranks: tuple[RankFigures, ...] = ()  # per rank, for a job of several
+
+    @property
+    def verdict(self) -> str:
+        return self.diagnosis.verdict
+
+    @property
+    def summary(self) -> analysis.Summary:
+        f = self.features
+        return analysis.Summary(f.steps, f.window_s, f.throughput, f.data_wait_share,
+                                f.device_busy_mean, f.device_busy_cv)
+
+    @property
+    def throughput_spread(self) -> float | None:
+        """(max - min) / median of the parts' throughputs."""
+        w = sorted(self.window_throughputs)
+        med = statistics.median(w) if len(w) >= 2 else 0.0
+        return (w[-1] - w[0]) / med if med > 0 else None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The keys every JSON carries for a window (measure, run, sweep rows)."""
+        f = self.features.to_dict()
+        dg = self.diagnosis
+        return {
+            **self.summary.to_dict(), "verdict": dg.verdict, "verdict_text": dg.headline,
+            "throughput_windows": list(self.window_throughputs),
+            "throughput_spread": self.throughput_spread,
+            "peak_memory_mb": f["workload_peak_mb"], "accelerator_kind": f["accelerator"],
+            "bound": dg.bound, "advice": [a.to_dict() for a in dg.advice],
+            "evidence": {k: v for k, v in f.items() if k != "config"},
+            "world_size": max(1, len(self.ranks)),
+            "ranks": [_clean(r.to_dict()) for r in self.ranks],
+        }
+
+
+def _clean(d: dict[str, Any]) -> dict[str, Any]:
+    return {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in d.items()}
+
+
+def _host_of(store: Store, run_id: int, start: float, end: float) -> pd.DataFrame:
+    return analysis.run_rows(store.host_samples(start, end), run_id)
+
+
+def steady_window(store: Store, run_id: int) -> Window | None:
+    """The run's final loader settings, warm-up discarded (None: no such run)."""
+    run = store.run(run_id)
+    if run is None:
+        return None
+    last = store.last_step_ts(run_id)
+    if last is None:
+        steps = store.steps(run_id)
+        return Window(run, steps, steps.iloc[0:0], "no steps yet")
+    steps = store.steps(run_id, since=last - STEADY_MAX_S)  # a day-long run: its last minutes
+    cut = analysis.span(steps)[0] > float(run["started_at"]) + 1.0 and \
+        store.steps(run_id, since=last - STEADY_MAX_S - 5.0, until=last - STEADY_MAX_S
+                    ).shape[0] > 0
+    if "rank" in steps.columns:  # each rank's final settings (ranks change on their own)
+        steps = steps[steps["config_seq"] == steps.groupby("rank")["config_seq"]
+                      .transform("max")]
+    else:
+        steps = steps[steps["config_seq"] == steps["config_seq"].max()]
+    start, end = analysis.span(steps)
+    settled = steps if cut else analysis.steady_state(steps, warmup_seconds(end - start))
+    if len(settled) >= VERDICT_MIN_STEPS:
+        steps = settled
+    start, end = analysis.span(steps)
+    return Window(run, steps, _host_of(store, run_id, start, end),
+                  f"steady state of the final settings ({end - start:.0f} s)",
+                  store.ranks(run_id))
+
+
+def recent_window(run: dict[str, Any], steps: pd.DataFrame, host: pd.DataFrame,
+                  events: pd.DataFrame, end: float,
+                  ranks: pd.DataFrame | None = None) -> Window:
+    """The page's live window: the last KPI_WINDOW_S, or less after a loader change."""
+    steps = steps[steps["ts"] >= end - KPI_WINDOW_S]
+    cfg = events[events["kind"] == "config"] if not events.empty else events
+    caption = f"last {KPI_WINDOW_S:.0f} s"
+    if len(cfg) > 1:
+        since = float(cfg["ts"].iloc[-1])
+        if since > end - KPI_WINDOW_S:
+            settle = warmup_seconds(KPI_WINDOW_S)
+            steps = steps[steps["ts"] - steps["wait_s"] >= since + settle]
+            caption = (f"{end - since:.0f} s since the last change"
+                       if len(steps) >= VERDICT_MIN_STEPS else "settling after the last change")
+    if not host.empty and not steps.empty:
+        start, stop = analysis.span(steps)
+        host = host[(host["ts"] >= start) & (host["ts"] <= stop)]
+    return Window(run, steps, host, caption, ranks)
+
+
+def split_throughputs(steps: pd.DataFrame, parts: int) -> tuple[float, ...]:
+    """Throughput of each of `parts` equal stretches of the steps' span (empty ones left
+    out)."""
+    if steps.empty or parts < 2:
+        return ()
+    start, end = analysis.span(steps)
+    edges = [start + (end - start) * i / parts for i in range(parts + 1)]
+    out = (analysis.throughput(steps[(steps["ts"] >= a) & (steps["ts"] < b)])
+           for a, b in zip(edges[:-1], edges[1:], strict=True))
+    return tuple(t for t in out if not math.isnan(t))
+
+
+def _one(window: Window, ctx: Context, config: dict[str, Any], host: pd.DataFrame,
+         steps: pd.DataFrame) -> tuple[Features, Diagnosis]:
+    f = features(steps, host, config, ctx.budget, window.accelerator, ctx.memory_budget_mb)
+    return f, diagnose(f, ctx.max_workers)
+
+
+def assess(window: Window, ctx: Context, parts: int = 1) -> Assessment:
+    """Summary, features, bound, verdict and advice of one window; for a job of several
+    ranks, each rank's too, and the input-straggler verdict when one stands out."""
+    steps = window.steps
+    start, end = analysis.span(steps) if not steps.empty else (math.nan,) * 2
+    ranks = sorted(int(r) for r in steps["rank"].unique()) if "rank" in steps.columns \
+        and not steps.empty else []
+    base = dict(run_id=window.run.get("id"), window_throughputs=split_throughputs(steps, parts),
+                start=start, end=end)
+    if len(ranks) <= 1:
+        host = window.host
+        if ranks and "rank" in host.columns and (host["rank"] == ranks[0]).any():
+            host = host[host["rank"] == ranks[0]]
+        f, dg = _one(window, ctx, window.run.get("config") or {}, host, steps)
+        return Assessment(features=f, diagnosis=dg, ranks=tuple(
+            _figures(window, r, f) for r in ranks) if ranks else (), **base)
+    return _assess_job(window, ctx, ranks, base)
+
+
+def _rank_config(window: Window, rank: int) -> dict[str, Any]:
+    r = window.ranks
+    if r is not None and not r.empty and (r["rank"] == rank).any():
+        cfg = r[r["rank"] == rank]["config"].iloc[0]
+        if cfg:
+            return cfg
+    return window.run.get("config") or {}
+
+
+def _figures(window: Window, rank: int, f: Features) -> RankFigures:
+    r = window.ranks
+    row = r[r["rank"] == rank].iloc[0] if r is not None and not r.empty and \
+        (r["rank"] == rank).any() else None
+    return RankFigures(rank, None if row is None else row["hostname"], f.steps, f.throughput,
+                       f.data_wait_share, f.wait_per_step_s, f.compute_per_step_s,
+                       f.config.get("num_workers"), f.workers_cpu_cores, f.workload_mem_mb)
+
+
+def _assess_job(window: Window, ctx: Context, ranks: list[int], base: dict) -> Assessment:
+    """Each rank alone, then the job: Σ throughput, pooled shares; the straggler verdict
+    when a rank stands out, else the most starved rank's verdict (all wait alike)."""
+    host = window.host
+    per: dict[int, Features] = {}
+    own: dict[int, Diagnosis] = {}
+    for r in ranks:
+        h = host[host["rank"] == r] if "rank" in host.columns else host.iloc[0:0]
+        per[r], own[r] = _one(window, ctx, _rank_config(window, r), h,
+                              window.steps[window.steps["rank"] == r])
+    # a rank's "other processes" are not its sibling ranks: they are the same job
+    job_cpu = {r: (f.main_cpu_cores or 0.0) + (f.workers_cpu_cores or 0.0)
+               for r, f in per.items()}
+    for r, f in per.items():
+        if f.other_cpu_cores is not None:
+            siblings = sum(v for k, v in job_cpu.items() if k != r)
+            per[r] = f = dataclasses.replace(
+                f, other_cpu_cores=max(0.0, f.other_cpu_cores - siblings))
+            own[r] = diagnose(f, ctx.max_workers)
+    rep = max(per, key=lambda r: per[r].data_wait_share)
+    steps = window.steps
+    wait, compute = float(steps["wait_s"].sum()), float(steps["compute_s"].sum())
+    job = dataclasses.replace(
+        per[rep], steps=len(steps), throughput=sum(f.throughput for f in per.values()),
+        data_wait_share=wait / (wait + compute) if wait + compute > 0 else math.nan,
+        device_busy_mean=statistics.mean(f.device_busy_mean for f in per.values()))
+    slow = stragglers({r: f.wait_per_step_s for r, f in per.items()})
+    dg = straggler_diagnosis(job, per, own, slow) if slow else own[rep]
+    return Assessment(features=job, diagnosis=dg,
+                      ranks=tuple(_figures(window, r, per[r]) for r in ranks), **base)
+
+
+def assess_run(store: Store, run_id: int, ctx: Context, parts: int = 1) -> Assessment | None:
+    """assess(steady_window(...)): what measure, run --json and sweep rows report."""
+    w = steady_window(store, run_id)
+    return assess(w, ctx, parts) if w is not None else None

@@ -1,0 +1,242 @@
+"""The command line's flags and help texts (monitor/cli/main.py parses with these)."""
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from monitor.config import MODEL_SIZES, PRESETS
+from monitor.store import ENV_VAR, default_path
+from monitor.thresholds import BUDGET_ENV
+from monitor.tuning.search import SWEEP_PARAMS
+
+
+def _db(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--db", default=None,
+                   help=f"SQLite store (default: ${ENV_VAR} or {default_path()})")
+
+
+def _workload_options() -> argparse.ArgumentParser:
+    w = argparse.ArgumentParser(add_help=False)
+    w.add_argument("--preset", choices=PRESETS, default="starving",
+                   help="synthetic workload (default: starving)")
+    w.add_argument("--workload", metavar="SPEC", default=None,
+                   help="your own dataset instead of a preset: path/to/file.py:callable or "
+                        "package.module:callable returning a Dataset (or a dict with "
+                        "'dataset', optional 'collate_fn', 'model_step', loader defaults)")
+    w.add_argument("--batch-size", type=int, default=None,
+                   help="samples per batch (default: the preset's)")
+    w.add_argument("--step-time-ms", type=float, default=None,
+                   help="device time per step: the simulated accelerator's, or the CUDA "
+                        "model's target with --model-size auto (default: the preset's)")
+    w.add_argument("--model-size", choices=MODEL_SIZES, default="auto",
+                   help="CUDA model: auto (default) repeats a width-64 net's pass to take about "
+                        "the step time; small/medium/large are fixed widths, one pass per step "
+                        "(ignored by the simulated accelerator)")
+    w.add_argument("--epoch-samples", type=int, default=None,
+                   help="samples per epoch (default: the preset's); short epochs show the "
+                        "cost of restarting workers at every epoch")
+    w.add_argument("--memory-budget-mb", type=float, default=None,
+                   help="judge memory against this budget instead of the machine's memory "
+                        f"(also ${BUDGET_ENV})")
+    _db(w)
+    w.add_argument("--json", action="store_true",
+                   help="print one JSON object as the last line of stdout")
+    return w
+
+
+def metrics_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--metrics-port", type=int, default=None, metavar="PORT",
+                   help="serve Prometheus metrics on http://ADDRESS:PORT/metrics while it runs")
+    p.add_argument("--metrics-address", default="127.0.0.1", metavar="ADDRESS",
+                   help="address for --metrics-port (default 127.0.0.1: this machine only; "
+                        "0.0.0.0 lets a cluster's Prometheus scrape it)")
+
+
+def _loader_options(p: argparse.ArgumentParser, limit: int) -> None:
+    p.add_argument("--num-workers", type=int, default=None,
+                   help=f"DataLoader worker processes; 0 (the default) loads in the main "
+                        f"process (this machine: up to {limit})")
+    p.add_argument("--prefetch-factor", type=int, default=None,
+                   help="batches loaded ahead per worker (needs --num-workers >= 1; default 2)")
+    p.add_argument("--pin-memory", action="store_true",
+                   help="copy batches into page-locked memory (faster host-to-GPU copies)")
+    p.add_argument("--persistent-workers", action="store_true",
+                   help="keep workers alive between epochs (needs --num-workers >= 1)")
+
+
+def _measure(sub: argparse._SubParsersAction, common: argparse.ArgumentParser,
+             limit: int) -> None:
+    m = sub.add_parser(
+        "measure", parents=[common],
+        help="run a managed workload for a while and print throughput and data-wait share",
+        description=(
+            "Run a synthetic workload with the given DataLoader settings, record it to the "
+            "store as a run, and assess its steady state (the first fifth of the run, at "
+            "most 2 s, is discarded as warm-up): throughput, data-wait share, device busy, "
+            "the verdict, the bound and advice. Without CUDA the accelerator is simulated."
+        ),
+    )
+    _loader_options(m, limit)
+    m.add_argument("--seconds", type=float, default=10.0,
+                   help="how long to measure after the first batch (default 10)")
+
+
+def _sweep(sub: argparse._SubParsersAction, common: argparse.ArgumentParser,
+           limit: int) -> None:
+    s = sub.add_parser(
+        "sweep", parents=[common],
+        help="measure every configuration of a grid and name the best and the knee",
+        description=(
+            "Run each configuration of the grid as its own run: warm-up discarded, the steady "
+            "state assessed as measure does, its throughput over the whole window and the "
+            "spread over its parts, with data-wait share, device busy and peak memory. "
+            "Configurations predicted not to fit in memory are skipped with the reason. The "
+            "knee is the cheapest configuration within 3%% of the best. Ctrl-C stops after "
+            "cleaning up; finished results are kept."
+        ),
+    )
+    _loader_options(s, limit)
+    s.add_argument("--param", action="append", default=[], metavar="NAME=V1,V2,...",
+                   help="a swept setting, repeatable: num_workers=0,1,2,4 "
+                        "prefetch_factor=1,2,4 batch_size=32,64 pin_memory=off,on "
+                        "persistent_workers=off,on (default: num_workers=0,1,2,...,3x cores)")
+    s.add_argument("--seconds-per-config", type=float, default=8.0,
+                   help="measured seconds per configuration after its first batch (default 8)")
+    s.add_argument("--windows", type=int, default=3,
+                   help="parts the steady state is cut into for the spread (3)")
+    s.add_argument("--csv", metavar="FILE", default=None, help="also write the results as CSV")
+
+
+def _tune(sub: argparse._SubParsersAction, common: argparse.ArgumentParser,
+          limit: int) -> None:
+    t = sub.add_parser(
+        "tune", parents=[common],
+        help="adaptive search: near the grid's best in a fraction of its time",
+        description=(
+            "Measure the starting settings, jump to the bound model's predicted knee, then "
+            "step num_workers (and prefetch_factor once) until no step gains 3%%. Each "
+            "configuration is a run in the store."
+        ),
+    )
+    _loader_options(t, limit)
+    t.add_argument("--seconds-per-config", type=float, default=8.0,
+                   help="measured seconds per configuration (default 8)")
+    t.add_argument("--budget-seconds", type=float, default=None,
+                   help="stop trying new configurations after this long")
+    t.add_argument("--max-workers", type=int, default=None,
+                   help=f"largest num_workers to try (default {limit}: 3x usable cores)")
+
+
+def _run(sub: argparse._SubParsersAction) -> None:
+    r = sub.add_parser(
+        "run", help="run your own training script with the probe injected",
+        description=(
+            "Run a training script unmodified (python -m monitor run -- python train.py "
+            "ARGS): the probe times next() on the first DataLoader it iterates, records "
+            "epochs and worker PIDs, and applies loader changes requested from the page at "
+            "the next epoch. The script's output, exit code and signals pass through."
+        ),
+    )
+    r.add_argument("--name", default=None, help="run name (default: the script's file name)")
+    _db(r)
+    metrics_options(r)
+    r.add_argument("--autotune", action="store_true",
+                   help="tune the script's loader by itself, epoch by epoch: measure, try the "
+                        "next setting (applied at the next iter(loader)), keep it only if it "
+                        "pays beyond the noise, stop when nothing is predicted to gain 3%%")
+    r.add_argument("--autotune-every-steps", type=int, default=None, metavar="N",
+                   help="with --autotune, judge every N steps and apply a change at a step "
+                        "boundary, without waiting for the epoch (for epochs of hours): only "
+                        "for a map-style dataset with a batch sampler, whose epoch order is "
+                        "then drawn at iter(loader) and resumed after the change; other "
+                        "loaders wait for the epoch, and the run says why")
+    r.add_argument("--json", action="store_true",
+                   help="after the script ends, print the summary (as measure --json) as the "
+                        "last line of stdout")
+    r.add_argument("cmd", nargs=argparse.REMAINDER, metavar="COMMAND",
+                   help="-- then the command, e.g. -- python train.py --epochs 3")
+
+
+def _files(sub: argparse._SubParsersAction) -> None:
+    e = sub.add_parser(
+        "export", help="write a run's data as CSV or Parquet files, with run.json",
+        description=(
+            "Write one run's steps, host samples, GPU samples, NVML utilization, events and "
+            "control requests as tables, and run.json (the run, its steady-state assessment "
+            "and a checksum of its steps), to OUT/run-<id>-<format>/. Nothing is left "
+            "half-written: files go to a temporary folder renamed at the end."),
+    )
+    e.add_argument("run", metavar="RUN", help="a run id, latest, latest~1, or name:NAME")
+    e.add_argument("--format", choices=("csv", "parquet"), default="csv")
+    e.add_argument("--out", default=".", help="folder to write into (default: here)")
+    _db(e)
+    i = sub.add_parser(
+        "import", help="load an exported run into a store (it gets a new run id)",
+        description="Load a folder written by `export` into the store as a new run, after "
+                    "checking its steps against the checksum in run.json.")
+    i.add_argument("folder", metavar="DIR")
+    _db(i)
+
+
+def _compare(sub: argparse._SubParsersAction) -> None:
+    c = sub.add_parser(
+        "compare", help="runs side by side; exit 1 when the last is slower than the first",
+        description=(
+            "Compare 2-4 runs' steady states: the settings that differ, then throughput, "
+            "data-wait share, device busy, peak memory and verdict with deltas against the "
+            "first. A regression gate for CI: exit 1 when the last run's throughput is lower "
+            "than the first's by more than --max-regression-pct and by more than the runs' "
+            "noise (each steady state cut into 5 parts; 2 standard errors)."))
+    c.add_argument("runs", nargs="+", metavar="RUN",
+                   help="run ids, latest, latest~1 (the one before), or name:NAME")
+    c.add_argument("--max-regression-pct", type=float, default=5.0)
+    c.add_argument("--json", action="store_true", help="print one JSON object")
+    _db(c)
+    g = sub.add_parser(
+        "gc", help="remove old runs' rows and vacuum the store (never a running run)",
+        description="Remove the runs (and their steps, samples, events) older than "
+                    "--keep-days, or the oldest until the store is under --max-mb; then "
+                    "vacuum. A running run is never removed.")
+    g.add_argument("--keep-days", type=float, default=None)
+    g.add_argument("--max-mb", type=float, default=None)
+    _db(g)
+
+
+def build_parser(limit: int) -> argparse.ArgumentParser:
+    """The whole parser; `limit` is this machine's num_workers limit (for the help)."""
+    p = argparse.ArgumentParser(
+        prog="python -m monitor",
+        description="Starvation Monitor: is the GPU starved by its input pipeline?",
+    )
+    sub = p.add_subparsers(dest="command", required=True)
+    common = _workload_options()
+    _measure(sub, common, limit)
+    _sweep(sub, common, limit)
+    _tune(sub, common, limit)
+    _run(sub)
+    _files(sub)
+    _compare(sub)
+    return p
+
+
+def parse_param(text: str) -> tuple[str, list[Any]]:
+    """'num_workers=0,1,2' -> ('num_workers', [0, 1, 2]); booleans as on/off/true/false."""
+    name, sep, values = text.partition("=")
+    name = name.strip().replace("-", "_")
+    if not sep or not values.strip():
+        raise ValueError(f"--param {text!r}: write NAME=V1,V2,... e.g. num_workers=0,1,2,4")
+    if name not in SWEEP_PARAMS:
+        raise ValueError(f"--param {name!r}: sweepable are {', '.join(SWEEP_PARAMS)}")
+    out: list[Any] = []
+    for v in values.split(","):
+        v = v.strip().lower()
+        if name in ("pin_memory", "persistent_workers"):
+            if v not in ("0", "1", "on", "off", "true", "false"):
+                raise ValueError(f"--param {name}: use on/off, not {v!r}")
+            out.append(v in ("1", "on", "true"))
+        else:
+            try:
+                out.append(int(v))
+            except ValueError:
+                raise ValueError(f"--param {name}: {v!r} is not a whole number") from None
+    return name, list(dict.fromkeys(out))

@@ -1,0 +1,222 @@
+"""`python -m monitor run -- python train.py ...`: the parent side of an attached run.
+
+Creates the run, starts the script with the probe injected (monitor/probe/_inject/sitecustomize.py
+first on PYTHONPATH) and the run's id in its environment, samples its process tree and GPU,
+passes signals through, and ends the run with the script's exit status.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from monitor.assess.window import Context, assess_run
+from monitor.config import ATTACHED_PREFIX
+from monitor.export.prometheus import ExporterError
+from monitor.manage import spawn
+from monitor.manage.runtime import Runtime
+from monitor.probe.epoch_plan import EVERY_ENV
+from monitor.probe.patch import DB_ENV, RUN_ENV
+from monitor.store import Store, StoreError, explain
+from monitor.thresholds import AUTOTUNE_MIN_STEPS
+from monitor.tuning.live import Cadence, LiveTuner
+from monitor.tuning.policy import describe_settings as _desc
+from monitor.tuning.policy import outcome
+
+FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
+
+
+def summary(store: Store, run_id: int, ctx: Context) -> dict[str, Any]:
+    """What `run --json` prints: the same keys as `measure --json`, over the steady state of
+    the script's final loader settings (monitor/assess/window.py steady_window)."""
+    run = store.run(run_id) or {}
+    out: dict[str, Any] = {"run_id": run_id, "status": run.get("status")}
+    a = assess_run(store, run_id, ctx)
+    if a is not None:
+        out.update(a.to_dict())
+    steps = store.steps(run_id)
+    out.update(error=run.get("error"), config=run.get("config") or {},
+               epochs=int(steps["epoch"].nunique()) if not steps.empty else 0)
+    return out
+
+
+STOPPING = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # asking the script to stop
+
+
+def end_status(rc: int, asked: int | None) -> tuple[str, str | None]:
+    """How an attached run ended: `finished` (exit 0), `stopped` (interrupted: Ctrl-C, or a
+    stop signal that we forwarded), else `failed` with the exit status."""
+    if rc == 0:
+        return "finished", None
+    sig = -rc if rc < 0 else (rc - 128 if rc > 128 else None)
+    if sig == signal.SIGINT or (asked is not None and asked in STOPPING):
+        name = signal.Signals(asked or sig).name
+        return "stopped", f"interrupted ({name}): the script was asked to stop"
+    how = f"signal {-rc} ({signal.Signals(-rc).name})" if rc < 0 else f"exit code {rc}"
+    return "failed", f"the script ended with {how}"
+
+
+def _take_terminal(pgid: int) -> int | None:
+    """Make the script's group the terminal's foreground group (as a shell does for a job),
+    so Ctrl-C and terminal reads are the script's. Returns the group to give it back to."""
+    try:
+        fd = sys.stdin.fileno()
+        if not os.isatty(fd) or os.tcgetpgrp(fd) != os.getpgrp():
+            return None
+        old = signal.signal(signal.SIGTTOU, signal.SIG_IGN)
+        try:
+            os.tcsetpgrp(fd, pgid)
+        finally:
+            signal.signal(signal.SIGTTOU, old)
+        os.killpg(pgid, signal.SIGCONT)  # in case it read the terminal before it was its own
+        return os.getpgrp()
+    except (OSError, ValueError):
+        return None
+
+
+def _give_back_terminal(pgid: int | None) -> None:
+    if pgid is None:
+        return
+    old = signal.signal(signal.SIGTTOU, signal.SIG_IGN)
+    try:
+        os.tcsetpgrp(sys.stdin.fileno(), pgid)
+    except OSError:
+        pass
+    finally:
+        signal.signal(signal.SIGTTOU, old)
+
+
+def _supervise(proc: subprocess.Popen, rt: Runtime) -> tuple[int, int | None]:
+    """Wait for the script, forwarding signals to its process group (NOTE [shutdown
+    protocol] in monitor/manage/runtime.py, 8). Returns (exit status, the stop signal forwarded)."""
+    asked: list[int] = []
+
+    def forward(signum: int, frame: Any) -> None:
+        if signum in STOPPING:
+            asked.append(signum)
+        try:
+            os.killpg(proc.pid, signum)
+        except ProcessLookupError:
+            pass
+
+    for s in FORWARDED:
+        signal.signal(s, forward)
+    tty = _take_terminal(proc.pid)
+    try:
+        rc = proc.wait()
+    finally:
+        _give_back_terminal(tty)
+        rt.close()
+    return rc, (asked[0] if asked else None)
+
+
+def summary_lines(d: dict[str, Any]) -> list[str]:
+    """The end-of-run summary for people (stderr: the script's stdout stays its own)."""
+    if not d.get("steps"):
+        return [f"starvation-monitor: run {d['run_id']} {d.get('status')}: no steps recorded"]
+    world = d.get("world_size") or 1
+    who = f"the job, {world} ranks" if world > 1 else "steady state"
+    out = [f"starvation-monitor: run {d['run_id']} {d.get('status')}: "
+           f"{d['throughput']:,.0f} samples/s ({who}), data-wait share "
+           f"{d['data_wait_share']:.0%}",
+           f"  verdict: {d['verdict']}. {d['verdict_text']}"]
+    if world > 1:
+        out += [f"  rank {r['rank']} ({r['host']}): {r['throughput']:,.0f} samples/s, "
+                f"data-wait share {r['data_wait_share']:.0%}, wait "
+                f"{r['wait_per_step_s'] * 1000:.0f} ms/step, compute "
+                f"{r['compute_per_step_s'] * 1000:.0f} ms/step, num_workers {r['workers']}"
+                for r in d["ranks"]]
+    out += [f"  advice {i}: {a['reason']}" for i, a in enumerate(d.get("advice") or [], 1)]
+    tune = d.get("autotune")
+    if tune is not None:
+        per = tune.get("ranks") or {0: tune}
+        for r, t in per.items():
+            who = f"autotune rank {r}" if len(per) > 1 else "autotune"
+            out += [f"  {who} move {i}: {_desc(m['settings'])} ({m['reason']}) → "
+                    f"{m['throughput']:,.0f} samples/s, {outcome(m)}"
+                    for i, m in enumerate(t["moves"], 1)]
+            out.append(f"  {who}: {t['settled'] or 'still searching when the job ended'}")
+        if tune.get("error"):
+            out.append(f"  autotune {tune['error']}")
+    return out
+
+
+def script_env(store: Store, run_id: int) -> dict[str, str]:
+    """The script's environment: the probe first on its path, the run and store named."""
+    return spawn.script_env({RUN_ENV: str(run_id), DB_ENV: str(store.path.resolve())})
+
+
+def run_attached(args: argparse.Namespace) -> int:
+    cmd = list(args.cmd)
+    if cmd and cmd[0] == "--":
+        cmd = cmd[1:]
+    if not cmd:
+        print("error: give the command after --, e.g. python -m monitor run -- python "
+              "train.py", file=sys.stderr)
+        return 2
+    every = args.autotune_every_steps
+    if every is not None and (every < AUTOTUNE_MIN_STEPS or not args.autotune):
+        print(f"error: --autotune-every-steps takes a number of steps >= {AUTOTUNE_MIN_STEPS} (a "
+              "shorter stretch is mostly noise), with --autotune" if args.autotune else
+              "error: --autotune-every-steps goes with --autotune: add --autotune",
+              file=sys.stderr)
+        return 2
+    try:
+        rt = Runtime(args.db)
+    except StoreError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    store = rt.store
+    if args.metrics_port is not None:  # before the run exists: a busy port creates nothing
+        try:
+            rt.serve_metrics(args.metrics_port, args.metrics_address)
+        except ExporterError as exc:
+            rt.close()
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        print(f"starvation-monitor: metrics on http://{args.metrics_address}:"
+              f"{args.metrics_port}/metrics", file=sys.stderr)
+    script = next((Path(c).name for c in cmd[1:] if c.endswith(".py")), Path(cmd[0]).name)
+    run_id = store.create_run(args.name or script, "attached",
+                              {"preset": "custom", "workload": f"{ATTACHED_PREFIX}{script}"})
+    env = script_env(store, run_id)
+    if every is not None:
+        env[EVERY_ENV] = str(every)
+    rt.start()
+    try:
+        # its own process group, so signals reach the script and its DataLoader workers
+        # together, and the terminal's Ctrl-C is the script's alone (as run bare)
+        proc = spawn.start_script(cmd, env)
+    except OSError as exc:
+        store.finish_run(run_id, "failed", f"could not start {cmd[0]!r}: {exc}")
+        rt.close()
+        print(f"error: could not start {cmd[0]!r}: {exc}", file=sys.stderr)
+        return 127
+    store.update_run(run_id, pid=proc.pid)
+    rt.collector.follow(proc.pid, run_id)
+    print(f"starvation-monitor: run {run_id} recording to {store.path} (pid {proc.pid})",
+          file=sys.stderr)
+    cadence = Cadence("steps", every) if every else Cadence("epoch")
+    tuner = LiveTuner(store, run_id, rt.context(), cadence=cadence).start() \
+        if args.autotune else None
+    rc, asked = _supervise(proc, rt)
+    if tuner is not None:
+        tuner.stop()
+    code = rc if rc >= 0 else 128 - rc  # the script's own exit status, as a shell gives it
+    try:
+        store.finish_run(run_id, *end_status(rc, asked))
+        result = summary(store, run_id, rt.context())
+        if tuner is not None:
+            result["autotune"] = tuner.summary()
+        print("\n".join(summary_lines(result)), file=sys.stderr)
+        if args.json:
+            print(json.dumps(result, default=str))
+    except Exception as exc:  # the store failed: the script's status still passes through
+        print(f"starvation-monitor: could not record the end of run {run_id}: "
+              f"{explain(store.path, exc)}", file=sys.stderr)
+    return code

@@ -1,0 +1,139 @@
+"""A managed run without the UI: start, wait, stop, assess (the `measure` command, and each
+configuration of a sweep or tune)."""
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+from monitor.assess import analysis
+from monitor.assess.devices import workload_gpu
+from monitor.assess.stall import STALL_KINDS, active_stall
+from monitor.assess.window import Assessment, Context, assess_run
+from monitor.config import LoaderConfig
+from monitor.store import StoreError
+
+if TYPE_CHECKING:
+    from monitor.manage.session import SessionManager
+    from monitor.store import Store
+
+FIRST_BATCH_TIMEOUT_S = 120.0  # spawning, importing torch and a user's dataset factory
+
+
+class Lab(Protocol):
+    """What a measurement needs (a Runtime has it): the store, a session manager to start
+    and stop the workload, a collector to follow it, the machine's limits and memory budget."""
+
+    store: Store
+    manager: SessionManager
+    collector: Any
+    memory_budget_mb: float | None
+
+    def context(self) -> Context: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Measurement:
+    run_id: int
+    status: str
+    error: str | None
+    accelerator: str | None  # the accelerator's own description
+    config: LoaderConfig
+    assessment: Assessment | None
+    gpu: int | None = None  # NVML index the workload ran on
+    gpu_util_mean: float | None = None  # NVML utilization over the same window, 0..100
+    gpu_util_cv: float | None = None
+    cancelled: bool = False
+
+    @property
+    def summary(self) -> analysis.Summary:
+        nan = float("nan")
+        return self.assessment.summary if self.assessment is not None \
+            else analysis.Summary(0, 0.0, nan, nan, nan, nan)
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"run_id": self.run_id, "status": self.status}
+        d.update(self.assessment.to_dict() if self.assessment is not None else {})
+        d.update({"gpu": self.gpu, "gpu_util_mean": self.gpu_util_mean,
+                  "gpu_util_cv": self.gpu_util_cv, "error": self.error,
+                  "accelerator": self.accelerator, "config": self.config.to_dict()})
+        return d
+
+
+HINTS = (  # (words in the error, what to do)
+    ("killed by signal 9", "the kernel's OOM killer or another process killed it: check "
+                           "`dmesg`, or lower num_workers / prefetch_factor / batch_size"),
+    ("looks stuck", "a read in the dataset's __getitem__ never returned: check its storage "
+                    "(a hung network mount?), or add a timeout to it"),
+    ("killed by signal", "another process sent it that signal"),
+)
+
+
+def failure_line(error: str | None) -> str:
+    """The error's first line and, where the cause is known, what to do about it."""
+    first = (error or "unknown error").strip().splitlines()[0]
+    hint = next((h for words, h in HINTS if words in first), None)
+    return f"{first}. What to do: {hint}" if hint else first
+
+
+def _wait_for_first_batch(rt: Lab, run_id: int, cancel: threading.Event | None) -> None:
+    """The clock starts at the first batch: spawning and importing torch is not the loader.
+    A loader stuck before its first batch ends the wait (the watchdog says so)."""
+    deadline = time.monotonic() + FIRST_BATCH_TIMEOUT_S
+    while not rt.manager.wait_for_steps(1, timeout=0.5) and time.monotonic() < deadline:
+        if (cancel is not None and cancel.is_set()) or not rt.manager.is_alive():
+            return
+        if active_stall(rt.store.events(run_id, kinds=STALL_KINDS)):
+            return
+
+
+def _wait(rt: Lab, seconds: float, cancel: threading.Event | None) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and rt.manager.is_alive():
+        if cancel is not None and cancel.is_set():
+            return
+        (cancel or threading.Event()).wait(min(0.1, max(0.0, deadline - time.monotonic())))
+
+
+def measure(rt: Lab, config: LoaderConfig, seconds: float, name: str | None = None,
+            parts: int = 1, cancel: threading.Event | None = None) -> Measurement:
+    """Run `config` for `seconds` after its first batch, stop it (NOTE [shutdown protocol]
+    in monitor/manage/runtime.py, 1), and assess the run's steady state cut into `parts`. The run
+    stays in the store; `cancel` ends it early (the result says so)."""
+    run_id = rt.manager.start(config, name=name)
+    try:
+        _wait_for_first_batch(rt, run_id, cancel)
+        _wait(rt, seconds, cancel)
+        stall = active_stall(rt.store.events(run_id, kinds=STALL_KINDS))
+        if stall:  # a stuck loader fails the run; measure still ends at its deadline
+            rt.store.finish_run(run_id, "failed", f"{stall} (measure stopped it)")
+    finally:
+        rt.manager.stop()
+        rt.collector.follow(None, None)
+    rt.store.check()
+    if (rt.store.run(run_id) or {}).get("status") == "running":  # its end could not be saved
+        raise StoreError(rt.manager.last_error or f"run {run_id} ended but the store "
+                         f"{rt.store.path} could not record it")
+    cancelled = cancel is not None and cancel.is_set()
+    return summarise(rt.store, run_id, config, rt.context(), parts, cancelled)
+
+
+def summarise(store: Store, run_id: int, config: LoaderConfig, ctx: Context, parts: int = 1,
+              cancelled: bool = False) -> Measurement:
+    """The Measurement of a stored run: its steady-state assessment and NVML's utilization
+    over the same window (what `measure --json` prints)."""
+    run = store.run(run_id) or {}
+    a = assess_run(store, run_id, ctx, parts)
+    dev, mean, cv = None, None, None
+    available, _, devices = store.gpu_inventory()
+    if available and a is not None and a.features.steps:
+        dev = workload_gpu(devices, run.get("device"))
+        util = store.gpu_util(a.start, a.end)
+        if dev is not None:
+            util = util[util["gpu"] == dev]
+        mean, cv = analysis.series_stats(util["util_pct"])
+    return Measurement(run_id=run_id, status=run.get("status", "unknown"),
+                       error=run.get("error"), accelerator=run.get("accelerator"),
+                       config=config, assessment=a, gpu=dev, gpu_util_mean=mean,
+                       gpu_util_cv=cv, cancelled=cancelled)

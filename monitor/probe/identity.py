@@ -1,0 +1,104 @@
+"""Who this training process is, read from its environment and its own torch (never
+initialising CUDA): its rank in a torch.distributed job, the job it belongs to, its CUDA
+device as NVML can match it, and whether its step runs on CUDA. Standard library only: it
+runs inside the user's script with the probe (monitor/probe/patch.py)."""
+from __future__ import annotations
+
+import os
+import socket
+import sys
+from typing import Any
+
+
+def accelerator_kind() -> str:
+    """"cuda" when the script uses (or can use) CUDA, else "cpu": its step is real either
+    way, never simulated. Read from torch only if the script imported it."""
+    torch = sys.modules.get("torch")
+    cuda = getattr(torch, "cuda", None)
+    try:
+        if cuda is not None and (cuda.is_initialized() or cuda.is_available()):
+            return "cuda"
+    except Exception:  # a broken CUDA install is the script's to report, not ours
+        pass
+    return "cpu"
+
+
+def _dist() -> Any:
+    """torch.distributed when the script has imported and initialised it, else None."""
+    dist = sys.modules.get("torch.distributed")
+    try:
+        return dist if dist is not None and dist.is_available() and dist.is_initialized() \
+            else None
+    except Exception:  # a half-built distributed setup is the script's to report
+        return None
+
+
+def rank_identity(env: dict[str, str] | None = None,
+                  dist: Any = None) -> tuple[int, int | None, int]:
+    """(rank, local rank, world size) of this process in a torch.distributed job, from
+    every launcher: `RANK` (torchrun, torch.distributed.launch, SLURM wrappers); else the
+    script's initialised torch.distributed; else `NODE_RANK * LOCAL_WORLD_SIZE + LOCAL_RANK`
+    (Lightning's own DDP launcher sets LOCAL_RANK, NODE_RANK and WORLD_SIZE, not RANK);
+    (0, None, 1) for a single process. `dist` is injected by tests."""
+    env = dict(os.environ) if env is None else env
+
+    def num(*keys: str) -> int | None:
+        for key in keys:
+            try:
+                return int(env[key])
+            except (KeyError, ValueError):
+                continue
+        return None
+
+    local, world = num("LOCAL_RANK"), num("WORLD_SIZE")
+    rank = num("RANK")
+    dist = dist if dist is not None else (_dist() if rank is None else None)
+    if rank is None and dist is not None:
+        try:
+            rank, world = int(dist.get_rank()), world or int(dist.get_world_size())
+        except Exception:
+            rank = None
+    if rank is None and local is not None:
+        node = num("NODE_RANK", "GROUP_RANK") or 0
+        per_node = num("LOCAL_WORLD_SIZE")
+        if node == 0 or per_node:
+            rank = node * (per_node or 0) + local
+    return rank or 0, local, world or 1
+
+
+def node_rank(env: dict[str, str] | None = None) -> int | None:
+    """This host's place among the job's nodes (NODE_RANK, else torchrun's GROUP_RANK)."""
+    env = dict(os.environ) if env is None else env
+    for key in ("NODE_RANK", "GROUP_RANK"):
+        if env.get(key, "").isdigit():
+            return int(env[key])
+    return None
+
+
+def job_key() -> str | None:
+    """What the ranks of one job on this host share, under a torch.distributed launcher:
+    torchrun's run id, else the rendezvous address; None for a single process."""
+    if rank_identity()[2] <= 1:
+        return None
+    run = os.environ.get("TORCHELASTIC_RUN_ID") or \
+        f"{os.environ.get('MASTER_ADDR', '')}:{os.environ.get('MASTER_PORT', '')}"
+    return f"job:{run}@{socket.gethostname()}"
+
+
+def cuda_device() -> dict[str, Any] | None:
+    """This process's CUDA device as NVML can match it (uuid, PCI location, CUDA index and
+    CUDA_VISIBLE_DEVICES), or None without CUDA in use. Never initialises CUDA itself."""
+    torch = sys.modules.get("torch")
+    cuda = getattr(torch, "cuda", None)
+    try:
+        if cuda is None or not cuda.is_initialized():
+            return None
+        idx = cuda.current_device()
+        p = cuda.get_device_properties(idx)
+        uuid = getattr(p, "uuid", None)
+        pci = [getattr(p, k, None) for k in ("pci_domain_id", "pci_bus_id", "pci_device_id")]
+        return {"cuda_index": idx, "uuid": f"GPU-{uuid}" if uuid is not None else None,
+                "pci": pci if None not in pci else None,
+                "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
+    except Exception:  # the script's CUDA is the script's business
+        return None

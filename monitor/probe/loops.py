@@ -1,0 +1,60 @@
+"""Which loop is iterating a DataLoader: the training loop, or a validation / prediction loop
+that must never take its place (DESIGN.md: training loader).
+
+Read from the call stack at `iter(loader)`, once per epoch: frameworks name their loops in
+their own files and functions, so no framework is imported here.
+- PyTorch Lightning (`lightning.pytorch` and `pytorch_lightning`): the fit loop
+  (`loops/fit_loop.py`, `loops/training_epoch_loop.py`) trains; the evaluation loop
+  (sanity check, validation, test: `loops/evaluation_loop.py`) and `loops/prediction_loop.py`
+  do not.
+- Hugging Face `transformers.Trainer` (accelerate underneath): `_inner_training_loop` trains;
+  `evaluate`, `evaluation_loop`, `predict`, `prediction_loop` do not.
+- Anything else is a plain loop: the first DataLoader iterated is followed (the usual
+  `for epoch ...: for batch in train_loader` comes before any validation pass), and the probe
+  says so.
+Standard library only (the user's training process).
+"""
+from __future__ import annotations
+
+import os
+import sys
+import threading
+from typing import Any
+
+TRAIN, EVAL = "train", "eval"
+_LIGHTNING = (f"pytorch{os.sep}loops{os.sep}", f"pytorch_lightning{os.sep}loops{os.sep}")
+_LIGHTNING_TRAIN = ("fit_loop.py", "training_epoch_loop.py")
+_LIGHTNING_EVAL = ("evaluation_loop.py", "prediction_loop.py")
+_HF = f"transformers{os.sep}trainer"
+_HF_TRAIN = ("_inner_training_loop",)
+_HF_EVAL = ("evaluate", "evaluation_loop", "predict", "prediction_loop", "prediction_step")
+MAX_DEPTH = 60  # frames looked at: a loop's iter() is a few dozen frames below it
+
+
+def loop_role(frame: Any = None) -> tuple[str | None, str]:
+    """(TRAIN, EVAL or None, which loop in words) for the code that is calling iter() now."""
+    f = frame if frame is not None else sys._getframe(1)
+    for _ in range(MAX_DEPTH):
+        if f is None:
+            break
+        path, name = f.f_code.co_filename, f.f_code.co_name
+        if any(p in path for p in _LIGHTNING):
+            base = os.path.basename(path)
+            if base in _LIGHTNING_EVAL:
+                return EVAL, f"Lightning's {base[:-3].replace('_', ' ')} (not training)"
+            if base in _LIGHTNING_TRAIN:
+                return TRAIN, "Lightning's fit loop"
+        elif _HF in path:
+            if name in _HF_EVAL:
+                return EVAL, f"the Hugging Face Trainer's {name} (not training)"
+            if name in _HF_TRAIN:
+                return TRAIN, "the Hugging Face Trainer's training loop"
+        f = f.f_back
+    return None, "a plain loop"
+
+
+def on_training_thread() -> bool:
+    """Whether the caller runs on the main thread, where training loops run: a loader
+    iterated by a background thread (a prefetch thread, MONAI-style thread loaders) blocks
+    that thread, not the training loop, so its next() is no data wait."""
+    return threading.current_thread() is threading.main_thread()

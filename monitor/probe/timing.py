@@ -1,0 +1,237 @@
+"""The one timing loop, inside the training process: the managed workload and the attach
+probe both time their steps with TimedIterator and write them through a Probe.
+
+For each batch it measures the data wait (seconds blocked in `next(iterator)`, with the
+`iter()` call that starts the workers counted in the epoch's first wait, since the device idles
+through it too) and the compute (from receiving the batch to asking for the next). A step is
+recorded when the next batch is asked for; the `next()` that ends the epoch (StopIteration)
+records the last step and is not a step itself. Records are batched and written every
+`flush_interval` seconds outside the timed intervals, so the probe's own cost is in neither.
+The Probe also polls the store's control table for the managed workload's requests.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+from monitor.records import StepRecord
+from monitor.store import Store
+
+
+def batch_len(batch: Any) -> int:
+    """Samples in a batch: the leading dimension of its first tensor-like item."""
+    item = batch
+    if isinstance(item, dict) and item:
+        item = next(iter(item.values()))
+    elif isinstance(item, (list, tuple)) and item:
+        item = item[0]
+    shape = getattr(item, "shape", None)
+    if shape is not None and len(shape) > 0:
+        return int(shape[0])
+    try:
+        return len(item)
+    except TypeError:
+        return 1
+
+
+class Probe:
+    """Times the steps of one run and writes StepRecords to the store in batches."""
+
+    def __init__(
+        self,
+        store: Store,
+        run_id: int,
+        flush_interval: float = 0.5,
+        control_interval: float = 0.25,
+        clock: Callable[[], float] = time.perf_counter,
+        wall: Callable[[], float] = time.time,
+        rank: int = 0,
+    ) -> None:
+        self.store = store
+        self.run_id = run_id
+        self.rank = rank  # torch.distributed RANK of this process (0 alone)
+        self.flush_interval = flush_interval
+        self.control_interval = control_interval
+        self.clock = clock
+        # Wall-clock stamps derive from one anchor, so they share perf_counter's steadiness.
+        self._anchor_clock = clock()
+        self._anchor_wall = wall()
+        self._buffer: list[StepRecord] = []
+        self._last_flush = self._anchor_clock
+        self._last_control = self._anchor_clock
+        self._last_control_id = 0
+        self.step = 0
+        self.config_seq = 0
+        self.copy_s: float | None = None  # set by a CUDA step: its host-to-device copy
+        self.current_iterator: Iterator[Any] | None = None
+        # For the watchdog (another thread): since when the loop has waited for a batch
+        # (None while it computes), and the last steps' durations.
+        self.waiting_since: float | None = None
+        self.recent_steps: deque[float] = deque(maxlen=64)
+        self._lock = threading.Lock()  # the buffer is flushed by the watchdog too
+        # Called with the exception when a write fails (the attach probe: the training goes
+        # on without us); None: the exception propagates (the managed workload fails).
+        self.on_error: Callable[[Exception], None] | None = None
+        self.stopped = False
+
+    def wall(self, t: float) -> float:
+        return self._anchor_wall + (t - self._anchor_clock)
+
+    def iterate(self, loader: Iterable[Any], epoch: int,
+                between: Callable[[], bool] | None = None) -> TimedIterator:
+        """The loader's batches for one epoch, each step timed (TimedIterator); the managed
+        workload's loop. `between` runs after each step is recorded, before the next wait
+        starts (its cost is in neither); when it returns True the epoch ends."""
+        it = TimedIterator(self, epoch, lambda: iter(loader),
+                           between=(lambda _it: between()) if between is not None else None)
+        self.current_iterator = it
+        return it
+
+    def record(self, epoch: int, t_req: float, t_got: float, t_next: float, batch: Any) -> None:
+        """One step: asked for the batch at t_req, got it at t_got, asked for the next at
+        t_next (this probe's clock). Writes the buffer when flush_interval has passed."""
+        if self.stopped:
+            return
+        rec = StepRecord(
+            run_id=self.run_id, step=self.step, epoch=epoch, ts=self.wall(t_got),
+            wait_s=t_got - t_req, compute_s=t_next - t_got, samples=batch_len(batch),
+            config_seq=self.config_seq, copy_s=self.copy_s, rank=self.rank,
+        )
+        with self._lock:
+            self._buffer.append(rec)
+        self.recent_steps.append(t_next - t_req)
+        self.copy_s = None
+        self.step += 1
+        if t_next - self._last_flush >= self.flush_interval:
+            self.flush()
+
+    def flush(self) -> None:
+        with self._lock:
+            buf, self._buffer = self._buffer, []
+            self._last_flush = self.clock()
+        if not buf or self.stopped:
+            return
+        try:
+            self.store.insert(buf)
+        except Exception as exc:
+            if self.on_error is None:
+                raise
+            self.stopped = True
+            self.discard()
+            self.on_error(exc)
+
+    def flush_if_due(self) -> None:
+        """Write what a stuck loop buffered (the watchdog calls this once a second)."""
+        if self.clock() - self._last_flush >= self.flush_interval:
+            self.flush()
+
+    def discard(self) -> None:
+        """Drop unwritten records (after a write failed: the run goes on without them)."""
+        with self._lock:
+            self._buffer = []
+            self._last_flush = self.clock()
+
+    def control_due(self) -> bool:
+        now = self.clock()
+        if now - self._last_control >= self.control_interval:
+            self._last_control = now
+            return True
+        return False
+
+    def poll_control(self) -> list[tuple[int, str, Any]]:
+        """New control requests for this run (each returned once)."""
+        reqs = self.store.pending_control(self.run_id, self._last_control_id)
+        if reqs:
+            self._last_control_id = reqs[-1][0]
+        return reqs
+
+
+Between = Callable[["TimedIterator"], bool]
+
+
+class TimedIterator:
+    """Times each next() of one epoch's iterator and the gap until the following one.
+
+    `make_iter()` builds the underlying iterator (DataLoader.__iter__, or one over a resumable
+    epoch plan); `between(self)` runs after each step is recorded, before the next wait
+    starts, and may `replace()` the underlying iterator (a mid-epoch loader change) or
+    return True to end the epoch. The watchdog reads `probe.waiting_since`, which only this
+    loop writes."""
+
+    def __init__(self, probe: Probe, epoch: int, make_iter: Callable[[], Iterator[Any]],
+                 t_start: float | None = None, between: Between | None = None) -> None:
+        self.probe, self.epoch, self._between = probe, epoch, between
+        # iter() counts in the epoch's first wait: workers start there
+        self._t_req: float | None = t_start if t_start is not None else probe.clock()
+        probe.waiting_since = self._t_req
+        self._inner = make_iter()
+        self._t_got: float | None = None
+        self._batch: Any = None
+        self.delivered = 0
+        self.offset = 0  # batches of this epoch delivered before the current inner iterator
+        self.ended = False
+
+    @property
+    def inner(self) -> Iterator[Any]:
+        return self._inner
+
+    def replace(self, inner: Iterator[Any]) -> None:
+        self._inner = inner
+
+    def __iter__(self) -> TimedIterator:
+        return self
+
+    def __next__(self) -> Any:
+        p = self.probe
+        if self.ended:
+            raise StopIteration
+        if self._t_got is not None:
+            self.finish()
+            if self._between is not None and self._between(self):
+                self._end()
+        if self._t_req is None:  # a flush in record() is neither wait nor step
+            self._t_req = p.clock()
+        p.waiting_since = self._t_req  # the watchdog's clock: waiting for data
+        try:
+            batch = next(self._inner)
+        except StopIteration:
+            self._end()
+        finally:
+            p.waiting_since = None
+        self._t_got, self._batch = p.clock(), batch
+        self.delivered += 1
+        return batch
+
+    def finish(self) -> None:
+        """Record the step of the batch last delivered, its compute ending now: at the next
+        next(), or when the epoch is known to have ended without one (another iter(), the
+        process's exit after a whole epoch). The next wait starts at the next next()."""
+        p = self.probe
+        if self._t_got is not None:
+            p.record(self.epoch, self._t_req, self._t_got, p.clock(), self._batch)
+            self._t_got, self._batch = None, None
+        self._t_req = None
+
+    def complete(self) -> bool:
+        """Whether every batch of the epoch has been delivered (a sized loader)."""
+        try:
+            return self.delivered >= len(self)
+        except TypeError:
+            return False
+
+    def _end(self) -> None:
+        self.ended = True
+        self.probe.waiting_since = None
+        self.probe.flush()
+        raise StopIteration
+
+    def __len__(self) -> int:
+        return len(self._inner) + self.offset  # type: ignore[arg-type]
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "_inner":  # not built yet (or being unpickled): no recursion
+            raise AttributeError(name)
+        return getattr(self._inner, name)

@@ -1,0 +1,170 @@
+"""The stall watchdog, beside the training loop (the managed workload and the attach probe).
+
+A named daemon thread checks once a second how long the loop has waited for its next batch.
+Past `stall_limit_s` (at least 10 s, and 20 typical steps) it records one `stalled` event
+with what it can see: whether the main thread is inside the dataset (and where), and each
+DataLoader worker's state and CPU. When batches come again it records `resumed`. It also
+writes the probe's buffered steps, so a loop stuck mid-epoch still shows its last steps. It
+never stops the training: a slow loader is reported, not killed (NOTE [shutdown protocol] in
+monitor/manage/runtime.py says who stops what).
+"""
+from __future__ import annotations
+
+import os
+import statistics
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from monitor.probe.timing import Probe
+from monitor.records import RESUMED, STALLED
+from monitor.thresholds import stall_limit_s
+
+TORCH_DATA = os.path.join("torch", "utils", "data")
+
+
+def where_is_main(thread_id: int | None) -> str:
+    """Where the main thread is: inside the dataset's code (file:line), waiting for
+    DataLoader workers, or elsewhere."""
+    frame = sys._current_frames().get(thread_id) if thread_id is not None else None
+    in_loader = False
+    user: str | None = None
+    while frame is not None:
+        path = frame.f_code.co_filename
+        if TORCH_DATA in path:
+            in_loader = True
+            if "_utils" + os.sep + "fetch.py" in path:
+                return f"the main process is inside the dataset at {user}" if user \
+                    else "the main process is inside the dataset"
+            if frame.f_code.co_name in ("_get_data", "_try_get_data"):
+                return "the main process is waiting for DataLoader workers"
+        elif user is None and "site-packages" not in path and "monitor" + os.sep not in path:
+            user = f"{os.path.basename(path)}:{frame.f_lineno} ({frame.f_code.co_name})"
+        frame = frame.f_back
+    return "the main process is inside the loader" if in_loader else \
+        f"the main process is at {user or 'an unknown place'}"
+
+
+STATES = {"R": "running", "S": "sleeping", "D": "disk-sleep", "Z": "zombie", "T": "stopped",
+          "t": "tracing-stop", "X": "dead", "I": "idle", "P": "parked", "W": "waking"}
+
+
+def _stat(pid: int, proc: str = "/proc") -> tuple[int, str, int] | None:
+    """(parent pid, state letter, CPU ticks user+system) from /proc/PID/stat, or None."""
+    try:
+        with open(f"{proc}/{pid}/stat", "rb") as f:
+            raw = f.read().decode(errors="replace")
+    except OSError:
+        return None
+    rest = raw[raw.rfind(")") + 2:].split()  # the name, in parentheses, may hold spaces
+    try:
+        return int(rest[1]), rest[0], int(rest[11]) + int(rest[12])
+    except (IndexError, ValueError):
+        return None
+
+
+def children(pid: int, proc: str = "/proc") -> list[int]:
+    """This process's children (its DataLoader workers), from /proc: the standard library
+    only, since the probe runs in the user's environment."""
+    kids: list[int] = []
+    try:
+        names = os.listdir(proc)
+    except OSError:
+        return kids
+    for name in names:
+        if name.isdigit():
+            st = _stat(int(name), proc)
+            if st is not None and st[0] == pid:
+                kids.append(int(name))
+    return sorted(kids)
+
+
+def workers_state(pid: int, interval: float = 0.1, proc: str = "/proc") -> list[dict[str, Any]]:
+    """This process's children: pid, state and CPU % over `interval` (one wait for all)."""
+    kids = children(pid, proc)
+    if not kids:
+        return []
+    first = {k: _stat(k, proc) for k in kids}
+    time.sleep(interval)  # sleep-ok: the CPU reading's own interval, on the watchdog thread
+    hz = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    out = []
+    for k in kids:
+        a, b = first[k], _stat(k, proc)
+        if a is None or b is None:
+            out.append({"pid": k, "status": "gone", "cpu_pct": None})
+            continue
+        out.append({"pid": k, "status": STATES.get(b[1], b[1]),
+                    "cpu_pct": round(100.0 * (b[2] - a[2]) / hz / interval, 1)})
+    return out
+
+
+def describe(idle_s: float, main: str, workers: list[dict[str, Any]]) -> str:
+    text = f"no batch for {idle_s:.0f} s: the loader looks stuck; {main}"
+    if workers:
+        text += "; workers " + ", ".join(
+            f"{w['pid']} ({w['status']}, {w['cpu_pct'] if w['cpu_pct'] is not None else '?'}%"
+            " CPU)" for w in workers)
+    return text
+
+
+class Watchdog:
+    """Watches one Probe. `on_stall(text)` is called once per stall (the attach probe prints
+    it to stderr)."""
+
+    def __init__(self, probe: Probe, interval: float = 1.0,
+                 on_stall: Callable[[str], None] | None = None,
+                 main_thread: int | None = None) -> None:
+        self.probe, self.interval, self.on_stall = probe, interval, on_stall
+        self.main_thread = main_thread if main_thread is not None else threading.get_ident()
+        self.stalled = False
+        self.errors = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="starvation-watchdog",
+                                        daemon=True)
+
+    def start(self) -> Watchdog:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop watching; a stall still open is closed (the loop is over)."""
+        self._stop.set()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(5)
+        if self.stalled:
+            self.stalled = False
+            try:
+                self.probe.store.add_event(self.probe.run_id, RESUMED, "the loop ended", None)
+            except Exception:
+                self.errors += 1
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval):
+            try:
+                self.check()
+            except Exception:  # a store that cannot be written is the writer's to report
+                self.errors += 1
+        self.probe.store.close()
+
+    def limit(self) -> float:
+        steps = list(self.probe.recent_steps)
+        return stall_limit_s(statistics.median(steps) if steps else None)
+
+    def check(self) -> None:
+        p = self.probe
+        p.flush_if_due()
+        since = p.waiting_since
+        idle = p.clock() - since if since is not None else 0.0
+        if not self.stalled and since is not None and idle >= self.limit():
+            self.stalled = True
+            workers = workers_state(os.getpid())
+            text = describe(idle, where_is_main(self.main_thread), workers)
+            p.store.add_event(p.run_id, STALLED, text, {
+                "waiting_since": p.wall(since), "workers": workers, "limit_s": self.limit()})
+            if self.on_stall is not None:
+                self.on_stall(text)
+        elif self.stalled and (since is None or idle < self.limit()):
+            self.stalled = False
+            p.store.add_event(p.run_id, RESUMED, "batches again", None)

@@ -1,0 +1,142 @@
+"""Every threshold of the project, each with where it comes from. Nothing else defines one.
+
+Grouped by who reads them: the verdict rules, the bound model and advice, the sweep and
+autotune search, and the measurement windows. Changing a number here changes it everywhere.
+"""
+from __future__ import annotations
+
+import math
+import os
+import statistics
+
+# -- verdicts --------------------------------------------------------------------------------
+# The device waits on data for at least this share of step time: starving. 10% is where the
+# PyTorch profiler's and Lightning's own "dataloader bottleneck" hints start to fire, and
+# below it a loader change rarely buys more than the run-to-run noise on a shared host.
+STARVING_SHARE = 0.10
+# Host CPU busy over the usable cores above which more loader processes cannot run in
+# parallel: 85% leaves room for the sampling jitter of 0.25 s psutil readings.
+CPU_SATURATED = 0.85
+# Loading CPU time / loading wall time per sample below which a loader mostly waits on
+# storage (sleeping in read()), so workers beyond the core count still help.
+IO_CPU_RATIO = 0.5
+# Time lost at epoch starts over the window above which restarting workers per epoch matters.
+EPOCH_STALL_SHARE = 0.10
+# Host-to-device copy time over compute above which the copy, not the model, is the step.
+TRANSFER_SHARE = 0.30
+# CPU taken by processes outside the workload above which the verdict names them: half a
+# core is more than the sampling noise of the host total minus the workload's own.
+OTHER_LOAD_CORES = 0.5
+# A rank is an input straggler when its data wait per step is at least STRAGGLER_RATIO times
+# the median of the other ranks' and STRAGGLER_MIN_S more: twice, because ranks on one host
+# differ by tens of percent from placement alone; 5 ms, below which a step barely notices.
+STRAGGLER_RATIO = 2.0
+STRAGGLER_MIN_S = 0.005
+# Fewest steps a window needs before any verdict is given.
+VERDICT_MIN_STEPS = 3
+# cgroup CPU throttling above this share of the window's periods is named in the verdict:
+# a tenth of the periods throttled costs more than the sampling noise.
+CPU_THROTTLED_SHARE = 0.1
+# The bound model's floor for the cores left to loaders (other processes may take the rest,
+# but a loader still gets a time slice) and the main process's own CPU at num_workers=0.
+MIN_LOADER_CORES = 0.5
+MAIN_IDLE_CORES = 0.05
+# A device gap shorter than this between two steps is not counted as idle (timer noise).
+IDLE_GAP_MIN_S = 0.005
+# A busy series is a sawtooth when it varies (std >= SAWTOOTH_MIN_STD) and repeats
+# (autocorrelation peak >= SAWTOOTH_MIN_AC).
+SAWTOOTH_MIN_STD = 0.05
+SAWTOOTH_MIN_AC = 0.2
+
+# -- memory ----------------------------------------------------------------------------------
+# Share of the memory budget (or of the machine's memory) above which the verdict is
+# memory-pressure and above which the sweep will not start a configuration: 85%, as
+# Kubernetes' default eviction margin and earlyoom's defaults sit around 10-15% free.
+MEMORY_HEADROOM = 0.85
+BUDGET_ENV = "STARVATION_MONITOR_MEMORY_BUDGET_MB"
+
+# -- bound model and advice ------------------------------------------------------------------
+# Advise a change only when it is predicted to gain at least this much (noise on a shared
+# host is about ±5%).
+MIN_GAIN = 1.10
+# The knee: the cheapest setting within this share of the best (predicted for advice,
+# measured for a sweep). More processes cost memory and start-up for the last few percent.
+KNEE_SHARE = 0.97
+# Per-step cost in the main process with workers on (collate, queue, unpickle), when the
+# window cannot show it: about a millisecond in torch's own DataLoader benchmarks.
+DEFAULT_OVERHEAD_S = 0.001
+
+# -- search (sweep, tune) --------------------------------------------------------------------
+# A step of the hill climb must gain more than this to be taken; below it is the plateau.
+MIN_STEP_GAIN = 0.03
+# Live autotune: a stretch (an epoch, N steps) shorter than this is pooled with the next one;
+# below 20 steps the batch-means noise of a stretch is mostly worker start-up.
+AUTOTUNE_MIN_STEPS = 20
+
+# -- noise (compare, the tune search, live autotune) ---------------------------------------------
+# A measurement's noise is the standard error of its parts' throughputs (batch means): the
+# steady window cut into NOISE_PARTS consecutive parts, SE = stdev(parts) / sqrt(parts). Two
+# measurements differ beyond the noise when |B - A| > NOISE_Z x sqrt(SE_A² + SE_B²): about
+# 95% for normal part-to-part noise.
+NOISE_PARTS = 5
+NOISE_Z = 2.0
+
+# -- faults ----------------------------------------------------------------------------------
+# No batch for this long means the loader looks stuck: at least STALL_MIN_S, and
+# STALL_STEPS typical steps (a job whose steps take 2 s is not stuck after 10 s). Slower than
+# any healthy epoch start we have seen (worker start-up plus a full prefetch queue: ~3 s).
+STALL_MIN_S = 10.0
+STALL_STEPS = 20
+STALL_ENV = "STARVATION_MONITOR_STALL_MIN_S"  # tests shorten STALL_MIN_S
+
+# -- windows ---------------------------------------------------------------------------------
+# Discarded start of a measured window: worker start-up and the first batches. A fifth of
+# the window, at most WARMUP_MAX_S. Used by measure, attached runs, sweeps and the page
+# (after a loader change).
+WARMUP_FRACTION = 0.2
+WARMUP_MAX_S = 2.0
+# The steady state of a long run is its last STEADY_MAX_S of the final settings: ten minutes
+# hold thousands of steps (plenty for every figure), and an hours-long run opens at once.
+STEADY_MAX_S = 600.0
+# The page's KPI window: the last this-many seconds.
+KPI_WINDOW_S = 10.0
+
+
+def std_error(values: list[float]) -> float | None:
+    """The standard error of a mean of parts (None below two parts): the one noise formula."""
+    vals = [float(v) for v in values]
+    if len(vals) < 2:
+        return None
+    return statistics.stdev(vals) / math.sqrt(len(vals))
+
+
+def noise_band(errors: list[float | None]) -> float:
+    """NOISE_Z x the combined standard error of the measurements whose errors are known."""
+    known = [e for e in errors if e is not None]
+    return NOISE_Z * math.sqrt(sum(e * e for e in known)) if known else 0.0
+
+
+def warmup_seconds(seconds: float) -> float:
+    """Warm-up to discard from a window of `seconds`."""
+    return min(WARMUP_MAX_S, WARMUP_FRACTION * max(0.0, seconds))
+
+
+def stall_limit_s(median_step_s: float | None) -> float:
+    """Seconds without a batch after which the loader is reported stuck."""
+    try:
+        floor = float(os.environ.get(STALL_ENV) or STALL_MIN_S)
+    except ValueError:
+        floor = STALL_MIN_S
+    return max(floor, STALL_STEPS * (median_step_s or 0.0))
+
+
+def memory_budget_mb(explicit: float | None = None) -> float | None:
+    """The one memory-budget resolver: an explicit budget, else $STARVATION_MONITOR_MEMORY_
+    BUDGET_MB, else None (callers then judge against the machine's memory)."""
+    if explicit is not None:
+        return float(explicit)
+    env = os.environ.get(BUDGET_ENV)
+    try:
+        return float(env) if env else None
+    except ValueError:
+        return None

@@ -1,0 +1,155 @@
+"""The frameworks people train with, run for real on the CPU under `monitor run` with
+unmodified scripts: PyTorch Lightning (sanity check and a val loader; its own DDP launcher
+with devices=2), the Hugging Face Trainer (accelerate's loader built with batch_sampler=),
+a loader iterated by a background thread, and a training venv without our dependencies."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from monitor.store import Store
+from tests.conftest import wait_for
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPTS = ROOT / "tests" / "scripts"
+pytestmark = pytest.mark.slow
+
+
+def start(db: Path, python: str, script: str, *args: str, flags: tuple = ()) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "monitor", "run", "--db", str(db), "--json", *flags, "--",
+         python, str(SCRIPTS / script), *args], cwd=ROOT, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+
+
+def finish(p: subprocess.Popen, timeout: float = 240) -> tuple[str, str, dict]:
+    out, err = p.communicate(timeout=timeout)
+    assert p.returncode == 0, err[-3000:]
+    return out, err, json.loads(out.strip().splitlines()[-1])
+
+
+def probe_events(store: Store, run_id: int) -> list[str]:
+    ev = store.events(run_id, kinds=("probe",))
+    return ev["label"].tolist()
+
+
+def test_lightning_times_the_training_loader_and_every_step(tmp_path, no_leaks):
+    """Defaults (sanity check on, a val loader of batch 64): 3 epochs x 12 batches of 32 are
+    stored, the last of each epoch included; none of the validation loader's."""
+    pytest.importorskip("lightning")
+    db = tmp_path / "l.db"
+    out, err, d = finish(start(db, sys.executable, "lightning_fit.py", "--epochs", "3",
+                               "--samples", "384", "--work", "5"))
+    store = Store(db)
+    steps = store.steps(d["run_id"])
+    assert len(steps) == 3 * 12, (steps.groupby("epoch").size().to_dict(), err[-2000:])
+    assert set(steps["samples"]) == {32} and sorted(steps["epoch"].unique()) == [0, 1, 2]
+    assert d["config"]["batch_size"] == 32
+    labels = probe_events(store, d["run_id"])
+    assert any("timing the training loader (Lightning's fit loop)" in x for x in labels)
+    assert any(x.startswith("not timed:") and "batch 64" in x and "evaluation loop" in x
+               for x in labels), labels
+
+
+def test_lightning_ddp_launcher_records_each_rank_and_requests_reach_one(tmp_path, no_leaks):
+    """strategy="ddp", devices=2, no torchrun: Lightning's launcher sets LOCAL_RANK and
+    NODE_RANK, not RANK. Two ranks, each its own 4 epochs x 6 steps; a request for rank 1
+    changes rank 1's loader only."""
+    pytest.importorskip("lightning")
+    db = tmp_path / "ddp.db"
+    p = start(db, sys.executable, "lightning_fit.py", "--epochs", "4", "--samples", "384",
+              "--devices", "2", "--work", "5", "--no-val")
+    store = Store(db) if wait_for(db.exists, timeout=60) else None
+    assert wait_for(lambda: len(store.ranks(1)) == 2, timeout=120), p.stderr
+    cid = store.request_control(1, "config", {"num_workers": 1, "rank": 1})
+    out, err, d = finish(p)
+    steps = store.steps(d["run_id"])
+    per_rank = steps.groupby("rank").size().to_dict()
+    assert per_rank == {0: 24, 1: 24}, (per_rank, err[-2000:])
+    assert not steps.duplicated(["rank", "step"]).any()
+    ranks = store.ranks(d["run_id"])
+    assert sorted(ranks["rank"]) == [0, 1] and set(ranks["world_size"]) == {2}
+    cfg = {int(r): c for r, c in zip(ranks["rank"], ranks["config"], strict=True)}
+    assert cfg[1]["num_workers"] == 1 and cfg[0]["num_workers"] == 0, cfg
+    assert (store.control_result(cid)[1] or "").startswith("ok: applied"), cfg
+    assert d["world_size"] == 2
+
+
+def test_hf_trainer_batch_size_and_a_retune_reach_the_base_loader(tmp_path, no_leaks):
+    """accelerate builds the Trainer's loader with batch_sampler= (batch_size None): the run
+    records batch 16; a request for 2 workers starts 2 worker processes in the loader that
+    iterates (their PIDs in the next epoch's event); the eval loader is not timed."""
+    pytest.importorskip("transformers")
+    pytest.importorskip("accelerate")
+    db = tmp_path / "hf.db"
+    p = start(db, sys.executable, "hf_trainer.py", "--epochs", "3", "--samples", "160",
+              "--work", "20")
+    store = Store(db) if wait_for(db.exists, timeout=60) else None
+    assert wait_for(lambda: len(store.steps(1)) >= 2, timeout=120), p.stderr
+    cid = store.request_control(1, "config", {"num_workers": 2})
+    out, err, d = finish(p)
+    steps = store.steps(d["run_id"])
+    assert d["config"]["batch_size"] == 16 and set(steps["samples"]) == {16}
+    assert len(steps) == 3 * 10, steps.groupby("epoch").size().to_dict()
+    assert (store.control_result(cid)[1] or "").startswith("ok: applied at epoch")
+    epochs = store.events(d["run_id"], kinds=("epoch",))
+    pids = [json.loads(x)["worker_pids"] for x in epochs["data"]]
+    assert pids and len(pids[-1]) == 2, pids  # the loader that iterates has 2 workers now
+    labels = probe_events(store, d["run_id"])
+    assert any("Hugging Face Trainer's training loop" in x for x in labels), labels
+    assert any(x.startswith("not timed:") and "evaluat" in x for x in labels), labels
+
+
+def test_a_loader_iterated_by_a_background_thread_is_not_data_wait(tmp_path, no_leaks):
+    """A prefetch thread drains the DataLoader into a queue (MONAI ThreadDataLoader style):
+    its next() blocks that thread, not the loop; only the queue the loop reads is timed,
+    through watch()."""
+    db = tmp_path / "t.db"
+    out, err, d = finish(start(db, sys.executable, "thread_loader.py"))
+    store = Store(db)
+    labels = probe_events(store, d["run_id"])
+    assert any("not timed" in x and "thread 'prefetch'" in x for x in labels), labels
+    steps = store.steps(d["run_id"])
+    assert len(steps) == 2 * 12
+    # the thread keeps the queue full: the loop's own wait is small; the loader's sleep is
+    # 8 x 8 ms = 64 ms per batch, on the prefetch thread
+    assert steps["wait_s"].iloc[2:].median() < 0.032, steps["wait_s"].describe()
+
+
+def torch_only_python(tmp_path: Path) -> str:
+    """A real venv's interpreter that sees torch (and what torch itself needs), linked from
+    this interpreter's site-packages, and nothing of ours: no pandas, numpy, psutil,
+    streamlit, plotly or pynvml."""
+    import torch
+
+    venv = tmp_path / "train-venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True,
+                   timeout=120)
+    site = next((venv / "lib").glob("python*/site-packages"))
+    ours = Path(torch.__file__).resolve().parent.parent
+    links = tmp_path / "torch-only"
+    links.mkdir()
+    for name in ("torch", "torchgen", "functorch", "typing_extensions.py", "sympy", "mpmath",
+                 "networkx", "jinja2", "markupsafe", "fsspec", "filelock"):
+        if (ours / name).exists():
+            (links / name).symlink_to(ours / name)
+    for meta in ours.glob("torch-*.dist-info"):
+        (links / meta.name).symlink_to(meta)
+    (site / "torch_only.pth").write_text(f"{links}\n")
+    return str(venv / "bin" / "python")
+
+
+def test_attached_script_in_a_venv_without_our_requirements(tmp_path, no_leaks):
+    python = torch_only_python(tmp_path)
+    r = subprocess.run([python, "-c", "import torch\ntry:\n import pandas\nexcept ImportError:"
+                        "\n print('no pandas')"], capture_output=True, text=True, timeout=120)
+    assert r.stdout.strip() == "no pandas", r.stderr
+    db = tmp_path / "v.db"
+    out, err, d = finish(start(db, python, "two_epochs.py"))
+    assert "probe not installed" not in err and "probe disabled" not in err, err
+    assert len(Store(db).steps(d["run_id"])) == 24 and d["verdict"] != "no data"
