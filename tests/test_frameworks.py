@@ -41,7 +41,6 @@ def probe_events(store: Store, run_id: int) -> list[str]:
 def test_lightning_times_the_training_loader_and_every_step(tmp_path, no_leaks):
     """Defaults (sanity check on, a val loader of batch 64): 3 epochs x 12 batches of 32 are
     stored, the last of each epoch included; none of the validation loader's."""
-    pytest.importorskip("lightning")
     db = tmp_path / "l.db"
     out, err, d = finish(start(db, sys.executable, "lightning_fit.py", "--epochs", "3",
                                "--samples", "384", "--work", "5"))
@@ -60,7 +59,6 @@ def test_lightning_ddp_launcher_records_each_rank_and_requests_reach_one(tmp_pat
     """strategy="ddp", devices=2, no torchrun: Lightning's launcher sets LOCAL_RANK and
     NODE_RANK, not RANK. Two ranks, each its own 4 epochs x 6 steps; a request for rank 1
     changes rank 1's loader only."""
-    pytest.importorskip("lightning")
     db = tmp_path / "ddp.db"
     p = start(db, sys.executable, "lightning_fit.py", "--epochs", "4", "--samples", "384",
               "--devices", "2", "--work", "5", "--no-val")
@@ -84,8 +82,6 @@ def test_hf_trainer_batch_size_and_a_retune_reach_the_base_loader(tmp_path, no_l
     """accelerate builds the Trainer's loader with batch_sampler= (batch_size None): the run
     records batch 16; a request for 2 workers starts 2 worker processes in the loader that
     iterates (their PIDs in the next epoch's event); the eval loader is not timed."""
-    pytest.importorskip("transformers")
-    pytest.importorskip("accelerate")
     db = tmp_path / "hf.db"
     p = start(db, sys.executable, "hf_trainer.py", "--epochs", "3", "--samples", "160",
               "--work", "20")

@@ -202,15 +202,35 @@ def _compare(sub: argparse._SubParsersAction) -> None:
     _db(g)
 
 
+def _dashboard(sub: argparse._SubParsersAction) -> None:
+    d = sub.add_parser(
+        "dashboard", help="serve the page on 127.0.0.1 (the same page as make run)",
+        description="Serve the dashboard. With --watch it only watches: it starts no demo "
+                    "workload of its own, so a training job it is opened on keeps its cores "
+                    "(use it beside `starvation-monitor run -- python train.py`).")
+    d.add_argument("--port", type=int, default=8501)
+    d.add_argument("--address", default="127.0.0.1",
+                   help="the address to bind (default 127.0.0.1; 0.0.0.0 exposes the page "
+                        "to your network)")
+    d.add_argument("--watch", action="store_true",
+                   help="start no workload: watch the runs recorded in the store")
+    d.add_argument("--workload", default=None, metavar="PATH.py:CALLABLE",
+                   help="your dataset for the page's managed workload")
+    d.add_argument("--metrics-port", type=int, default=None,
+                   help="also serve Prometheus /metrics on this port")
+    _db(d)
+
+
 def build_parser(limit: int) -> argparse.ArgumentParser:
     """The whole parser; `limit` is this machine's num_workers limit (for the help)."""
     p = argparse.ArgumentParser(
-        prog="python -m monitor",
+        prog="starvation-monitor",
         description="Starvation Monitor: is the GPU starved by its input pipeline?",
     )
     sub = p.add_subparsers(dest="command", required=True)
     common = _workload_options()
     _measure(sub, common, limit)
+    _dashboard(sub)
     _sweep(sub, common, limit)
     _tune(sub, common, limit)
     _run(sub)

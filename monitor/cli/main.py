@@ -253,8 +253,33 @@ def _files(args: argparse.Namespace) -> int:
     return 0
 
 
+def _dashboard(args: argparse.Namespace) -> int:
+    """`streamlit run` on the page inside the package, bound to --address (127.0.0.1)."""
+    import subprocess
+
+    from monitor.manage import spawn
+
+    env = spawn.child_env()
+    if args.db:
+        env["STARVATION_MONITOR_DB"] = str(Path(args.db).resolve())
+    if args.watch:
+        env["STARVATION_MONITOR_AUTOSTART"] = "0"
+    extra = (["--workload", args.workload] if args.workload else []) + (
+        ["--metrics-port", str(args.metrics_port)] if args.metrics_port else [])
+    page = spawn.PACKAGE / "ui" / "_serve" / "dashboard.py"
+    cmd = [*spawn.module_command("streamlit", "run", str(page), "--server.address",
+                                 args.address, "--server.port", str(args.port)),
+           *(["--", *extra] if extra else [])]
+    try:
+        return subprocess.call(cmd, env=env)
+    except KeyboardInterrupt:
+        return 130
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser(max_workers(usable_cores())).parse_args(argv)
+    if args.command == "dashboard":
+        return _dashboard(args)
     if args.command == "run":
         from monitor.manage.attached_run import run_attached
 
@@ -296,5 +321,10 @@ def main(argv: list[str] | None = None) -> int:
         rt.close()  # NOTE [shutdown protocol] in monitor/manage/runtime.py, 6
 
 
-if __name__ == "__main__":
+def console() -> None:
+    """The `starvation-monitor` console script."""
     sys.exit(main())
+
+
+if __name__ == "__main__":
+    console()

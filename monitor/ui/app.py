@@ -1,0 +1,164 @@
+"""Starvation Monitor: the page layout (app.py at the top runs it; so does `starvation-monitor
+dashboard`). Everything it shows comes from monitor.ui."""
+from __future__ import annotations
+
+import os
+
+import streamlit as st
+
+from monitor.assess.devices import workload_gpu
+from monitor.assess.stall import STALL_KINDS, active_stall
+from monitor.diagnosis import SIMULATED
+from monitor.ui import panels
+from monitor.ui import view as views
+from monitor.ui.autotune_panel import render_autotune
+from monitor.ui.compare_panel import ask_compare_with_previous, render_compare
+from monitor.ui.controls import render_controls, shown_step_ms
+from monitor.ui.resources import get_runtime
+from monitor.ui.sweep_panel import render_sweep_controls, render_sweep_progress
+from monitor.ui.text import plain
+
+st.set_page_config(page_title="Starvation Monitor", page_icon="📉", layout="wide")
+
+rt = get_runtime()
+manager = rt.manager
+if os.environ.get("STARVATION_MONITOR_AUTOSTART", "1") != "0" and not rt.workload_error:
+    manager.ensure_started()  # the default workload starves visibly the moment the page opens
+
+live_run = manager.run_id
+run_info = rt.store.run(live_run) if live_run is not None else None
+# the live workload's accelerator, as it recorded it (None until it has started)
+simulated = (run_info or {}).get("accelerator_kind") in (SIMULATED, None)
+render_controls(rt, simulated)
+
+st.title("Starvation Monitor")
+st.caption("Is the GPU starved by its input pipeline? Per-step data wait and compute, live.")
+if simulated and live_run is not None:
+    st.caption("ℹ️ No CUDA device: the workload runs on a **simulated accelerator** that "
+               "holds the device for a set time per step while the host waits, as a real "
+               "`torch.cuda.synchronize()` would. Device busy is derived from step timings.")
+if rt.workload_error:
+    st.error(f"{plain(rt.workload_error)}\n\nFix it and restart the dashboard; the presets work "
+             "meanwhile.", icon="🛑")
+if rt.metrics_error:
+    st.error(plain(rt.metrics_error), icon="🛑")
+gpu_available, gpu_notice, devices = rt.store.gpu_inventory()
+if not gpu_available:
+    st.caption(f"GPU telemetry: {plain(gpu_notice)}")
+
+live_tab, compare_tab, sweep_tab = st.tabs(["Live", "Compare", "Sweep & tune"])
+top = live_tab.columns([3, 2])
+window_name = top[0].segmented_control("Window", list(panels.WINDOWS), default="30 s",
+                                       key="window") or "30 s"
+runs = rt.store.runs(limit=30)
+run_ids = runs["id"].astype(int).tolist()
+labels = {int(r.id): f"run {r.id} · {r.name} · {r.status}" for r in runs.itertuples()}
+# The run selector follows the live run (a preset change or Start makes a new one) until the
+# user picks another run.
+following = st.session_state.get("selected_run") in (None, st.session_state.get("_live_seen"))
+if following and live_run in run_ids:
+    st.session_state["selected_run"] = live_run
+st.session_state["_live_seen"] = live_run
+selected = None
+if run_ids:
+    selected = top[1].selectbox("Run", run_ids, index=0, format_func=labels.get,
+                                key="selected_run")
+
+
+def apply_advice(param: str, value: object) -> None:
+    """Move the live settings (and so the sliders) to the advice."""
+    manager.reconfigure(manager.config.replace(**{param: value}))
+
+
+def live_region() -> None:
+    """The Live tab's content: the picture first (KPIs and the utilization chart), the
+    verdict right under it, then advice, the other charts, ranks and the GPU panel."""
+    # a run started since this page ran (another tab, a job) is followed too
+    run_id = manager.run_id if (following or selected is None) and manager.run_id else selected
+    if run_id is None:
+        st.info("No run yet: press Start in the sidebar.")
+        return
+    ranks = sorted(int(r) for r in rt.store.ranks(run_id)["rank"])
+    pick = panels.rank_pick(ranks, f"rank_pick_{run_id}")
+    gpu_pick = st.session_state.get("gpu_pick") if devices else None
+    if devices and gpu_pick is None:
+        gpu_pick = workload_gpu(devices, (rt.store.run(run_id) or {}).get("device"))
+    r = views.refresh(rt, run_id, panels.WINDOWS[window_name], bool(devices), pick, gpu_pick)
+    if r is None:
+        st.warning(f"Run {run_id} is not in the store.")
+        return
+    view, a, figs = r.view, r.assessment, r.figures
+    if view.run["status"] == "running" and run_id == selected and \
+            not st.session_state.get("_live_fragment"):
+        st.rerun()  # it came back to life (Start): the refreshing fragment takes over
+    panels.render_run_status(view.run)
+    stall = active_stall(rt.store.events(run_id, kinds=STALL_KINDS)) \
+        if view.run["status"] == "running" else None
+    if stall:
+        st.warning(plain(stall), icon="⏳")
+    workers_live = view.host["workers"].dropna().iloc[-1] if (
+        not view.host.empty and "workers" in view.host.columns
+        and view.host["workers"].notna().any()) else None
+    nw = (view.run["config"] or {}).get("num_workers")
+    workers = ("–" if nw is None else f"{nw}") + (
+        f" / {int(workers_live)} live" if workers_live is not None else "")
+    panels.render_kpis(a, workers, r.caption)
+    default_gpu = workload_gpu(devices, view.run.get("device"))
+    panels.render_picture(figs)
+    panels.render_verdict(a)
+    live_now = run_id == manager.run_id and manager.is_alive() and not rt.jobs.running()
+    panels.render_explain(a, apply_advice if live_now else None)
+    if view.run["status"] == "running" and (live_now or view.run["kind"] == "attached"):
+        render_autotune(rt, view.run)
+    panels.render_other_charts(figs)
+    if len(ranks) > 1:
+        panels.render_ranks(a, view, rt.store.ranks(run_id), devices)
+    if devices:
+        st.subheader("GPU (NVML)")
+        st.caption(plain(gpu_notice))
+        panels.render_gpu_panel(view, devices, default_gpu)
+    if view.run["kind"] == "attached" and view.run["status"] == "running":
+        panels.render_attached_controls(rt.store, view.run, ranks)
+    if view.run["status"] != "running" and st.session_state.get("_live_fragment"):
+        st.rerun()  # it ended: the still view takes over (an ended run is not re-read)
+    if st.session_state.get("_synced") not in (None, manager.config):
+        st.rerun()  # the settings moved elsewhere (Auto-tune, another tab): the sidebar follows
+    if manager.config.step_time_ms is None and st.session_state.get("_step_synced") not in (
+            None, shown_step_ms(manager.config, rt.store)):
+        st.rerun()  # the calibrated step is known now: the sidebar shows the real one
+
+
+@st.fragment(run_every=1.0)
+def live() -> None:
+    """A running run: refreshes about once a second; reads the store only."""
+    st.session_state["_live_fragment"] = True
+    live_region()
+
+
+@st.fragment
+def still() -> None:
+    """An ended run: read once (its figures cannot change)."""
+    st.session_state["_live_fragment"] = False
+    live_region()
+
+
+@st.fragment(run_every=1.0)
+def sweep_progress() -> None:
+    render_sweep_progress(rt)
+
+
+shown = manager.run_id if (following or selected is None) and manager.run_id else selected
+shown_run = rt.store.run(shown) if shown is not None else None
+with live_tab:
+    (live if shown_run is not None and shown_run["status"] == "running" else still)()
+    if selected is not None:
+        panels.render_downloads(rt, selected)
+        if st.button("Compare with the previous run", key="compare_previous"):
+            ask_compare_with_previous(run_ids, selected)
+    st.caption(plain(f"Store {rt.store.path}: {rt.store.size_bytes() / 1e6:,.1f} MB "
+                     "(python -m monitor gc --keep-days N or --max-mb M trims it)"))
+with compare_tab:
+    render_compare(rt, run_ids, labels)
+with sweep_tab:
+    render_sweep_controls(rt)
+    sweep_progress()

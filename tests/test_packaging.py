@@ -1,0 +1,63 @@
+"""The project installs as a package: a wheel with monitor/ and workloads/, the runtime
+requirements as its dependencies and the `starvation-monitor` console script; installed
+elsewhere, `python -m monitor` works from any folder and a managed run finds its workload."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("wheel")
+    r = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w",
+                        str(out), str(ROOT)], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    return next(out.glob("starvation_monitor-*.whl"))
+
+
+def test_wheel_holds_the_packages_the_dependencies_and_the_console_script(wheel):
+    with zipfile.ZipFile(wheel) as z:
+        names = z.namelist()
+        meta = z.read(next(n for n in names if n.endswith("METADATA"))).decode()
+        entry = z.read(next(n for n in names if n.endswith("entry_points.txt"))).decode()
+    for path in ("monitor/probe/patch.py", "monitor/probe/_inject/sitecustomize.py",
+                 "monitor/ui/app.py", "monitor/ui/_serve/dashboard.py", "workloads/runner.py"):
+        assert path in names, path
+    assert not any(n.startswith(("tests/", "bench/")) for n in names)
+    wanted = [ln.split("#")[0].strip() for ln in (ROOT / "requirements.txt").read_text()
+              .splitlines() if ln.split("#")[0].strip()]
+    deps = [ln[len("Requires-Dist: "):] for ln in meta.splitlines()
+            if ln.startswith("Requires-Dist: ")]
+    from packaging.requirements import Requirement
+
+    def norm(reqs: list[str]) -> list[tuple[str, object]]:
+        return [(r.name, r.specifier) for r in map(Requirement, reqs)]
+
+    assert norm(deps) == norm(wanted)
+    assert "starvation-monitor = monitor.cli.main:console" in entry
+
+
+def test_installed_elsewhere_it_runs_from_any_folder(wheel, tmp_path):
+    site = tmp_path / "site"
+    r = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps",
+                        "--target", str(site), str(wheel)], capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr
+    elsewhere = tmp_path / "work"
+    elsewhere.mkdir()
+    env = {**os.environ, "PYTHONPATH": str(site)}  # our dependencies from this venv
+    r = subprocess.run([sys.executable, "-m", "monitor", "measure", "--preset", "healthy",
+                        "--seconds", "2", "--json", "--db", str(tmp_path / "m.db")],
+                       cwd=elsewhere, env=env, capture_output=True, text=True, timeout=180)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert '"verdict"' in r.stdout.splitlines()[-1]
+    assert not (elsewhere / "runs").exists()  # the store went where --db said
