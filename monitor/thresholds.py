@@ -17,9 +17,17 @@ STARVING_SHARE = 0.10
 # Host CPU busy over the usable cores above which more loader processes cannot run in
 # parallel: 85% leaves room for the sampling jitter of 0.25 s psutil readings.
 CPU_SATURATED = 0.85
-# Loading CPU time / loading wall time per sample below which a loader mostly waits on
-# storage (sleeping in read()), so workers beyond the core count still help.
-IO_CPU_RATIO = 0.5
+# The loaders' own time split (/proc schedstat: on a CPU, waiting for one, blocked). Blocked
+# for at least this share of their time: they mostly wait on something that is not a CPU
+# (storage, a lock, a sleep), so workers beyond the core count still help.
+LOADERS_BLOCKED_SHARE = 0.5
+# ... and io-bound is claimed only when they read at least this much per sample (/proc io):
+# the storage evidence. A loader blocked without reading is waiting on something else.
+STORAGE_READ_KB = 1.0
+# Waiting for a CPU for at least this share of their time: CPU contention (other processes,
+# or more loaders than cores), which more workers only deepen. A quarter is well above the
+# run-queue wait of an idle 2-core host (a few %).
+RUNQ_CONTENTION_SHARE = 0.25
 # Time lost at epoch starts over the window above which restarting workers per epoch matters.
 EPOCH_STALL_SHARE = 0.10
 # Host-to-device copy time over compute above which the copy, not the model, is the step.
@@ -80,6 +88,14 @@ AUTOTUNE_MIN_STEPS = 20
 # 95% for normal part-to-part noise.
 NOISE_PARTS = 5
 NOISE_Z = 2.0
+# The regression gate knows the host: a slower run B is "inconclusive", not a regression, when
+# its host was busier than A's by at least HOST_BUSIER_CORES of other processes' CPU, or its
+# loaders waited for a CPU at least HOST_BUSIER_RUNQ more of their time, or its device step
+# differs by more than HOST_STEP_CHANGE (a recalibrated simulated step): the environment,
+# not the settings, explains the difference.
+HOST_BUSIER_CORES = 0.5
+HOST_BUSIER_RUNQ = 0.15
+HOST_STEP_CHANGE = 0.10
 
 # -- faults ----------------------------------------------------------------------------------
 # No batch for this long means the loader looks stuck: at least STALL_MIN_S, and

@@ -40,11 +40,20 @@ def feat(cfg: LoaderConfig | None = None, **kw) -> Features:
     # derived as features() derives them, unless a test sets them
     base.setdefault("cpu_busy_fraction", base["host_cpu_cores"] / base["usable_cores"]
                     if base["host_cpu_cores"] is not None else None)
-    if "loading_cpu_per_wall" not in base:
-        c, w = base["cpu_per_sample_s"], base["wall_per_sample_s"]
-        nw = max(1, cfg.num_workers)
-        base["loading_cpu_per_wall"] = (c / (c + max(0.0, w - c * max(1.0, nw / 2)))
-                                        if c and w is not None else None)
+    # the measured split (schedstat, /proc io): a quiet host, no reads, unless a test says
+    base.setdefault("runq_per_sample_s", 0.0)
+    base.setdefault("read_per_sample_kb", 0.0)
+    c, w, q = base["cpu_per_sample_s"], base["wall_per_sample_s"], base["runq_per_sample_s"]
+    if "blocked_per_sample_s" not in base:
+        base["blocked_per_sample_s"] = max(0.0, w - c - q) \
+            if None not in (c, w, q) else None
+
+    def share(x):
+        return x / w if x is not None and w else None
+
+    base.setdefault("loading_cpu_per_wall", share(c))
+    base.setdefault("loaders_runq_share", share(q))
+    base.setdefault("loaders_blocked_share", share(base["blocked_per_sample_s"]))
     if "memory_fraction" not in base:
         budget, total = base["memory_budget_mb"], base["mem_total_mb"]
         used = base["workload_mem_mb"] if budget else total - base["mem_available_mb"]
@@ -90,10 +99,15 @@ def test_fit_separates_cpu_from_storage_and_contention():
     io = fit_bound(feat(cpu_per_sample_s=0.0005, wall_per_sample_s=0.0045))
     assert io.latency_s == pytest.approx(0.004) and io.cpu_s == 0.0005
     cfg4 = LoaderConfig.build(num_workers=4)
-    # four CPU-bound workers on two cores: each sample's wall time is CPU time stretched 2x
+    # four CPU-bound workers on two cores: each waits for a CPU as long as it runs on one
+    # (measured: the run queue), and that wait is no storage latency
     crowded = fit_bound(feat(cfg4, cpu_per_sample_s=0.004, wall_per_sample_s=0.0082,
-                             main_cpu_cores=0.05, other_cpu_cores=0.0))
+                             runq_per_sample_s=0.0041, main_cpu_cores=0.05,
+                             other_cpu_cores=0.0))
     assert crowded.latency_s < 0.0005
+    # without schedstat the split is unknown: no latency is invented
+    assert fit_bound(feat(cpu_per_sample_s=0.0005, wall_per_sample_s=0.0045,
+                          runq_per_sample_s=None)).latency_s == 0.0
     assert fit_bound(feat(cpu_per_sample_s=None)) is None
 
 
@@ -132,15 +146,46 @@ def test_cpu_bound_never_advises_more_workers():
 
 def test_io_bound_advises_workers_beyond_cores():
     dg = diagnose(feat(host_cpu_cores=0.3, main_cpu_cores=0.2, cpu_per_sample_s=0.0005,
-                       wall_per_sample_s=0.0045))
+                       wall_per_sample_s=0.0045, read_per_sample_kb=4.0))
     assert dg.verdict == "io-bound"
+    assert "blocked 89% of their time" in dg.headline and "4.0 KB per sample" in dg.headline
     assert dg.advice[0].param == "num_workers" and dg.advice[0].value > 2
+
+
+def test_blocked_without_reads_is_no_storage_claim():
+    """Loaders asleep (a lock, a sleep, a remote call) but reading nothing: starving, with
+    the blocked share said; more workers still overlap it."""
+    dg = diagnose(feat(host_cpu_cores=0.3, main_cpu_cores=0.2, cpu_per_sample_s=0.0005,
+                       wall_per_sample_s=0.0045, read_per_sample_kb=0.0))
+    assert dg.verdict == "starving" and "without reading from storage" in dg.headline
+    assert "storage)" not in dg.headline and dg.advice[0].value > 2
+
+
+def test_cpu_contention_is_its_own_finding_and_adds_no_workers():
+    """num_workers=0 on a host where other processes take 1.2 cores: the loading waits for a
+    CPU half its time. Not storage: contention, said with its figures."""
+    dg = diagnose(feat(host_cpu_cores=1.9, main_cpu_cores=0.6, other_cpu_cores=1.2,
+                       cpu_per_sample_s=0.0028, wall_per_sample_s=0.0056,
+                       runq_per_sample_s=0.0027))
+    assert dg.verdict == "cpu-bound"
+    assert dg.headline.startswith("CPU contention: the loaders wait 48% of their time for a "
+                                  "CPU; other processes take 1.2 of the 2 usable cores")
+    assert all(a.param != "num_workers" for a in dg.advice)
+    assert dg.advice[0].param == "host"
+
+
+def test_without_schedstat_the_verdict_says_what_is_missing():
+    dg = diagnose(feat(host_cpu_cores=0.3, main_cpu_cores=0.2, cpu_per_sample_s=0.0005,
+                       wall_per_sample_s=0.0045, runq_per_sample_s=None,
+                       missing_evidence=("CPU wait (no /proc schedstat here)",)))
+    assert dg.verdict == "starving" and "Not measured here: CPU wait" in dg.headline
 
 
 def test_oversubscribed_advises_the_core_count():
     cfg = LoaderConfig.build(num_workers=4)
     dg = diagnose(feat(cfg, host_cpu_cores=2.0, workers_cpu_cores=1.95, main_cpu_cores=0.05,
-                       cpu_per_sample_s=0.009, wall_per_sample_s=0.019))
+                       cpu_per_sample_s=0.009, wall_per_sample_s=0.019,
+                       runq_per_sample_s=0.0095))
     assert dg.verdict == "oversubscribed"
     assert dg.advice[0].param == "num_workers" and dg.advice[0].value == 2
 
@@ -224,3 +269,35 @@ def test_cpu_bound_by_other_processes_says_so():
     dg = diagnose(feat(cfg, host_cpu_cores=1.95, main_cpu_cores=0.6, other_cpu_cores=1.35))
     assert dg.verdict == "cpu-bound" and "other processes" in dg.headline
     assert dg.advice[0].param == "host" and "1.4 of the 2" in dg.advice[0].reason
+
+
+def test_features_split_loading_time_from_schedstat_rows():
+    """num_workers=0: the main process waited for a CPU 30% of a core and read 40 KB/s; the
+    split per sample comes from those rows, not from wall - CPU."""
+    steps = steps_frame([0.09] * 50, [0.06] * 50)
+    steps["epoch"] = 0
+    steps["step"] = range(50)
+    t0, t1 = float(steps["ts"].min() - 0.09), float(steps["ts"].max() + 0.06)
+    host = host_frame(t0, t1, proc=30.0, workers=None, n_workers=0, total=80.0)
+    host["proc_runq_pct"], host["proc_read_kb_s"] = 30.0, 40.0
+    f = features(steps, host, LoaderConfig.build().to_dict(), BUDGET)
+    per = 7.5 / 1600  # window seconds per sample
+    assert f.cpu_per_sample_s == pytest.approx(0.3 * per, rel=0.02)
+    assert f.runq_per_sample_s == pytest.approx(0.3 * per, rel=0.02)
+    assert f.blocked_per_sample_s == pytest.approx(0.09 / 32 - 0.6 * per, rel=0.05)
+    assert f.read_per_sample_kb == pytest.approx(40.0 * per, rel=0.02)
+    assert f.missing_evidence == ()
+    assert f.loading_cpu_per_wall + f.loaders_runq_share + f.loaders_blocked_share == \
+        pytest.approx(1.0)
+
+
+def test_features_without_schedstat_rows_say_what_is_missing():
+    steps = steps_frame([0.09] * 50, [0.06] * 50)
+    steps["epoch"] = 0
+    steps["step"] = range(50)
+    t0, t1 = float(steps["ts"].min() - 0.09), float(steps["ts"].max() + 0.06)
+    host = host_frame(t0, t1, proc=30.0, workers=None, n_workers=0, total=80.0)
+    f = features(steps, host, LoaderConfig.build().to_dict(), BUDGET)
+    assert f.blocked_per_sample_s is None and f.loaders_blocked_share is None
+    assert any("schedstat" in m for m in f.missing_evidence)
+    assert diagnose(f).verdict == "starving"  # never io-bound on a guess

@@ -107,7 +107,9 @@ def attached_run(store, epochs: int, seq: int = 0, t0: float = 1.7e9, wait: floa
                              cpu_per_core=json.dumps([90.0, 10.0]), mem_used_mb=4000.0,
                              mem_total_mb=24000.0, mem_available_mb=20000.0,
                              shm_used_mb=1.0, proc_cpu_pct=20.0, proc_rss_mb=300.0, workers=0,
-                             workers_cpu_pct=0.0, workers_rss_mb=0.0, workers_uss_mb=0.0)
+                             workers_cpu_pct=0.0, workers_rss_mb=0.0, workers_uss_mb=0.0,
+                             proc_runq_pct=0.0, workers_runq_pct=0.0, proc_read_kb_s=0.0,
+                             workers_read_kb_s=0.0)
                   for k in range(int((t - t0) / 0.25))])
     return t
 

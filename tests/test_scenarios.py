@@ -1,16 +1,24 @@
-"""The labelled scenario suite: short managed runs, each with the verdict it must get.
+"""The labelled scenario suite: short managed runs, each with the verdict it must get, on a
+quiet host and with a competing load of the test's own (processes that keep one core, then
+both cores, busy).
 
-Settings are chosen with clear margins for a noisy 2-core machine (e.g. `starving` at two
-workers uses a longer step so that two loaders keep up with room to spare); the presets' own
-figures are measured by bench/presets.py, not asserted here.
-
-On a shared machine another process may take a core while a scenario runs. The verdict then
-legitimately changes (starving at num_workers=0 becomes cpu-bound when the other core is
-busy elsewhere), so when the run's own evidence shows other processes taking at least
-OTHER_LOAD_CORES, the test accepts the verdicts listed for that case, provided the evidence
-supports the verdict given, and prints that it did so.
+Each cell's verdict is written down from first principles, what the workload does and what
+the box can give it, and checked against the measured evidence (`supported`):
+- `starving` at 0 workers: CPU work in the main process, no reads. Quiet: starving. With the
+  cores taken by others: starving or cpu-bound (contention); never io-bound.
+- `cpu-bound` at 2 workers: more per-sample CPU than two cores give: cpu-bound, busy or not.
+- `io-bound` at 0 and 2 workers: each sample sleeps 4 ms (latency) and reads a 4 KB record:
+  blocked and reading, io-bound; a competing load can make it starving, never cpu-bound
+  while the loaders are mostly blocked.
+- `healthy` at 0 workers: cheap samples, a long step: healthy whatever the load.
+Settings keep clear margins for a noisy 2-core machine (e.g. `starving` at two workers uses a
+longer step so that two loaders keep up with room to spare). A shared CI machine may add its
+own busy core to ours: the accepted sets allow for one more busy core than the test makes.
 """
 from __future__ import annotations
+
+import subprocess
+import sys
 
 import pytest
 
@@ -19,52 +27,82 @@ from monitor.manage.measure import measure
 from monitor.thresholds import (
     CPU_SATURATED,
     EPOCH_STALL_SHARE,
-    IO_CPU_RATIO,
+    LOADERS_BLOCKED_SHARE,
     MEMORY_HEADROOM,
-    OTHER_LOAD_CORES,
+    RUNQ_CONTENTION_SHARE,
     STARVING_SHARE,
+    STORAGE_READ_KB,
 )
 
 pytestmark = pytest.mark.slow
 
-SCENARIOS = [  # name, settings, memory budget, verdict, verdicts accepted under other load
-    ("starving@0", dict(preset="starving", num_workers=0), None, "starving", {"cpu-bound"}),
-    ("starving@2", dict(preset="starving", num_workers=2, step_time_ms=150.0), None,
-     "healthy", {"starving", "cpu-bound"}),
-    ("cpu-bound@2", dict(preset="cpu-bound", num_workers=2), None, "cpu-bound", set()),
-    ("io-bound@0", dict(preset="io-bound", num_workers=0), None, "io-bound",
-     {"cpu-bound", "starving"}),
-    ("healthy@0", dict(preset="healthy", num_workers=0), None, "healthy", set()),
-    ("cpu-bound@4", dict(preset="cpu-bound", num_workers=4), None, "oversubscribed",
-     {"cpu-bound"}),
+ANY_LOAD = {"starving", "cpu-bound"}  # starving@0 when the cores are shared
+SCENARIOS = [  # name, settings, memory budget, busy cores, verdicts accepted
+    ("starving@0", dict(preset="starving", num_workers=0), None, 0, {"starving", "cpu-bound"}),
+    ("starving@2", dict(preset="starving", num_workers=2, step_time_ms=150.0), None, 0,
+     {"healthy", "starving", "cpu-bound"}),
+    ("cpu-bound@2", dict(preset="cpu-bound", num_workers=2), None, 0, {"cpu-bound"}),
+    ("io-bound@0", dict(preset="io-bound", num_workers=0), None, 0, {"io-bound", "starving"}),
+    ("healthy@0", dict(preset="healthy", num_workers=0), None, 0, {"healthy"}),
+    ("cpu-bound@4", dict(preset="cpu-bound", num_workers=4), None, 0,
+     {"oversubscribed", "cpu-bound"}),
     ("short epochs, workers restarted", dict(preset="healthy", num_workers=2,
                                              step_time_ms=20.0, epoch_samples=256),
-     None, "epoch-stall", {"cpu-bound", "starving"}),
+     None, 0, {"epoch-stall", "cpu-bound", "starving"}),
     ("memory-heavy, small budget", dict(preset="memory-heavy", num_workers=2,
-                                        prefetch_factor=4), 600.0, "memory-pressure", set()),
+                                        prefetch_factor=4), 600.0, 0, {"memory-pressure"}),
+    # with a competing load of our own
+    ("starving@0, 1 core busy", dict(preset="starving", num_workers=0), None, 1, ANY_LOAD),
+    ("cpu-bound@2, 1 core busy", dict(preset="cpu-bound", num_workers=2), None, 1,
+     {"cpu-bound"}),
+    ("io-bound@2, 1 core busy", dict(preset="io-bound", num_workers=2), None, 1,
+     {"io-bound", "starving"}),
+    ("healthy@0, 1 core busy", dict(preset="healthy", num_workers=0), None, 1, {"healthy"}),
+    ("starving@0, 2 cores busy", dict(preset="starving", num_workers=0), None, 2, ANY_LOAD),
+    ("io-bound@0, 2 cores busy", dict(preset="io-bound", num_workers=0), None, 2,
+     {"io-bound", "starving"}),
 ]
+# the verdict each cell gets on a quiet machine: the first of its accepted set written above
+QUIET = {"starving@0": "starving", "starving@2": "healthy", "cpu-bound@2": "cpu-bound",
+         "io-bound@0": "io-bound", "healthy@0": "healthy", "cpu-bound@4": "oversubscribed",
+         "short epochs, workers restarted": "epoch-stall",
+         "memory-heavy, small budget": "memory-pressure"}
 
 
 def supported(verdict: str, ev: dict, nw: int) -> bool:
     """Does the measured evidence meet the verdict's own condition?"""
     share, busy = ev["data_wait_share"], ev.get("cpu_busy_fraction") or 0.0
+    runq, blocked = ev.get("loaders_runq_share") or 0.0, ev.get("loaders_blocked_share") or 0.0
     return {
         "healthy": share < STARVING_SHARE,
         "starving": share >= STARVING_SHARE,
-        "cpu-bound": share >= STARVING_SHARE and busy >= CPU_SATURATED,
+        "cpu-bound": share >= STARVING_SHARE and (busy >= CPU_SATURATED
+                                                  or runq >= RUNQ_CONTENTION_SHARE),
         "oversubscribed": nw > ev["usable_cores"] and busy >= CPU_SATURATED,
-        "io-bound": (ev.get("loading_cpu_per_wall") or 1.0) < IO_CPU_RATIO,
+        "io-bound": blocked >= LOADERS_BLOCKED_SHARE
+        and (ev.get("read_per_sample_kb") or 0.0) >= STORAGE_READ_KB,
         "epoch-stall": (ev.get("epoch_stall_share") or 0.0) >= EPOCH_STALL_SHARE,
         "memory-pressure": (ev.get("memory_fraction") or 0.0) >= MEMORY_HEADROOM,
     }.get(verdict, False)
 
 
-@pytest.mark.parametrize(("name", "settings", "budget", "expected", "under_load"), SCENARIOS,
-                         ids=[s[0] for s in SCENARIOS])
-def test_scenario_verdict(no_leaks, runtime, name, settings, budget, expected, under_load):
+@pytest.fixture
+def busy_cores(request):
+    """`n` processes of the test's own that keep a core busy each, for the run's length."""
+    procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
+             for _ in range(request.param)]
+    yield request.param
+    for p in procs:
+        p.kill()
+        p.wait()
+
+
+@pytest.mark.parametrize(("name", "settings", "budget", "busy_cores", "accepted"), SCENARIOS,
+                         ids=[s[0] for s in SCENARIOS], indirect=["busy_cores"])
+def test_scenario_verdict(no_leaks, runtime, name, settings, budget, busy_cores, accepted):
     cfg = LoaderConfig.build(**settings)
     runtime.memory_budget_mb = budget
-    m = measure(runtime, cfg, 6.0)
+    m = measure(runtime, cfg, 4.5)
     assert m.status == "stopped", m.error
     a = m.assessment
     assert a is not None
@@ -72,15 +110,16 @@ def test_scenario_verdict(no_leaks, runtime, name, settings, budget, expected, u
     other = ev.get("other_cpu_cores") or 0.0
     detail = (f"{name}: got {verdict} ({a.diagnosis.headline}); share "
               f"{ev['data_wait_share']:.2f}, cpu {ev.get('cpu_busy_fraction')}, other "
-              f"{other:.2f} cores, io {ev.get('loading_cpu_per_wall')}, mem "
+              f"{other:.2f} cores, on-CPU {ev.get('loading_cpu_per_wall')}, CPU wait "
+              f"{ev.get('loaders_runq_share')}, blocked {ev.get('loaders_blocked_share')}, "
+              f"reads {ev.get('read_per_sample_kb')} KB/sample, mem "
               f"{ev.get('memory_fraction')}, stall {ev.get('epoch_stall_share')}")
     print(detail)
-    if verdict != expected and other >= OTHER_LOAD_CORES and verdict in under_load:
-        print(f"{name}: other processes took {other:.1f} cores; accepted {verdict}, which "
-              "the evidence supports")
-        assert supported(verdict, ev, cfg.num_workers), detail
-    else:
-        assert verdict == expected, detail
-        assert supported(verdict, ev, cfg.num_workers), detail
+    assert verdict in accepted, detail
+    assert supported(verdict, ev, cfg.num_workers), detail
+    quiet = busy_cores == 0 and other < 0.5  # nothing else took a core meanwhile
+    if quiet and name in QUIET:
+        assert verdict == QUIET[name], detail
     if verdict == "cpu-bound":  # the cores are full: never advise more workers
         assert all(x.param != "num_workers" for x in a.diagnosis.advice)
+    assert "off-CPU (storage)" not in a.diagnosis.headline  # storage is never inferred

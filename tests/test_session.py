@@ -55,7 +55,7 @@ def test_accelerator_only_change_keeps_the_loader(manager, store):
     cid = manager.reconfigure(FAST.replace(step_time_ms=20.0))
     assert wait_for(lambda: store.control_result(cid)[1] == "ok", timeout=30)
     assert "step_time_ms 5→20" in store.events(run)["label"].iloc[-1]
-    assert wait_for(lambda: store.steps(run)["compute_s"].iloc[-1] > 0.015, timeout=30)
+    assert wait_for(lambda: (store.steps(run)["config_seq"] == 1).sum() >= 3, timeout=30)
     steps = store.steps(run)
     before, after = steps[steps["config_seq"] == 0], steps[steps["config_seq"] == 1]
     # the same iterator goes on: no new epoch at the change (1024 steps per epoch here)

@@ -3,8 +3,10 @@
 Each sample is "decoded" (zlib-decompressed from a compressed payload, as a JPEG or PNG
 decoder would inflate bytes), then augmented with real tensor ops (crop, flip, a 3x3 blur by
 conv2d, normalisation) repeated `rounds` times; `io_latency_s` models storage latency (a
-remote read) with a sleep, which holds no CPU. Costs were calibrated on a 2-core machine so
-that each preset shows its namesake (see PRESET_SPECS and README "Presets").
+remote read) with a sleep, which holds no CPU, and reads a real RECORD_BYTES record (from
+this file, through the page cache) so that the process's I/O accounting shows the reads a
+storage-bound loader makes. Costs were calibrated on a 2-core machine so that each preset
+shows its namesake (see PRESET_SPECS and README "Presets").
 """
 from __future__ import annotations
 
@@ -19,6 +21,17 @@ from torch.utils.data import Dataset
 from monitor.presets import PRESET_SPECS, PresetSpec
 
 FAULT_ENV = "STARVATION_MONITOR_FAULT_AT"
+RECORD_BYTES = 4096  # what one sample of a storage-latency preset reads
+
+
+def _read_record(index: int) -> bytes:
+    """One record's bytes, read with read(2) (open per call, as a dataset of files does)."""
+    fd = os.open(__file__, os.O_RDONLY)
+    try:
+        size = os.fstat(fd).st_size
+        return os.pread(fd, RECORD_BYTES, (index * RECORD_BYTES) % max(1, size - RECORD_BYTES))
+    finally:
+        os.close(fd)
 
 
 def _payload(shape: tuple[int, int, int], seed: int = 0) -> bytes:
@@ -56,6 +69,7 @@ class SyntheticImages(Dataset):
         spec = self.spec
         if spec.io_latency_s:
             time.sleep(spec.io_latency_s)
+            _read_record(index)
         c, h, w = spec.shape
         raw = zlib.decompress(self.payload)
         x = torch.frombuffer(bytearray(raw), dtype=torch.uint8).view(c, h, w).float()

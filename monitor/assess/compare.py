@@ -13,7 +13,14 @@ from typing import TYPE_CHECKING, Any
 
 from monitor.assess.window import Context, assess_run
 from monitor.config import SHOWN_SETTINGS
-from monitor.thresholds import NOISE_PARTS, noise_band, std_error
+from monitor.thresholds import (
+    HOST_BUSIER_CORES,
+    HOST_BUSIER_RUNQ,
+    HOST_STEP_CHANGE,
+    NOISE_PARTS,
+    noise_band,
+    std_error,
+)
 
 if TYPE_CHECKING:
     from monitor.store import Store
@@ -69,9 +76,38 @@ def delta(a: float | None, b: float | None) -> float | None:
     return (b - a) / abs(a)
 
 
+def host_context(s: Side) -> dict[str, Any]:
+    """What the run's host was like (stored with its assessment): other processes' CPU, the
+    loaders' CPU wait, usable cores, the device step."""
+    ev = s.figures.get("evidence") or {}
+    return {"other_cpu_cores": ev.get("other_cpu_cores"),
+            "loaders_runq_share": ev.get("loaders_runq_share"),
+            "usable_cores": ev.get("usable_cores"),
+            "compute_per_step_s": ev.get("compute_per_step_s")}
+
+
+def busier(a: dict[str, Any], b: dict[str, Any]) -> str | None:
+    """Why B's host explains a slower B (None when it does not): the words of the verdict."""
+    why = []
+    oa, ob = a.get("other_cpu_cores"), b.get("other_cpu_cores")
+    if oa is not None and ob is not None and ob - oa >= HOST_BUSIER_CORES:
+        why.append(f"other processes {ob:.1f} vs {oa:.1f} cores")
+    qa, qb = a.get("loaders_runq_share"), b.get("loaders_runq_share")
+    if qa is not None and qb is not None and qb - qa >= HOST_BUSIER_RUNQ:
+        why.append(f"loaders waited {qb:.0%} vs {qa:.0%} of their time for a CPU")
+    ca, cb = a.get("usable_cores"), b.get("usable_cores")
+    if ca and cb and cb < ca:
+        why.append(f"{cb} vs {ca} usable cores")
+    da, db = a.get("compute_per_step_s"), b.get("compute_per_step_s")
+    if da and db and abs(db / da - 1) > HOST_STEP_CHANGE:
+        why.append(f"device step {db * 1000:.0f} vs {da * 1000:.0f} ms")
+    return "; ".join(why) or None
+
+
 def gate(a: Side, b: Side, max_regression_pct: float) -> tuple[bool, str]:
     """(failed, sentence): B fails when its throughput is lower than A's by more than the
-    threshold and by more than the noise."""
+    threshold and by more than the noise, and its host does not explain it (else the
+    sentence starts "inconclusive" and B does not fail: `gate_state` tells them apart)."""
     ta, tb = a.figures["throughput"], b.figures["throughput"]
     d = delta(ta, tb) or 0.0
     ses = [s.std_error for s in (a, b)]
@@ -81,6 +117,10 @@ def gate(a: Side, b: Side, max_regression_pct: float) -> tuple[bool, str]:
     beyond_noise = noise is None or abs(d) > noise
     noise_text = f"noise ±{noise:.1%}" if noise is not None else "noise unknown"
     if -d * 100 > max_regression_pct and beyond_noise:
+        host = busier(host_context(a), host_context(b))
+        if host is not None:
+            return False, (f"inconclusive: run {b.run_id}'s host was busier ({host}): "
+                           f"{text}")
         return True, (f"{text}: a regression beyond {max_regression_pct:g}% and beyond the "
                       f"runs' {noise_text}")
     if not beyond_noise:
@@ -103,7 +143,11 @@ def compare(store: Store, specs: list[str], ctx: Context,
             for k in KPIS}
     kpis["verdict"] = {"values": [s.figures["verdict"] for s in sides]}
     failed, text = gate(base, sides[-1], max_regression_pct)
+    state = "regression" if failed else ("inconclusive" if text.startswith("inconclusive")
+                                         else "ok")
     return {"runs": [{"run_id": s.run_id, "name": s.name, "window_s": s.figures["window_s"],
                       "throughput_std_error": s.std_error} for s in sides],
             "settings_diff": diff, "settings_same": same, "kpis": kpis,
-            "gate": {"failed": failed, "text": text, "max_regression_pct": max_regression_pct}}
+            "host": [host_context(s) for s in sides],
+            "gate": {"failed": failed, "state": state, "text": text,
+                     "max_regression_pct": max_regression_pct}}

@@ -7,6 +7,8 @@ import json
 import sys
 from typing import Any
 
+INCONCLUSIVE = 3  # exit status: slower, but the host explains it (--strict: 1)
+
 
 def _fmt(v: Any, spec: str) -> str:
     return "–" if v is None else spec.format(v)
@@ -27,7 +29,9 @@ def print_comparison(out: dict[str, Any]) -> None:
         cells = "".join(f"{_fmt(v, spec):>16}" for v in k["values"])
         deltas = " ".join(f"{d:+.1%}" for d in (k.get("delta") or [])[1:] if d is not None)
         print(f"{label:<24}{cells}" + (f"   Δ {deltas}" if deltas else ""))
-    print(("REGRESSION: " if out["gate"]["failed"] else "ok: ") + out["gate"]["text"])
+    gate = out["gate"]
+    print({"regression": "REGRESSION: ", "inconclusive": ""}.get(gate["state"], "ok: ")
+          + gate["text"])
 
 
 def compare_command(args: argparse.Namespace) -> int:
@@ -48,7 +52,10 @@ def compare_command(args: argparse.Namespace) -> int:
         print(json.dumps(out, default=str))
     else:
         print_comparison(out)
-    return 1 if out["gate"]["failed"] else 0
+    state = out["gate"]["state"]
+    if state == "inconclusive":
+        return 1 if args.strict else INCONCLUSIVE
+    return 1 if state == "regression" else 0
 
 
 def gc_command(args: argparse.Namespace) -> int:

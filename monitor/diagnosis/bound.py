@@ -10,8 +10,10 @@ Symbols, and what each is measured from (Features):
         num_workers x window / samples.
     K   cores left for workers: usable cores (affinity, cgroup quota) - main process CPU -
         other processes' CPU, at least 0.5.
-    l   off-CPU (storage) seconds per sample: w - c x max(1, N / K), the CPU time stretched
-        when N loaders share K cores; never below 0.
+    l   blocked seconds per sample, one loader: w - c - q, where q is the time the loader
+        was runnable but waiting for a CPU (/proc schedstat, the sampler measures it). What
+        is left is storage, a lock or a sleep: more loaders overlap it. Unknown without
+        schedstat, then 0 (the model never invents storage time).
     d   device seconds per batch at the measured batch size B: the median compute per step.
         On a real device (CUDA, or a CPU step) d scales with the batch size, d(b) = d b / B;
         the simulated device takes d whatever the batch.
@@ -80,13 +82,10 @@ class BoundModel:
         return rates[limit], limit
 
 
-def loading_latency(f: Features, cores: float) -> float | None:
-    """l: off-CPU seconds per sample of loading, or None when c or w is unknown."""
-    if f.cpu_per_sample_s is None or f.wall_per_sample_s is None:
-        return None
-    nw = max(1, f.num_workers)
-    stretched = f.cpu_per_sample_s * max(1.0, nw / cores)
-    return max(0.0, f.wall_per_sample_s - stretched)
+def loading_latency(f: Features) -> float | None:
+    """l: blocked seconds per sample of loading (measured: wall - CPU - CPU wait), or None
+    when the split is not measured."""
+    return f.blocked_per_sample_s
 
 
 def fit_bound(f: Features) -> BoundModel | None:
@@ -101,7 +100,7 @@ def fit_bound(f: Features) -> BoundModel | None:
     if nw > 0 and f.data_wait_share < STARVING_SHARE:
         overhead = max(overhead, f.wait_per_step_s)
     return BoundModel(
-        cpu_s=max(f.cpu_per_sample_s, 1e-7), latency_s=loading_latency(f, cores) or 0.0,
+        cpu_s=max(f.cpu_per_sample_s, 1e-7), latency_s=loading_latency(f) or 0.0,
         device_s=max(f.compute_per_step_s, 1e-6), batch_size=int(f.config["batch_size"]),
         device_scales=not f.simulated, overhead_s=overhead, cores=cores,
     )

@@ -55,7 +55,15 @@ class Features:
     other_cpu_cores: float | None = ev("other processes' CPU (cores)", "{:.2f}")
     cpu_per_sample_s: float | None = ev("loading CPU per sample (ms)", "ms")
     wall_per_sample_s: float | None = ev("loading wall per sample, one loader (ms)", "ms")
-    loading_cpu_per_wall: float | None = ev("loading CPU / wall", "{:.2f}")
+    runq_per_sample_s: float | None = ev("loading CPU wait per sample (ms)", "ms")
+    blocked_per_sample_s: float | None = ev("loading blocked per sample (ms)", "ms")
+    loading_cpu_per_wall: float | None = ev("loaders on a CPU (of their time)", "{:.0%}")
+    loaders_runq_share: float | None = ev("loaders waiting for a CPU (of their time)",
+                                          "{:.0%}")
+    loaders_blocked_share: float | None = ev("loaders blocked: storage, locks, sleep (of "
+                                             "their time)", "{:.0%}")
+    read_per_sample_kb: float | None = ev("loaders' reads per sample (KB)", "{:,.1f}")
+    missing_evidence: tuple[str, ...] = ev(default=())
     usable_cores: int = ev("usable cores (affinity, cgroup quota)", "{}", 1)
     cpu_quota: float | None = ev()
     cpu_throttled: float | None = ev("cgroup periods throttled", "{:.0%}")
@@ -125,11 +133,22 @@ def _cpu(h: pd.DataFrame) -> dict[str, float | None]:
         ncores = len(json.loads(h["cpu_per_core"].dropna().iloc[0]))
     host = pct["cpu_total_pct"] / 100 * ncores if pct["cpu_total_pct"] is not None \
         and ncores else None
+    extra = {c: _mean(h, c) for c in ("proc_runq_pct", "workers_runq_pct",
+                                      "workers_reaped_cpu_pct", "proc_read_kb_s",
+                                      "workers_read_kb_s")}
     main = pct["proc_cpu_pct"] / 100 if pct["proc_cpu_pct"] is not None else None
     workers = pct["workers_cpu_pct"] / 100 if pct["workers_cpu_pct"] is not None else None
+    if workers is not None and extra["workers_reaped_cpu_pct"]:  # short-lived workers' tail
+        workers += extra["workers_reaped_cpu_pct"] / 100
     other = max(0.0, host - (main or 0.0) - (workers or 0.0)) if host is not None else None
+
+    def cores(col: str) -> float | None:
+        return extra[col] / 100 if extra[col] is not None else None
+
     return {"host": host, "main": main, "workers": workers, "other": other,
-            "live": pct["workers"]}
+            "live": pct["workers"], "main_runq": cores("proc_runq_pct"),
+            "workers_runq": cores("workers_runq_pct"), "main_read": extra["proc_read_kb_s"],
+            "workers_read": extra["workers_read_kb_s"]}
 
 
 def _loading(steps: pd.DataFrame, nw: int, cpu: dict, span_s: float, share: float,
@@ -153,14 +172,31 @@ def _loading(steps: pd.DataFrame, nw: int, cpu: dict, span_s: float, share: floa
     return cpu_s, wall_s
 
 
-def _cpu_per_wall(cpu_s: float | None, wall_s: float | None, nw: int, cores: int,
-                  ) -> float | None:
-    """Loading CPU time over loading time: near 1 when loading computes, low when it waits on
-    storage. The CPU time is stretched when more loaders than cores share them."""
-    if not cpu_s or wall_s is None:
-        return None
-    off_cpu = max(0.0, wall_s - cpu_s * max(1.0, max(1, nw) / max(cores, 1)))
-    return cpu_s / (cpu_s + off_cpu)
+def _split(steps: pd.DataFrame, nw: int, cpu: dict, span_s: float, cpu_s: float | None,
+           wall_s: float | None) -> dict[str, Any]:
+    """Where one loader's time per sample goes, measured (DESIGN.md: CPU wait, blocked):
+    on a CPU (cpu_s), runnable but waiting for one (the run queue, from schedstat), and
+    blocked, the rest (storage, locks, sleep). Storage is never inferred from wall - CPU:
+    without schedstat the split is missing and says so; reads per sample (/proc io) are the
+    storage evidence."""
+    out: dict[str, Any] = {"runq": None, "blocked": None, "read_kb": None, "missing": ()}
+    samples = float(steps["samples"].sum()) if not steps.empty else 0.0
+    runq = cpu["main_runq"] if nw == 0 else cpu["workers_runq"]
+    read = cpu["main_read"] if nw == 0 else cpu["workers_read"]
+    missing = []
+    if runq is None:
+        missing.append("CPU wait (no /proc schedstat here)")
+    if read is None:
+        missing.append("reads (no /proc io here)")
+    out["missing"] = tuple(missing)
+    if samples <= 0:
+        return out
+    if read is not None:
+        out["read_kb"] = read * span_s / samples
+    if runq is not None and wall_s is not None and cpu_s is not None:
+        out["runq"] = min(runq * span_s / samples, max(0.0, wall_s - cpu_s))
+        out["blocked"] = max(0.0, wall_s - cpu_s - out["runq"])
+    return out
 
 
 def _memory(h: pd.DataFrame, budget_mb: float | None) -> dict[str, float | None]:
@@ -196,6 +232,10 @@ def features(
     cpu = _cpu(h)
     nw = int(config.get("num_workers") or 0)
     cpu_s, wall_s = _loading(steps, nw, cpu, span_s, s.data_wait_share)
+    split = _split(steps, nw, cpu, span_s, cpu_s, wall_s)
+
+    def share(x: float | None) -> float | None:
+        return x / wall_s if x is not None and wall_s else None
     copy = None
     if "copy_s" in steps.columns and steps["copy_s"].notna().any():
         copy = float(steps["copy_s"].sum() / max(steps["compute_s"].sum(), 1e-9))
@@ -221,7 +261,10 @@ def features(
         cpu_busy_fraction=cpu["host"] / budget.usable if cpu["host"] is not None else None,
         main_cpu_cores=cpu["main"], workers_cpu_cores=cpu["workers"], workers_live=live,
         other_cpu_cores=cpu["other"], cpu_per_sample_s=cpu_s, wall_per_sample_s=wall_s,
-        loading_cpu_per_wall=_cpu_per_wall(cpu_s, wall_s, nw, budget.usable),
+        runq_per_sample_s=split["runq"], blocked_per_sample_s=split["blocked"],
+        loading_cpu_per_wall=share(cpu_s), loaders_runq_share=share(split["runq"]),
+        loaders_blocked_share=share(split["blocked"]), read_per_sample_kb=split["read_kb"],
+        missing_evidence=split["missing"],
         usable_cores=budget.usable, cpu_quota=budget.quota, cpu_throttled=budget.throttled,
         mem_total_mb=mem["total"], mem_available_mb=mem["available"],
         memory_budget_mb=budget_mb, workload_mem_mb=mem["used"],

@@ -3,8 +3,11 @@
 Order, and why: memory pressure first (it can kill the job, whatever else is slow); then a
 transfer-bound step (on CUDA, the copy is the step); then healthy (the device is fed: nothing
 else matters); epoch stalls (lost at each epoch start, whatever the steady state); then the
-CPU: oversubscribed (more workers than cores, all busy), cpu-bound (cores saturated); io-bound
-(loading waits off-CPU); and starving, the rest. The first rule that fires names the verdict.
+CPU: oversubscribed (more workers than cores, all busy), cpu-bound (cores saturated, or the
+loaders measured waiting for a CPU: contention); io-bound (loaders measured blocked, and
+reading); and starving, the rest. The first rule that fires names the verdict. Every
+sentence is built from the same measured split (monitor/diagnosis/features.py: on a CPU,
+waiting for one, blocked), so a headline cannot say both "CPU busy" and "waiting on storage".
 """
 from __future__ import annotations
 
@@ -21,11 +24,13 @@ from monitor.thresholds import (
     CPU_SATURATED,
     CPU_THROTTLED_SHARE,
     EPOCH_STALL_SHARE,
-    IO_CPU_RATIO,
+    LOADERS_BLOCKED_SHARE,
     MEMORY_HEADROOM,
     MIN_GAIN,
     OTHER_LOAD_CORES,
+    RUNQ_CONTENTION_SHARE,
     STARVING_SHARE,
+    STORAGE_READ_KB,
     TRANSFER_SHARE,
     VERDICT_MIN_STEPS,
 )
@@ -74,8 +79,21 @@ class Ctx:
             self.f.cpu_busy_fraction >= CPU_SATURATED
 
     @property
-    def io_ratio(self) -> float | None:
-        return self.f.loading_cpu_per_wall
+    def blocked(self) -> bool:
+        """The loaders are measured mostly blocked (not on a CPU, not waiting for one)."""
+        b = self.f.loaders_blocked_share
+        return b is not None and b >= LOADERS_BLOCKED_SHARE
+
+    @property
+    def contended(self) -> bool:
+        """The loaders are measured waiting for a CPU much of their time."""
+        q = self.f.loaders_runq_share
+        return q is not None and q >= RUNQ_CONTENTION_SHARE
+
+    @property
+    def reads(self) -> bool:
+        kb = self.f.read_per_sample_kb
+        return kb is not None and kb >= STORAGE_READ_KB
 
     def add(self, param: str, value: Any, pred: float | None, reason: str) -> None:
         self.advice.append(Advice(param, value, pred, reason))
@@ -165,8 +183,7 @@ def epoch_stall(c: Ctx) -> str | None:
 
 def oversubscribed(c: Ctx) -> str | None:
     f, nw, cores = c.f, c.f.num_workers, c.f.usable_cores
-    io = c.io_ratio
-    if not (nw > cores and c.saturated and (io is None or io >= IO_CPU_RATIO)):
+    if not (nw > cores and c.saturated and not c.blocked):
         return None
     pred = c.model.predict(cores)[0] if c.model else None
     c.add("num_workers", cores, pred, f"num_workers {nw} → {cores}: as fast with less "
@@ -177,14 +194,20 @@ def oversubscribed(c: Ctx) -> str | None:
 
 def cpu_bound(c: Ctx) -> str | None:
     f, cores = c.f, c.f.usable_cores
-    if not c.saturated or (c.io_ratio is not None and c.io_ratio < IO_CPU_RATIO):
-        return None  # a loader that mostly waits on storage is not held by busy cores
+    if not (c.saturated or c.contended) or c.blocked:
+        return None  # a loader that mostly waits on something else is not held by cores
     other = f.other_cpu_cores or 0.0
-    text = (f"CPU-bound: the {cores} usable cores are {f.cpu_busy_fraction:.0%} busy and the "
-            f"device still waits {f.data_wait_share:.0%} of the time; more workers will not "
-            "help.")
+    if c.contended:
+        text = (f"CPU contention: the loaders wait {f.loaders_runq_share:.0%} of their time "
+                f"for a CPU; other processes take {other:.1f} of the {cores} usable cores. "
+                "More workers would only wait too.")
+    else:
+        text = (f"CPU-bound: the {cores} usable cores are {f.cpu_busy_fraction:.0%} busy and "
+                f"the device still waits {f.data_wait_share:.0%} of the time; more workers "
+                "will not help.")
     if other >= OTHER_LOAD_CORES:
-        text += f" {other:.1f} of those cores go to other processes, not the loader."
+        if not c.contended:
+            text += f" {other:.1f} of those cores go to other processes, not the loader."
         c.add("host", "free cores", None, f"other processes take {other:.1f} of the {cores} "
               "usable cores (another job, a browser, a notebook): stop or move them, or give "
               "this job more cores")
@@ -198,16 +221,15 @@ def cpu_bound(c: Ctx) -> str | None:
 
 
 def io_bound(c: Ctx) -> str | None:
-    io = c.io_ratio
-    if io is None or io >= IO_CPU_RATIO:
+    f = c.f
+    if not (c.blocked and c.reads):
         return None
     c.worker_advice()
     c.add("dataset", "faster storage", None, "local NVMe, a page-cache-friendly format "
           "(WebDataset shards, LMDB), or caching the dataset in memory")
-    busy = c.f.cpu_busy_fraction
-    return (f"IO-bound: loading spends {1 - io:.0%} of its time off-CPU (storage) with CPU "
-            f"{busy:.0%} busy; workers beyond the core count help." if busy is not None
-            else "IO-bound: loading waits on storage.")
+    return (f"IO-bound: the loaders are blocked {f.loaders_blocked_share:.0%} of their time "
+            f"(not on a CPU, not waiting for one) and read {f.read_per_sample_kb:,.1f} KB per "
+            "sample: storage latency. More workers overlap it, beyond the core count.")
 
 
 def starving(c: Ctx) -> str:
@@ -215,8 +237,15 @@ def starving(c: Ctx) -> str:
     c.worker_advice()
     loader = (f.workers_cpu_cores if nw > 0 else f.main_cpu_cores) or 0.0
     where = "loading runs in the main process" if nw == 0 else "the workers"
-    return (f"Starving: the device waits for data {f.data_wait_share:.0%} of step time; "
+    text = (f"Starving: the device waits for data {f.data_wait_share:.0%} of step time; "
             f"{where} cannot keep up ({loader:.1f} of {f.usable_cores} cores busy loading).")
+    if c.blocked:
+        text += (f" The loaders are blocked {f.loaders_blocked_share:.0%} of their time "
+                 "without reading from storage (a sleep, a lock, a remote call): more "
+                 "workers overlap it.")
+    if f.missing_evidence:
+        text += f" Not measured here: {', '.join(f.missing_evidence)}."
+    return text
 
 
 RULES: tuple[tuple[str, Rule], ...] = (
@@ -252,7 +281,8 @@ def bound_text(c: Ctx) -> dict[str, Any]:
 def diagnose(f: Features, max_workers: int | None = None) -> Diagnosis:
     """The verdict, the bound, and ordered advice for one window."""
     if f.steps < VERDICT_MIN_STEPS or math.isnan(f.data_wait_share):
-        return Diagnosis(NO_DATA, "Not enough steps in this window to judge.",
+        return Diagnosis(NO_DATA, f"Judging after {VERDICT_MIN_STEPS} steps: "
+                         f"{f.steps} so far in this window.",
                          {"throughput": None, "limit": None, "text": "",
                           "predicted_now": None})
     c = Ctx(f, fit_bound(f), max_workers if max_workers is not None else

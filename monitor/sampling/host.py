@@ -18,6 +18,7 @@ from typing import Any
 import psutil as _psutil
 
 from monitor.records import CpuBudget, HostSample
+from monitor.sampling import procfs
 
 MB = 1024 * 1024
 USS_EVERY = 8
@@ -83,6 +84,15 @@ def usable_cores(root: str = "/sys/fs/cgroup") -> int:
     return cpu_budget(root).usable
 
 
+def _children_cpu(proc: Any) -> float | None:
+    """CPU seconds of the process's children it has waited for (cutime + cstime)."""
+    try:
+        t = proc.cpu_times()
+        return float(t.children_user + t.children_system)
+    except (_psutil.Error, OSError, ValueError, AttributeError):
+        return None
+
+
 def _safe(fn: Callable[[], Any], default: Any = None) -> Any:
     """One read, with 'gone' or 'not permitted' turned into a missing value."""
     try:
@@ -99,10 +109,13 @@ class HostSampler:
         psutil: ModuleType = _psutil,
         shm_path: str = "/dev/shm",
         clock: Callable[[], float] = time.time,
+        proc: str = "/proc",
     ) -> None:
         self.psutil = psutil
         self.shm_path = shm_path
         self.clock = clock
+        self.proc = proc
+        self._prev: dict[int | None, dict[str, Any]] = {}  # the last pass's /proc readings
         self._lock = threading.Lock()
         self._pid: int | None = None
         self._run_id: int | None = None
@@ -118,7 +131,7 @@ class HostSampler:
             self._pid, self._run_id = pid, run_id
             self._procs = {}
             self._kids, self._ranks = {}, {}
-            self._passes, self._uss = 0, {}
+            self._passes, self._uss, self._prev = 0, {}, {}
 
     def follow_ranks(self, ranks: dict[int, int]) -> None:
         """The rank -> PID map of a distributed job under the followed process: each rank
@@ -176,7 +189,48 @@ class HostSampler:
             workers_cpu_pct=sum(c for c in w_cpu if c is not None),
             workers_rss_mb=sum(r for r in w_rss if r is not None),
             workers_uss_mb=self._uss.get(key),
+            **self._time_split(key, main, workers),
         )
+
+    def _time_split(self, key: int | None, main: Any, workers: list[Any]) -> dict:
+        """Run-queue wait and reads of the main process and its workers since the last pass
+        (/proc schedstat and io), and the CPU of workers reaped in between: a worker that
+        exits after its last sample (a short, non-persistent epoch) shows up only in its
+        parent's children times, which hold its whole life; what the sampler already saw
+        of it (its last schedstat on-CPU) is taken off."""
+        now = time.monotonic()
+        pids = [w.pid for w in workers]
+        cur = {"t": now, "main": procfs.schedstat(main.pid, self.proc),
+               "main_read": procfs.read_chars(main.pid, self.proc),
+               "workers": {p: procfs.schedstat(p, self.proc) for p in pids},
+               "reads": {p: procfs.read_chars(p, self.proc) for p in pids},
+               "children": _children_cpu(main)}
+        prev, self._prev[key] = self._prev.get(key), cur
+        out: dict[str, float | None] = dict(proc_runq_pct=None, workers_runq_pct=None,
+                                            workers_reaped_cpu_pct=None, proc_read_kb_s=None,
+                                            workers_read_kb_s=None)
+        if prev is None or now <= prev["t"]:
+            return out
+        dt = now - prev["t"]
+        a, b = prev["main"], cur["main"]
+        if a is not None and b is not None:
+            out["proc_runq_pct"] = 100.0 * (b.runq_ns - a.runq_ns) / 1e9 / dt
+        both = [p for p in pids if cur["workers"].get(p) and prev["workers"].get(p)]
+        if cur["main"] is not None:  # schedstat works here: workers are measured too
+            out["workers_runq_pct"] = 100.0 * sum(
+                cur["workers"][p].runq_ns - prev["workers"][p].runq_ns for p in both) / 1e9 / dt
+        if prev["main_read"] is not None and cur["main_read"] is not None:
+            out["proc_read_kb_s"] = (cur["main_read"] - prev["main_read"]) / 1024 / dt
+        reads = [p for p in pids if cur["reads"].get(p) is not None
+                 and prev["reads"].get(p) is not None]
+        if cur["main_read"] is not None:
+            out["workers_read_kb_s"] = sum(
+                cur["reads"][p] - prev["reads"][p] for p in reads) / 1024 / dt
+        if prev["children"] is not None and cur["children"] is not None:
+            gone = [s for p, s in prev["workers"].items() if p not in cur["workers"] and s]
+            unseen = cur["children"] - prev["children"] - sum(s.on_cpu_ns for s in gone) / 1e9
+            out["workers_reaped_cpu_pct"] = 100.0 * max(0.0, unseen) / dt
+        return out
 
     def sample_all(self) -> list[HostSample]:
         """One row per rank of the followed job (or one for the followed process), each
@@ -209,4 +263,6 @@ class HostSampler:
 
 
 _EMPTY = dict(proc_cpu_pct=None, proc_rss_mb=None, workers=None, workers_cpu_pct=None,
-              workers_rss_mb=None, workers_uss_mb=None)
+              workers_rss_mb=None, workers_uss_mb=None, proc_runq_pct=None,
+              workers_runq_pct=None, workers_reaped_cpu_pct=None, proc_read_kb_s=None,
+              workers_read_kb_s=None)

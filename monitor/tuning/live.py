@@ -39,6 +39,7 @@ from monitor.tuning.policy import (
     Observation,
     Policy,
     describe_settings,
+    host_note,
     memory_left_mb,
     outcome,
 )
@@ -181,7 +182,7 @@ def observation(window: Window, ctx: Context, settings: dict[str, Any]) -> Obser
                        f.worker_uss_mb or f.worker_rss_mb,
                        memory_left_mb(f.mem_available_mb, f.workload_peak_mb,
                                       memory_budget_mb(ctx.memory_budget_mb)),
-                       None, f.accelerator == "cuda", f.usable_cores)
+                       None, f.accelerator == "cuda", f.usable_cores, f.other_cpu_cores)
 
 
 class LiveTuner:
@@ -336,7 +337,7 @@ class LiveTuner:
         self.store.add_event(self.run_id, control.AUTOTUNE,
                              f"{describe_settings(m['settings'])}: "
                              f"{m['best_before']:,.0f} → {m['throughput']:,.0f} samples/s "
-                             f"({gain:+.0%}), {outcome(m)}", {**m, "rank": rank})
+                             f"({gain:+.0%}), {outcome(m)}{host_note(m)}", {**m, "rank": rank})
 
     def _taken_over(self, rank: int) -> bool:
         """The user changed the loader by hand: it is theirs now."""

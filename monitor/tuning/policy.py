@@ -9,7 +9,9 @@ standard error, SE = stdev(parts) / sqrt(parts). A move is kept when the new thr
 the best so far by more than max(MIN_STEP_GAIN, NOISE_Z x sqrt(SE_new² + SE_best²));
 otherwise the job goes back to the best setting (a fresh-run search simply measures from the
 best again). A move whose stretch failed (workers killed, out of memory) is reverted with
-its reason.
+its reason. A move measured while other processes took HOST_BUSIER_CORES more (or less) CPU
+than when the best was measured is not judged on it: the best is measured again under the
+move's load, and the two are compared head to head (each move's record keeps both loads).
 
 Candidates, in order, from the best setting so far:
 1. the bound model's knee for num_workers (monitor/diagnosis/bound.py, searched up to
@@ -35,7 +37,13 @@ from typing import Any
 
 from monitor.config import DEFAULT_PREFETCH, LIVE_SETTINGS, normalise
 from monitor.diagnosis.rules import CORES_BOUND, EPOCH_STALL, HEALTHY, TRANSFER_BOUND
-from monitor.thresholds import MEMORY_HEADROOM, MIN_STEP_GAIN, NOISE_Z, noise_band
+from monitor.thresholds import (
+    HOST_BUSIER_CORES,
+    MEMORY_HEADROOM,
+    MIN_STEP_GAIN,
+    NOISE_Z,
+    noise_band,
+)
 
 MAX_MOVES = 6
 
@@ -59,6 +67,7 @@ class Observation:
     failed: str | None = None
     cuda: bool = False
     cores: int | None = None  # usable cores (affinity, cgroup quota)
+    other_cores: float | None = None  # other processes' CPU while it was measured
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +76,7 @@ class Move:
     reason: str
     revert: bool = False  # back to the best setting, already measured
     extend: bool = False  # the same setting measured once more (nothing to apply)
+    remeasure: bool = False  # back to the best, to be measured again (not a known result)
 
 
 def memory_left_mb(available_mb: float | None, used_mb: float | None,
@@ -92,6 +102,7 @@ class Policy:
     settled: str | None = None
     pending: Move | None = None
     partial: Observation | None = None  # a promising move's first measurement
+    rematch: tuple[Move, Observation] | None = None  # a move measured under another load
     extensions: int = 0  # measurements taken once more
     observed: int = 0
 
@@ -107,7 +118,23 @@ class Policy:
             self.tried.add(_key(obs.settings))
             if obs.verdict == HEALTHY:  # a fed device: a healthy job is left alone
                 return self._settle(None, "the loader keeps the device fed")
+        elif self.rematch is not None:  # the best, measured again under the move's load
+            (move, moved), self.rematch = self.rematch, None
+            self.best = obs
+            kept = self._beats(moved, obs)
+            self._record(move, moved, kept)
+            if kept:
+                self.best = moved
+                return Move(dict(moved.settings), f"{describe_settings(moved.settings)} "
+                            "beat the best measured again under the same host load: back to "
+                            "it", revert=True)
         elif self.pending is not None:
+            if self.unfair(obs):  # the host changed between the two: measure the best again
+                self.rematch, self.pending = (self.pending, obs), None
+                return Move(dict(self.best.settings), "the host's other load changed "
+                            f"({obs.other_cores:.1f} vs {self.best.other_cores:.1f} cores "
+                            "of other processes): the best setting measured again under it",
+                            revert=True, remeasure=True)
             if self.partial is not None:  # the second measurement of a promising move
                 obs, self.partial = _pooled(self.partial, obs), None
             elif obs.failed is None and not self._beats(obs, self.best) and \
@@ -139,6 +166,13 @@ class Policy:
         self.tried.add(_key(cand.settings))
         self.pending = cand
         return cand
+
+    def unfair(self, obs: Observation) -> bool:
+        """Whether the best and this move were measured under different host loads (by
+        HOST_BUSIER_CORES of other processes' CPU): their throughputs do not compare."""
+        a, b = obs.other_cores, self.best.other_cores if self.best else None
+        return obs.failed is None and a is not None and b is not None and \
+            abs(a - b) >= HOST_BUSIER_CORES
 
     def _beats(self, new: Observation, old: Observation) -> bool:
         noise = noise_band([new.std_error, old.std_error])
@@ -197,7 +231,9 @@ class Policy:
         noise = noise_band([obs.std_error, self.best.std_error]) / best if best else None
         self.moves.append({"settings": move.settings, "reason": move.reason,
                            "throughput": obs.throughput, "best_before": best,
-                           "kept": kept, "failed": obs.failed, "noise": noise})
+                           "kept": kept, "failed": obs.failed, "noise": noise,
+                           "other_cores": obs.other_cores,
+                           "other_cores_before": self.best.other_cores})
 
     def _settle(self, last: Move | None, why: str = "") -> Move | None:
         gain = self.best.throughput / self.start.throughput - 1 if self.start.throughput else 0
@@ -234,6 +270,13 @@ def outcome(m: dict[str, Any]) -> str:
     if gain < 0:
         return "worse, reverted"
     return f"below the {MIN_STEP_GAIN:.0%} a move must gain, reverted"
+
+
+def host_note(m: dict[str, Any]) -> str:
+    """'; host: other processes 1.1 vs 0.1 cores' for a judged move, when both are known."""
+    a, b = m.get("other_cores"), m.get("other_cores_before")
+    return f"; host: other processes {a:.1f} vs {b:.1f} cores" if a is not None and \
+        b is not None else ""
 
 
 def _pooled(a: Observation, b: Observation) -> Observation:

@@ -229,7 +229,8 @@ def observation(r: ConfigResult, memory_budget: float | None = None) -> Observat
         knee.get("predicted_throughput") if knee else None,
         ev.get("worker_uss_mb") or ev.get("worker_rss_mb"),
         memory_left_mb(ev.get("mem_available_mb"), r.peak_memory_mb, memory_budget),
-        failed, a.get("accelerator_kind") == "cuda", ev.get("usable_cores"))
+        failed, a.get("accelerator_kind") == "cuda", ev.get("usable_cores"),
+        ev.get("other_cpu_cores"))
 
 
 def autotune(
@@ -263,7 +264,8 @@ def autotune(
         move = policy.observe(run(base))
         while move is not None and not out_of_time():
             cfg = base.replace(**move.settings)
-            known = seen.get(_settings_key(cfg)) if not move.extend else None
+            known = seen.get(_settings_key(cfg)) if not (move.extend or move.remeasure) \
+                else None
             move = policy.observe(known[1], measured=False) if known else \
                 policy.observe(run(cfg))
             if state.results and state.results[-1].status == "cancelled":

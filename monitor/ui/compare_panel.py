@@ -64,7 +64,9 @@ def render_compare(rt: Runtime, run_ids: list[int], labels: dict[int, str]) -> N
     st.subheader("Figures (steady state of each run's final settings)")
     st.dataframe(kpi_table(out, picked), key="compare_kpis")
     gate = out["gate"]
-    (st.error if gate["failed"] else st.success)(plain(gate["text"]))
+    show = {"regression": st.error, "inconclusive": st.warning}.get(gate.get("state"),
+                                                                    st.success)
+    show(plain(gate["text"]))
     thr, busy, waits = _series(rt, picked)
     left, right = st.columns(2)
     left.plotly_chart(charts.overlay_figure(thr, "Throughput, aligned at each run's start",
