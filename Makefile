@@ -23,9 +23,13 @@ run: $(VENV)/.runtime
 		$(if $(or $(WORKLOAD),$(METRICS_PORT)),--) $(if $(WORKLOAD),--workload $(WORKLOAD)) \
 		$(if $(METRICS_PORT),--metrics-port $(METRICS_PORT))
 
+# Two pytest workers: most of a test's time is a child process starting (python, torch); the
+# timing-sensitive tests check the measured evidence, neighbours included.
+TEST_WORKERS ?= 2
+
 test: $(VENV)/.dev
 	$(PY) -m ruff check .
-	$(PY) -m pytest
+	$(PY) -m pytest -n $(TEST_WORKERS)
 
 lint: $(VENV)/.dev
 	$(PY) -m ruff check .

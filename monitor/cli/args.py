@@ -186,10 +186,15 @@ def _compare(sub: argparse._SubParsersAction) -> None:
             "data-wait share, device busy, peak memory and verdict with deltas against the "
             "first. A regression gate for CI: exit 1 when the last run's throughput is lower "
             "than the first's by more than --max-regression-pct and by more than the runs' "
-            "noise (each steady state cut into 5 parts; 2 standard errors)."))
+            "noise (each steady state cut into 5 parts; 2 standard errors), exit 3 "
+            "(inconclusive) when it is, but its host was busier (other processes' CPU, the "
+            "loaders' CPU wait, fewer cores, another device step) so the environment explains "
+            "it, exit 0 otherwise."))
     c.add_argument("runs", nargs="+", metavar="RUN",
                    help="run ids, latest, latest~1 (the one before), or name:NAME")
     c.add_argument("--max-regression-pct", type=float, default=5.0)
+    c.add_argument("--strict", action="store_true",
+                   help="an inconclusive comparison (a busier host) fails too: exit 1")
     c.add_argument("--json", action="store_true", help="print one JSON object")
     _db(c)
     g = sub.add_parser(
@@ -221,6 +226,17 @@ def _dashboard(sub: argparse._SubParsersAction) -> None:
     _db(d)
 
 
+def _doctor(sub: argparse._SubParsersAction) -> None:
+    d = sub.add_parser(
+        "doctor", help="check the environment a training job will run in",
+        description="Check torch and its CUDA, NVML and GPM, /dev/shm, ulimit -u and -n, the "
+                    "cgroup's CPU and memory limits, /proc schedstat and io, and the store's "
+                    "folder; each line says what to do. Exit 1 when a check fails.")
+    d.add_argument("--python", default=None,
+                   help="the training environment's interpreter (default: this one)")
+    _db(d)
+
+
 def build_parser(limit: int) -> argparse.ArgumentParser:
     """The whole parser; `limit` is this machine's num_workers limit (for the help)."""
     p = argparse.ArgumentParser(
@@ -231,6 +247,7 @@ def build_parser(limit: int) -> argparse.ArgumentParser:
     common = _workload_options()
     _measure(sub, common, limit)
     _dashboard(sub)
+    _doctor(sub)
     _sweep(sub, common, limit)
     _tune(sub, common, limit)
     _run(sub)

@@ -280,6 +280,10 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser(max_workers(usable_cores())).parse_args(argv)
     if args.command == "dashboard":
         return _dashboard(args)
+    if args.command == "doctor":
+        from monitor.cli.doctor import doctor_command
+
+        return doctor_command(args)
     if args.command == "run":
         from monitor.manage.attached_run import run_attached
 

@@ -295,6 +295,15 @@ class Store(SharedState, Rollups):
     def runs(self, limit: int = 200) -> pd.DataFrame:
         return self._frame("SELECT * FROM runs ORDER BY id DESC LIMIT ?", (limit,))
 
+    def live_state(self) -> tuple[int | None, tuple[int, ...]]:
+        """(the newest run's id, the ids of running runs, newest first): one cheap query the
+        page polls every second to notice a run that started elsewhere."""
+        conn = self._conn()
+        newest = conn.execute("SELECT MAX(id) FROM runs").fetchone()[0]
+        live = conn.execute("SELECT id FROM runs WHERE status = 'running' ORDER BY id DESC"
+                            ).fetchall()
+        return (int(newest) if newest is not None else None), tuple(int(r[0]) for r in live)
+
     def resolve_run(self, spec: str) -> int | None:
         """A run id from `N`, `latest`, `latest~K` (K runs before the latest) or `name:NAME`
         (the latest run of that name); None when there is no such run."""

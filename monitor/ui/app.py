@@ -2,7 +2,7 @@
 dashboard`). Everything it shows comes from monitor.ui."""
 from __future__ import annotations
 
-import os
+import time
 
 import streamlit as st
 
@@ -22,8 +22,9 @@ st.set_page_config(page_title="Starvation Monitor", page_icon="📉", layout="wi
 
 rt = get_runtime()
 manager = rt.manager
-if os.environ.get("STARVATION_MONITOR_AUTOSTART", "1") != "0" and not rt.workload_error:
-    manager.ensure_started()  # the default workload starves visibly the moment the page opens
+if views.autostart_wanted(rt):
+    manager.ensure_started()  # a first make run: the demo starves visibly the moment it opens
+st.session_state["_live_state"] = rt.store.live_state()  # what this run of the page saw
 
 live_run = manager.run_id
 run_info = rt.store.run(live_run) if live_run is not None else None
@@ -53,16 +54,30 @@ window_name = top[0].segmented_control("Window", list(panels.WINDOWS), default="
 runs = rt.store.runs(limit=30)
 run_ids = runs["id"].astype(int).tolist()
 labels = {int(r.id): f"run {r.id} · {r.name} · {r.status}" for r in runs.itertuples()}
-# The run selector follows the live run (a preset change or Start makes a new one) until the
-# user picks another run.
-following = st.session_state.get("selected_run") in (None, st.session_state.get("_live_seen"))
-if following and live_run in run_ids:
-    st.session_state["selected_run"] = live_run
-st.session_state["_live_seen"] = live_run
+live_ids = st.session_state["_live_state"][1]
+# "Follow latest" (on by default) shows the newest live run: an attached job, or the page's
+# own workload after a Start or a preset change; picking another run turns it off.
+following = top[0].toggle("Follow latest", value=True, key="follow_latest",
+                          help="show the newest live run as it appears")
+target = views.follow_target(live_ids, live_run)
+if following and target in run_ids:
+    st.session_state["selected_run"] = target
+
+
+def _picked() -> None:
+    st.session_state["follow_latest"] = False
+
+
 selected = None
 if run_ids:
     selected = top[1].selectbox("Run", run_ids, index=0, format_func=labels.get,
-                                key="selected_run")
+                                key="selected_run", on_change=_picked)
+if live_ids:
+    top[1].caption(plain("live: " + ", ".join(labels.get(i, f"run {i}") for i in live_ids)))
+elif not manager.is_alive():
+    live_tab.info("No run is live. Press Start in the sidebar for the demo workload, or "
+                  "record your job with `starvation-monitor run -- python train.py`: it shows "
+                  "here by itself.")
 
 
 def apply_advice(param: str, value: object) -> None:
@@ -73,8 +88,7 @@ def apply_advice(param: str, value: object) -> None:
 def live_region() -> None:
     """The Live tab's content: the picture first (KPIs and the utilization chart), the
     verdict right under it, then advice, the other charts, ranks and the GPU panel."""
-    # a run started since this page ran (another tab, a job) is followed too
-    run_id = manager.run_id if (following or selected is None) and manager.run_id else selected
+    run_id = selected
     if run_id is None:
         st.info("No run yet: press Start in the sidebar.")
         return
@@ -105,7 +119,10 @@ def live_region() -> None:
     panels.render_kpis(a, workers, r.caption)
     default_gpu = workload_gpu(devices, view.run.get("device"))
     panels.render_picture(figs)
-    panels.render_verdict(a)
+    seq = (run_id, int(view.steps["config_seq"].max()) if not view.steps.empty else -1)
+    a, changing = views.steady_verdict(st.session_state.setdefault("_verdicts", {}),
+                                       str(run_id), a, seq, time.monotonic())
+    panels.render_verdict(a, changing)
     live_now = run_id == manager.run_id and manager.is_alive() and not rt.jobs.running()
     panels.render_explain(a, apply_advice if live_now else None)
     if view.run["status"] == "running" and (live_now or view.run["kind"] == "attached"):
@@ -147,8 +164,15 @@ def sweep_progress() -> None:
     render_sweep_progress(rt)
 
 
-shown = manager.run_id if (following or selected is None) and manager.run_id else selected
-shown_run = rt.store.run(shown) if shown is not None else None
+@st.fragment(run_every=1.0)
+def discover() -> None:
+    """A run that started (or ended) since this page last ran: run the page again, so the
+    selector lists it and "follow latest" shows it. One small query a second."""
+    if rt.store.live_state() != st.session_state.get("_live_state"):
+        st.rerun()
+
+
+shown_run = rt.store.run(selected) if selected is not None else None
 with live_tab:
     (live if shown_run is not None and shown_run["status"] == "running" else still)()
     if selected is not None:
@@ -162,3 +186,5 @@ with compare_tab:
 with sweep_tab:
     render_sweep_controls(rt)
     sweep_progress()
+with st.sidebar:
+    discover()

@@ -64,10 +64,13 @@ def render_kpis(a: Assessment, workers_now: str, caption: str) -> None:
     st.caption(f"KPIs over the {caption} ({summary.steps} steps).")
 
 
-def render_verdict(a: Assessment) -> None:
-    """The verdict banner: green when fed, grey without data, red otherwise. The headline is
-    shown as text (it quotes nothing from users, but stays text all the same)."""
+def render_verdict(a: Assessment, changing: str | None = None) -> None:
+    """The verdict banner: green when fed, grey without data, red otherwise; while a new
+    verdict has not yet held (monitor/ui/view.py steady_verdict) a caption says so. The
+    headline is shown as text (it quotes nothing from users, but stays text all the same)."""
     dg = a.diagnosis
+    if changing:
+        st.caption(plain(changing))
     if dg.verdict == HEALTHY:
         st.success(f"healthy · {plain(dg.headline)}", icon="✅")
     elif dg.verdict == NO_DATA:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import os
 import threading
 import time
 from dataclasses import dataclass
@@ -16,7 +17,7 @@ import pandas as pd
 
 from monitor.assess import analysis
 from monitor.assess.window import Assessment, Window, assess, recent_window, steady_window
-from monitor.diagnosis import SIMULATED
+from monitor.diagnosis import NO_DATA, SIMULATED
 from monitor.store import Store
 from monitor.thresholds import KPI_WINDOW_S
 from monitor.ui import charts
@@ -91,6 +92,52 @@ class TailCache:
 
 
 TAIL = TailCache()
+
+
+def autostart_wanted(rt: Any, env: dict[str, str] | None = None) -> bool:
+    """Whether the page starts its managed workload by itself: a dataset named at launch, or
+    the demo on an empty store (a first `make run`). Never when a run is live or the store
+    already holds runs: the page is then watching someone's job, and a demo would take its
+    cores. $STARVATION_MONITOR_AUTOSTART=0 (`dashboard --watch`) never starts one."""
+    env = os.environ if env is None else env
+    if env.get("STARVATION_MONITOR_AUTOSTART", "1") == "0" or rt.workload_error:
+        return False
+    if rt.workload is not None:
+        return True
+    newest, live = rt.store.live_state()
+    return newest is None and not live
+
+
+def follow_target(live: tuple[int, ...], managed: int | None) -> int | None:
+    """The run "follow latest" shows: the newest live run, else the page's own workload."""
+    return live[0] if live else managed
+
+
+HOLD_S = KPI_WINDOW_S  # a new verdict shows once it has held for a whole KPI window
+
+
+def steady_verdict(state: dict[str, Any], key: str, a: Assessment, seq: Any,
+                   now: float) -> tuple[Assessment, str | None]:
+    """The assessment the banner shows, and "changing: A → B" while a new verdict has not
+    yet held for HOLD_S (hysteresis: a verdict that flips with each refresh's window stays
+    put). A settings change (`seq`) or a first verdict shows at once; "no data" never
+    replaces a verdict."""
+    s = state.get(key)
+    if s is None or s["seq"] != seq or s["shown"].verdict == NO_DATA:
+        state[key] = {"shown": a, "seq": seq, "cand": None, "since": now}
+        return a, None
+    shown = s["shown"]
+    if a.verdict == shown.verdict:
+        s.update(shown=a, cand=None)
+        return a, None
+    if a.verdict == NO_DATA:
+        return shown, None
+    if s["cand"] != a.verdict:
+        s.update(cand=a.verdict, since=now)
+    if now - s["since"] >= HOLD_S:
+        s.update(shown=a, cand=None)
+        return a, None
+    return shown, f"changing: {shown.verdict} → {a.verdict}"
 
 
 def load_view(

@@ -92,7 +92,7 @@ def test_a_hung_dataset_is_named_and_measure_ends(tmp_path, no_leaks, workers):
     db = tmp_path / "h.db"
     t0 = time.monotonic()
     p = cli("measure", "--workload", f"{BROKEN}:hangs", "--num-workers", workers,
-            "--step-time-ms", "10", "--seconds", "8", db=db, STARVATION_MONITOR_STALL_MIN_S="3")
+            "--step-time-ms", "10", "--seconds", "5", db=db, STARVATION_MONITOR_STALL_MIN_S="3")
     _, err = p.communicate(timeout=120)
     assert p.returncode == 1, err
     assert time.monotonic() - t0 < 90  # the deadline holds: 8 s plus stopping the workload

@@ -1,0 +1,109 @@
+"""Real frameworks under `monitor run --json`, from a training venv without the product's own
+requirements (a venv whose site-packages sees torch, lightning, transformers and accelerate,
+and not pandas, psutil, streamlit, plotly, pyarrow, pynvml or prometheus-client): stored
+step counts against epochs x batches, batch size, ranks, the verdict beside bare runs at two
+settings, and --autotune on the Lightning script from num_workers=0.
+`python bench/frameworks.py` (a few minutes on 2 cores)."""
+from __future__ import annotations
+
+import json
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPTS = ROOT / "tests" / "scripts"
+OURS = {"pandas", "psutil", "streamlit", "plotly", "pyarrow", "pynvml", "prometheus_client",
+        "tsdownsample", "monitor", "workloads"}
+
+
+def training_venv(tmp: Path) -> str:
+    """A venv that links every package of this one except our own requirements."""
+    import torch
+
+    site_src = Path(torch.__file__).resolve().parent.parent
+    venv = tmp / "train-venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    site = next((venv / "lib").glob("python*/site-packages"))
+    farm = tmp / "farm"
+    farm.mkdir()
+    for p in site_src.iterdir():
+        top = p.name.split("-")[0].split(".")[0].lower()
+        if top in OURS or top.startswith(("pandas", "streamlit", "psutil", "plotly",
+                                          "pyarrow", "nvidia_ml", "prometheus")):
+            continue
+        (farm / p.name).symlink_to(p)
+    (site / "farm.pth").write_text(f"{farm}\n")
+    return str(venv / "bin" / "python")
+
+
+def monitor_run(db: Path, python: str, script: str, *args: str, flags=()) -> dict:
+    r = subprocess.run([sys.executable, "-m", "monitor", "run", "--db", str(db), "--json",
+                        *flags, "--", python, str(SCRIPTS / script), *args], cwd=ROOT,
+                       capture_output=True, text=True, timeout=900)
+    if r.returncode != 0:
+        raise SystemExit(r.stderr[-3000:])
+    return {"json": json.loads(r.stdout.strip().splitlines()[-1]), "out": r.stdout,
+            "err": r.stderr}
+
+
+def epoch_rates(text: str) -> list[float]:
+    return [float(x) for x in re.findall(r"([\d.]+) samples/s", text)]
+
+
+def stored(db: Path, run_id: int) -> tuple[int, dict, list]:
+    sys.path.insert(0, str(ROOT))
+    from monitor.store import Store
+
+    s = Store(db)
+    steps = s.steps(run_id)
+    return len(steps), steps.groupby("rank").size().to_dict(), sorted(set(steps["samples"]))
+
+
+def main() -> None:
+    with tempfile.TemporaryDirectory() as d:
+        tmp = Path(d)
+        py = training_venv(tmp)
+        r = subprocess.run([py, "-c", "import lightning, transformers, accelerate\n"
+                            "try:\n import pandas\nexcept ImportError: print('no pandas')"],
+                           capture_output=True, text=True)
+        print(f"training venv: {py}: {r.stdout.strip() or r.stderr[-300:]}")
+        lf = ("--epochs", "4", "--samples", "384", "--work", "60")  # 12 batches of 32
+        bare = {nw: subprocess.run([py, str(SCRIPTS / "lightning_fit.py"), *lf,
+                                    "--num-workers", str(nw)], capture_output=True,
+                                   text=True, timeout=900).stdout for nw in (0, 2)}
+        rates = {nw: statistics.median(epoch_rates(t)[1:]) for nw, t in bare.items()}
+        print(f"lightning bare: samples/s per epoch (median, epoch 0 left out): "
+              f"num_workers=0 {rates[0]:.0f}, num_workers=2 {rates[2]:.0f}")
+        a = monitor_run(tmp / "l.db", py, "lightning_fit.py", *lf)
+        n, per, bs = stored(tmp / "l.db", a["json"]["run_id"])
+        print(f"lightning defaults: stored {n} steps (4 x 12 = 48), batch sizes {bs}, "
+              f"verdict {a['json']['verdict']}: {a['json']['verdict_text'][:160]}")
+        adv = (a["json"].get("advice") or [{}])[0]
+        print(f"  advice 1: {adv.get('reason')}")
+        b = monitor_run(tmp / "d.db", py, "lightning_fit.py", "--epochs", "3", "--samples",
+                        "384", "--devices", "2", "--work", "60", "--no-val")
+        n, per, bs = stored(tmp / "d.db", b["json"]["run_id"])
+        print(f"lightning ddp devices=2: world_size {b['json'].get('world_size')}, steps per "
+              f"rank {per} (3 x 6 each), verdict {b['json']['verdict']}")
+        c = monitor_run(tmp / "h.db", py, "hf_trainer.py", "--epochs", "2", "--samples",
+                        "320", "--work", "100")
+        n, per, bs = stored(tmp / "h.db", c["json"]["run_id"])
+        print(f"hf trainer: stored {n} steps (2 x 20 = 40), batch sizes {bs}, config batch "
+              f"{c['json']['config'].get('batch_size')}, verdict {c['json']['verdict']}")
+        t = monitor_run(tmp / "t.db", py, "lightning_fit.py", "--epochs", "6", "--samples",
+                        "384", "--work", "60", flags=("--autotune",))
+        er = epoch_rates(t["out"])
+        tune = t["json"].get("autotune") or {}
+        print(f"lightning --autotune from num_workers=0: epoch samples/s {[round(x) for x in er]}"
+              f"; final {tune.get('final')}; {tune.get('settled')}")
+        for m in tune.get("moves") or []:
+            print(f"  move: {m['settings']} {m['throughput']:.0f} vs {m['best_before']:.0f}, "
+                  f"kept {m['kept']}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,164 @@
+"""`starvation-monitor doctor`: the environment a training job will meet, checked before it
+runs, each line with what to do. torch is asked in a child interpreter (this process never
+imports it); the rest is read here: NVML, /dev/shm, process and file limits, the cgroup's
+CPU and memory limits, /proc schedstat and io (the measured time split), the store's folder.
+Each check is a function of what it reads, injected, so tests give it fixtures."""
+from __future__ import annotations
+
+import json
+import os
+import resource
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+OK, WARN, FAIL = "ok", "warn", "FAIL"
+MIN_SHM_MB = 1024  # DataLoader workers pass batches through /dev/shm: Docker's 64 MB fails
+MIN_NPROC = 4096  # each worker is a process with threads of its own
+MIN_NOFILE = 4096  # workers share tensors through file descriptors
+
+
+@dataclass(frozen=True, slots=True)
+class Check:
+    status: str
+    what: str
+    todo: str = ""
+
+    def line(self) -> str:
+        return f"{self.status:>4}  {self.what}" + (f"\n      → {self.todo}" if self.todo else "")
+
+
+def torch_check(python: str = sys.executable) -> Check:
+    code = ("import json, torch; c = torch.cuda; print(json.dumps({'v': torch.__version__, "
+            "'cuda': torch.version.cuda, 'ok': c.is_available(), "
+            "'n': c.device_count() if c.is_available() else 0}))")
+    try:
+        r = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=120)
+        info = json.loads(r.stdout.strip().splitlines()[-1])
+    except (subprocess.TimeoutExpired, ValueError, IndexError, OSError):
+        return Check(FAIL, f"torch does not import in {python}",
+                     "install torch in the training environment (pip install torch)")
+    if info["ok"]:
+        return Check(OK, f"torch {info['v']}, CUDA {info['cuda']}, {info['n']} device(s)")
+    why = "a CPU build" if not info["cuda"] else f"CUDA {info['cuda']} build, no device seen"
+    return Check(WARN, f"torch {info['v']}: {why}",
+                 "on a GPU machine install the CUDA build; here the simulated accelerator "
+                 "stands in")
+
+
+def nvml_check(backend: Any) -> list[Check]:
+    if not backend.available:
+        return [Check(WARN, f"NVML: {backend.notice}", "install the NVIDIA driver and "
+                      "nvidia-ml-py for GPU utilization; step timings work without it")]
+    devs = backend.devices()
+    out = [Check(OK, f"NVML: {len(devs)} GPU(s): " + ", ".join(d.name for d in devs))]
+    if devs and not any(d.gpm for d in devs):
+        out.append(Check(WARN, "GPM (SM activity) not supported on these GPUs",
+                         "utilization is the driver's 'a kernel ran' figure only"))
+    return out
+
+
+def shm_check(total_mb: float | None) -> Check:
+    if total_mb is None:
+        return Check(WARN, "/dev/shm not found", "DataLoader workers need shared memory")
+    if total_mb < MIN_SHM_MB:
+        return Check(FAIL, f"/dev/shm is {total_mb:,.0f} MB",
+                     "workers will die with 'Bus error' on large batches: run the container "
+                     "with --shm-size=8g (or --ipc=host)")
+    return Check(OK, f"/dev/shm {total_mb:,.0f} MB")
+
+
+def limit_check(name: str, soft: int, minimum: int, todo: str) -> Check:
+    if soft != resource.RLIM_INFINITY and soft < minimum:
+        return Check(FAIL, f"{name} is {soft}", todo)
+    return Check(OK, f"{name} {'unlimited' if soft == resource.RLIM_INFINITY else soft}")
+
+
+def cgroup_check(budget: Any, mem_limit_mb: float | None) -> list[Check]:
+    out = []
+    if budget.quota is not None:
+        out.append(Check(WARN if budget.quota < budget.affinity else OK,
+                         f"cgroup CPU quota {budget.quota:g} cores of {budget.affinity}",
+                         "num_workers beyond the quota only wait for a CPU"
+                         if budget.quota < budget.affinity else ""))
+    else:
+        out.append(Check(OK, f"{budget.usable} usable cores (no cgroup CPU quota)"))
+    if budget.throttled:
+        out.append(Check(WARN, f"cgroup throttled in {budget.throttled:.0%} of periods",
+                         "the job hits its CPU quota: raise it or use fewer workers"))
+    if mem_limit_mb is not None:
+        out.append(Check(OK, f"cgroup memory limit {mem_limit_mb:,.0f} MB"))
+    return out
+
+
+def proc_check(available: dict[str, bool]) -> list[Check]:
+    out = []
+    if available.get("schedstat"):
+        out.append(Check(OK, "/proc schedstat: loaders' CPU wait is measured"))
+    else:
+        out.append(Check(WARN, "no /proc schedstat", "CPU contention cannot be told from "
+                         "storage waits: the verdicts say so instead of guessing"))
+    if not available.get("io"):
+        out.append(Check(WARN, "no /proc/<pid>/io", "reads are not measured: io-bound is "
+                         "never claimed"))
+    return out
+
+
+def store_check(path: Path) -> Check:
+    folder = path.parent if path.parent.exists() else next(
+        (p for p in path.parents if p.exists()), Path("."))
+    if not folder.is_dir() or not os.access(folder, os.W_OK):
+        return Check(FAIL, f"cannot write the store's folder {folder}",
+                     "pass --db with a path in a folder you can write")
+    free = shutil.disk_usage(folder).free / 1e6
+    if free < 500:
+        return Check(WARN, f"store {path}: {free:,.0f} MB free", "free some space or --db "
+                     "elsewhere: a long run writes tens of MB an hour")
+    return Check(OK, f"store {path} ({free:,.0f} MB free)")
+
+
+def mem_limit_mb(root: str = "/sys/fs/cgroup") -> float | None:
+    try:
+        raw = Path(root, "memory.max").read_text().strip()
+    except OSError:
+        return None
+    return None if raw == "max" else int(raw) / 1e6
+
+
+def run(db: str | None, python: str | None = None) -> list[Check]:
+    from monitor.sampling import procfs
+    from monitor.sampling.gpu import open_backend
+    from monitor.sampling.host import cpu_budget
+    from monitor.store import default_path
+
+    checks = [torch_check(python or sys.executable)]
+    backend = open_backend()
+    try:
+        checks += nvml_check(backend)
+    finally:
+        backend.close()
+    shm = shutil.disk_usage("/dev/shm").total / 1e6 if os.path.isdir("/dev/shm") else None
+    checks.append(shm_check(shm))
+    checks.append(limit_check("ulimit -u (processes)", resource.getrlimit(resource.RLIMIT_NPROC)[0],
+                              MIN_NPROC, f"raise it (ulimit -u {MIN_NPROC * 4}): each "
+                              "DataLoader worker is a process"))
+    checks.append(limit_check("ulimit -n (open files)",
+                              resource.getrlimit(resource.RLIMIT_NOFILE)[0], MIN_NOFILE,
+                              f"raise it (ulimit -n {MIN_NOFILE * 16}), or "
+                              "torch.multiprocessing.set_sharing_strategy('file_system')"))
+    checks += cgroup_check(cpu_budget(), mem_limit_mb())
+    checks += proc_check(procfs.available())
+    checks.append(store_check(Path(db) if db else default_path()))
+    return checks
+
+
+def doctor_command(args: Any) -> int:
+    checks = run(args.db, args.python)
+    for c in checks:
+        print(c.line())
+    failed = [c for c in checks if c.status == FAIL]
+    print(f"{len(checks)} checks, {len(failed)} failing")
+    return 1 if failed else 0

@@ -1,0 +1,31 @@
+"""A steady user loop for the page-watching tests: --seconds of epochs, a loader that takes
+about 6 ms a batch and a 12 ms step (starving, the same every window)."""
+import sys
+import time
+
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+
+class Sleepy(Dataset):
+    def __len__(self):
+        return 256
+
+    def __getitem__(self, i):
+        time.sleep(0.00075)
+        return torch.zeros(4)
+
+
+def main():
+    seconds = float(sys.argv[1]) if len(sys.argv) > 1 else 30.0
+    loader = DataLoader(Sleepy(), batch_size=8)
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        for _ in loader:
+            time.sleep(0.012)
+            if time.monotonic() >= end:
+                break
+
+
+if __name__ == "__main__":
+    main()

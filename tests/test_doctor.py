@@ -1,0 +1,62 @@
+"""`monitor doctor` against fixtures (a small /dev/shm, a low ulimit, cgroup limits, no
+schedstat) and once for real."""
+from __future__ import annotations
+
+import os
+import resource
+import subprocess
+import sys
+from pathlib import Path
+
+from monitor.cli import doctor
+from monitor.records import CpuBudget
+from monitor.sampling.gpu import NoGpu
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_a_docker_default_shm_fails_with_the_flag_to_use():
+    c = doctor.shm_check(64.0)
+    assert c.status == doctor.FAIL and "--shm-size" in c.todo
+    assert doctor.shm_check(8192.0).status == doctor.OK
+
+
+def test_low_limits_fail_and_unlimited_passes():
+    c = doctor.limit_check("ulimit -n (open files)", 1024, doctor.MIN_NOFILE, "raise it")
+    assert c.status == doctor.FAIL and c.what == "ulimit -n (open files) is 1024"
+    assert doctor.limit_check("x", resource.RLIM_INFINITY, 10, "").status == doctor.OK
+
+
+def test_cgroup_quota_throttling_and_memory():
+    checks = doctor.cgroup_check(CpuBudget(8, 2.0, 2, 0.3, 12.0), 4000.0)
+    text = [c.line() for c in checks]
+    assert checks[0].status == doctor.WARN and "quota 2 cores of 8" in text[0]
+    assert "throttled in 30%" in text[1] and "4,000 MB" in text[2]
+
+
+def test_missing_schedstat_and_io_say_what_the_verdicts_do(tmp_path):
+    checks = doctor.proc_check({"schedstat": False, "io": False})
+    assert all(c.status == doctor.WARN for c in checks)
+    assert "instead of guessing" in checks[0].todo and "never claimed" in checks[1].todo
+
+
+def test_no_nvml_is_a_warning_with_the_fix():
+    (c,) = doctor.nvml_check(NoGpu("NVML library not found"))
+    assert c.status == doctor.WARN and "nvidia-ml-py" in c.todo
+
+
+def test_a_store_whose_folder_cannot_be_made_fails(tmp_path):
+    blocker = tmp_path / "runs"
+    blocker.write_text("a file where the store's folder should be")
+    c = doctor.store_check(blocker / "m.db")
+    assert c.status == doctor.FAIL and "--db" in c.todo
+    assert doctor.store_check(tmp_path / "m.db").status == doctor.OK
+
+
+def test_doctor_runs_here_and_names_the_cpu_torch(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "monitor", "doctor", "--db",
+                        str(tmp_path / "m.db")], cwd=ROOT, capture_output=True, text=True,
+                       timeout=180, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert r.returncode in (0, 1), r.stderr
+    assert "torch 2." in r.stdout and "/dev/shm" in r.stdout and "schedstat" in r.stdout
+    assert r.stdout.strip().splitlines()[-1].endswith("failing")

@@ -1,0 +1,81 @@
+"""The page watching a user's job in a real browser: opened on a store with a live attached
+run it starts no workload of its own and shows that run; a run started after the page opened
+appears and is followed within 2 s; the banner holds still on a steady run."""
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from monitor.store import Store
+from tests.conftest import wait_for
+from tests.test_browser import CHROMIUM, server  # noqa: F401  (the served dashboard)
+
+ROOT = Path(__file__).resolve().parent.parent
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+
+
+def attach(db: Path, seconds: float, name: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "monitor", "run", "--db", str(db), "--name", name, "--",
+         sys.executable, str(ROOT / "tests" / "scripts" / "steady_loop.py"), str(seconds)],
+        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def test_the_page_watches_a_live_job_and_follows_a_new_one(server):  # noqa: F811
+    """(The server fixture checks that closing the page leaves no process behind; the jobs
+    are ended here.)"""
+    from playwright.sync_api import expect, sync_playwright
+
+    url, db, proc = server
+    first = attach(db, 40, "job-a")
+    store = Store(db) if wait_for(db.exists, timeout=60) else None
+    assert wait_for(lambda: len(store.steps(1)) >= 20, timeout=90)
+    second = None
+    try:
+        with sync_playwright() as p:
+            browser = p.chromium.launch(
+                executable_path=CHROMIUM,
+                args=["--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                      "--disable-component-update", "--no-first-run"])
+            page = browser.new_page(viewport={"width": 1500, "height": 1000})
+            page.goto(url)
+            expect(page.get_by_text("live: run 1 · job-a · running").first).to_be_visible(
+                timeout=60_000)
+            banner = page.get_by_text(re.compile(r"^(healthy|starving|cpu-bound) · ")).first
+            expect(banner).to_be_visible(timeout=30_000)
+            # the page started nothing of its own: no managed workload beside the job
+            kids = [" ".join(k.cmdline()) for k in psutil.Process(proc.pid).children(True)]
+            assert not any("workloads.runner" in c for c in kids), kids
+            assert store.runs()["name"].tolist() == ["job-a"]
+            # a steady run: the banner holds one verdict while it is watched
+            seen = set()
+            end = time.monotonic() + 12
+            while time.monotonic() < end:
+                seen.add(banner.inner_text().split(" · ")[0])
+                page.wait_for_timeout(500)
+            assert len(seen) == 1, seen
+            # a second job starts: listed and followed within 2 s of its run record
+            second = attach(db, 30, "job-b")
+            assert wait_for(lambda: len(store.runs()) == 2, timeout=60)
+            t0 = time.monotonic()
+            expect(page.get_by_text(re.compile(r"live: run 2 · job-b")).first).to_be_visible(
+                timeout=10_000)
+            picked = page.locator('[data-testid="stSelectbox"]').filter(has_text="Run")
+            expect(picked).to_match_aria_snapshot('- combobox "Run": /run 2 · job-b/',
+                                                  timeout=10_000)  # followed
+            took = time.monotonic() - t0
+            print(f"run 2 shown and followed {took:.1f} s after its record")
+            assert took <= 2.5, took  # 2 s, and the test's own polling
+            browser.close()
+    finally:
+        for job in (first, second):
+            if job is not None:
+                job.terminate()  # monitor run forwards it to the script's process group
+                job.wait(60)
+        assert first.returncode is not None and (second is None or second.returncode is not None)
