@@ -123,7 +123,7 @@ def test_short_real_sweep_json_and_csv(tmp_path, no_leaks):
 def test_tune_runs_the_shared_policy_and_says_where_it_settled(tmp_path, no_leaks):
     """io-bound from num_workers=0: the policy's first move adds workers and pays; the
     answer names the best measured run, every move with its reason, and the settled line."""
-    r = cli("tune", "--preset", "io-bound", "--seconds-per-config", "2", "--json", db=tmp_path
+    r = cli("tune", "--preset", "io-bound", "--seconds-per-config", "1.5", "--json", db=tmp_path
             / "t.db")
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout.strip().splitlines()[-1])

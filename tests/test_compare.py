@@ -75,7 +75,7 @@ def test_gate_fails_a_slower_run_and_knows_a_busier_host(tmp_path, no_leaks):
     db = str(tmp_path / "c.db")
 
     def measure(preset: str, nw: str) -> None:
-        r = cli("measure", "--preset", preset, "--num-workers", nw, "--seconds", "3",
+        r = cli("measure", "--preset", preset, "--num-workers", nw, "--seconds", "2",
                 "--step-time-ms", "60" if preset == "starving" else "100", "--db", db)
         assert r.returncode == 0, r.stderr
 

@@ -119,7 +119,7 @@ def monitor_run(db: Path, script: str, *args: str, tune: tuple = ("--autotune",)
     return r, json.loads(r.stdout.strip().splitlines()[-1])
 
 
-def bare_rate(nw: int, epochs: int = 3) -> float:
+def bare_rate(nw: int, epochs: int = 2) -> float:
     """The script run bare (no monitor) at a fixed num_workers: the median of its own
     per-epoch samples/s, the first epoch left out (its workers' start-up)."""
     r = subprocess.run([sys.executable, str(ROOT / "tests" / "scripts" / "cpu_loader.py"),

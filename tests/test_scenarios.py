@@ -102,7 +102,7 @@ def busy_cores(request):
 def test_scenario_verdict(no_leaks, runtime, name, settings, budget, busy_cores, accepted):
     cfg = LoaderConfig.build(**settings)
     runtime.memory_budget_mb = budget
-    m = measure(runtime, cfg, 4.5)
+    m = measure(runtime, cfg, 3.5)
     assert m.status == "stopped", m.error
     a = m.assessment
     assert a is not None
