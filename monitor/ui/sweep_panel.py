@@ -5,7 +5,7 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from monitor.config import ConfigError, LoaderConfig
+from monitor.config import DEFAULT_PREFETCH, ConfigError, LoaderConfig
 from monitor.manage.runtime import Runtime
 from monitor.manage.session import SessionManager
 from monitor.tuning.search import SWEEP_PARAMS, find_knee, grid
@@ -27,8 +27,8 @@ def render_sweep_controls(rt: Runtime) -> None:
     top = rt.max_workers
     nw = c[0].multiselect("num_workers", list(range(0, top + 1)),
                           default=list(range(0, top + 1)), key="sw_nw", disabled=running)
-    pf = c[1].multiselect("prefetch_factor", PREFETCH_CHOICES, default=[2], key="sw_pf",
-                          disabled=running)
+    pf = c[1].multiselect("prefetch_factor", PREFETCH_CHOICES, default=[DEFAULT_PREFETCH],
+                          key="sw_pf", disabled=running)
     bs = c[2].multiselect("batch_size", BATCH_SIZES, default=[cfg.batch_size], key="sw_bs",
                           disabled=running)
     secs = c[3].number_input("seconds per configuration", min_value=2.0, max_value=300.0,
@@ -37,7 +37,7 @@ def render_sweep_controls(rt: Runtime) -> None:
     if b[0].button("Run sweep", key="sw_run", type="primary", disabled=running):
         try:
             configs = grid(cfg, {"num_workers": sorted(nw) or [cfg.num_workers],
-                                 "prefetch_factor": sorted(pf) or [2],
+                                 "prefetch_factor": sorted(pf) or [DEFAULT_PREFETCH],
                                  "batch_size": sorted(bs) or [cfg.batch_size]})
             jobs.start_sweep(configs, float(secs))
         except (ConfigError, ValueError, RuntimeError) as exc:
