@@ -125,8 +125,11 @@ def _sawtooth_then_flat(url: str) -> tuple[str, str]:
         expect(page.locator(".js-plotly-plot").first).to_be_visible(timeout=30_000)
         expect(page.get_by_text("Device utilization (a sawtooth").first).to_be_visible()
         # the picture first: the sawtooth and the KPI row fit a 1500x1000 window unscrolled
-        chart = page.locator(".js-plotly-plot").first.bounding_box()
-        kpi = page.locator('[data-testid="stMetric"]').first.bounding_box()
+        # (a rerun may be replacing the elements this instant: ask until both are laid out)
+        chart = wait_for(lambda: page.locator(".js-plotly-plot").first.bounding_box(),
+                         timeout=30, every=0.2)
+        kpi = wait_for(lambda: page.locator('[data-testid="stMetric"]').first.bounding_box(),
+                       timeout=30, every=0.2)
         assert chart["y"] + chart["height"] <= 1000 and kpi["y"] < chart["y"], (chart, kpi)
         expect(page.locator(".js-plotly-plot .main-svg").first).to_be_visible()
         # the before-state for the picture: a full KPI window of the starved loop

@@ -192,6 +192,7 @@ def _tune(args: argparse.Namespace, base: LoaderConfig, rt: Any) -> int:
            "settled": best.get("settled") if best else None,
            "moves": best.get("moves") if best else None,
            "extensions": best.get("extensions") if best else None,
+           "rematches": best.get("rematches") if best else None,
            "tried": [r.to_dict() for r in state.results], "error": state.error}
     if args.json:
         print(json.dumps(out))

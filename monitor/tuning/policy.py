@@ -104,6 +104,7 @@ class Policy:
     partial: Observation | None = None  # a promising move's first measurement
     rematch: tuple[Move, Observation] | None = None  # a move measured under another load
     extensions: int = 0  # measurements taken once more
+    rematches: int = 0  # the best measured again under a move's host load
     observed: int = 0
 
     def observe(self, obs: Observation, measured: bool = True) -> Move | None:
@@ -131,6 +132,7 @@ class Policy:
         elif self.pending is not None:
             if self.unfair(obs):  # the host changed between the two: measure the best again
                 self.rematch, self.pending = (self.pending, obs), None
+                self.rematches += 1
                 return Move(dict(self.best.settings), "the host's other load changed "
                             f"({obs.other_cores:.1f} vs {self.best.other_cores:.1f} cores "
                             "of other processes): the best setting measured again under it",

@@ -275,7 +275,8 @@ def autotune(
         if best is not None and best[0].status == "ok" and best[0].throughput:
             state.best = {"config": best[0].config.to_dict(), "throughput": best[0].throughput,
                           "run_id": best[0].run_id, "settled": policy.settled,
-                          "moves": policy.moves, "extensions": policy.extensions}
+                          "moves": policy.moves, "extensions": policy.extensions,
+                          "rematches": policy.rematches}
     except Exception as exc:
         state.error = f"{type(exc).__name__}: {exc}"
     finally:
