@@ -90,11 +90,12 @@ NOISE_PARTS = 5
 NOISE_Z = 2.0
 # The regression gate knows the host: a slower run B is "inconclusive", not a regression, when
 # its host was busier than A's by at least HOST_BUSIER_CORES of other processes' CPU, or its
-# loaders waited for a CPU at least HOST_BUSIER_RUNQ more of their time, or its device step
+# loaders waited for a CPU at least HOST_BUSIER_RUNQ more of their time (on a saturated host
+# other processes' CPU cannot grow, the loaders' wait still does), or its device step
 # differs by more than HOST_STEP_CHANGE (a recalibrated simulated step): the environment,
 # not the settings, explains the difference.
 HOST_BUSIER_CORES = 0.5
-HOST_BUSIER_RUNQ = 0.15
+HOST_BUSIER_RUNQ = 0.10
 HOST_STEP_CHANGE = 0.10
 
 # -- faults ----------------------------------------------------------------------------------

@@ -42,7 +42,8 @@ def test_missing_files_are_none_not_errors(tmp_path):
 
 def test_live_processes_busy_and_sleeping():
     busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
-    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    nap = "import time; time.sleep(30)"  # sleep-ok: the sleeper itself
+    sleeper = subprocess.Popen([sys.executable, "-c", nap])
     try:
         a = {p.pid: procfs.schedstat(p.pid) for p in (busy, sleeper)}
         time.sleep(0.6)  # sleep-ok: the interval the processes are measured over
@@ -62,7 +63,7 @@ import subprocess, sys, time
 kid = subprocess.Popen([sys.executable, '-c', 'x = 0\\nfor i in range(3 * 10**7): x += i'])
 print(kid.pid, flush=True)
 kid.wait()
-time.sleep(30)
+time.sleep(30)  # sleep-ok: the parent lingers while the test samples it
 """
 
 

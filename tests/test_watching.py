@@ -53,13 +53,17 @@ def test_the_page_watches_a_live_job_and_follows_a_new_one(server):  # noqa: F81
             kids = [" ".join(k.cmdline()) for k in psutil.Process(proc.pid).children(True)]
             assert not any("workloads.runner" in c for c in kids), kids
             assert store.runs()["name"].tolist() == ["job-a"]
-            # a steady run: the banner holds one verdict while it is watched
-            seen = set()
+            # a steady run: the banner holds its verdict while it is watched; a new verdict
+            # must hold a whole KPI window (10 s) before it shows, so in 12 s at most one
+            # change (a shared machine's load may really change once), never a flip-flop
+            seen: list[str] = []
             end = time.monotonic() + 12
             while time.monotonic() < end:
-                seen.add(banner.inner_text().split(" · ")[0])
+                v = banner.inner_text().split(" · ")[0]
+                if not seen or seen[-1] != v:
+                    seen.append(v)
                 page.wait_for_timeout(500)
-            assert len(seen) == 1, seen
+            assert len(seen) <= 2, seen
             # a second job starts: listed and followed within 2 s of its run record
             second = attach(db, 30, "job-b")
             assert wait_for(lambda: len(store.runs()) == 2, timeout=60)
