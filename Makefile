@@ -29,7 +29,7 @@ TEST_WORKERS ?= 2
 
 test: $(VENV)/.dev
 	$(PY) -m ruff check .
-	$(PY) -m pytest -n $(TEST_WORKERS)
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist worksteal
 
 lint: $(VENV)/.dev
 	$(PY) -m ruff check .
