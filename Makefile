@@ -29,7 +29,7 @@ TEST_WORKERS ?= 2
 
 test: $(VENV)/.dev
 	$(PY) -m ruff check .
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist worksteal
+	$(PY) -m pytest -n $(TEST_WORKERS)
 
 lint: $(VENV)/.dev
 	$(PY) -m ruff check .
