@@ -14,7 +14,7 @@ import pytest
 
 from monitor.store import Store
 from tests.conftest import wait_for
-from tests.test_browser import CHROMIUM, server  # noqa: F401  (the served dashboard)
+from tests.test_browser import launch, server  # noqa: F401  (the served dashboard)
 
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
@@ -39,10 +39,7 @@ def test_the_page_watches_a_live_job_and_follows_a_new_one(server):  # noqa: F81
     second = None
     try:
         with sync_playwright() as p:
-            browser = p.chromium.launch(
-                executable_path=CHROMIUM,
-                args=["--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                      "--disable-component-update", "--no-first-run"])
+            browser = launch(p)
             page = browser.new_page(viewport={"width": 1500, "height": 1000})
             page.goto(url)
             expect(page.get_by_text("live: run 1 · job-a · running").first).to_be_visible(
