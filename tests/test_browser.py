@@ -109,10 +109,7 @@ def _sawtooth_then_flat(url: str) -> tuple[str, str]:
     from playwright.sync_api import expect, sync_playwright
 
     with sync_playwright() as p:
-        browser = p.chromium.launch(
-            executable_path=CHROMIUM,
-            args=["--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                  "--disable-component-update", "--no-first-run"])
+        browser = launch(p)
         page = browser.new_page(viewport={"width": 1500, "height": 1000})
         errors = console_errors(page)
         page.goto(url)

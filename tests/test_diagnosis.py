@@ -237,11 +237,16 @@ def host_frame(t0: float, t1: float, proc: float, workers: float | None, n_worke
     })
 
 
-def test_features_derive_loading_costs_from_frames():
+def starved_steps():
+    """50 steps of 90 ms wait and 60 ms compute, one epoch; and their span (t0, t1)."""
     steps = steps_frame([0.09] * 50, [0.06] * 50)
     steps["epoch"] = 0
     steps["step"] = range(50)
-    t0, t1 = float(steps["ts"].min() - 0.09), float(steps["ts"].max() + 0.06)
+    return steps, float(steps["ts"].min() - 0.09), float(steps["ts"].max() + 0.06)
+
+
+def test_features_derive_loading_costs_from_frames():
+    steps, t0, t1 = starved_steps()
     host = host_frame(t0, t1, proc=60.0, workers=None, n_workers=0, total=32.0)
     f = features(steps, host, LoaderConfig.build().to_dict(), BUDGET)
     assert f.data_wait_share == pytest.approx(0.6)
@@ -274,10 +279,7 @@ def test_cpu_bound_by_other_processes_says_so():
 def test_features_split_loading_time_from_schedstat_rows():
     """num_workers=0: the main process waited for a CPU 30% of a core and read 40 KB/s; the
     split per sample comes from those rows, not from wall - CPU."""
-    steps = steps_frame([0.09] * 50, [0.06] * 50)
-    steps["epoch"] = 0
-    steps["step"] = range(50)
-    t0, t1 = float(steps["ts"].min() - 0.09), float(steps["ts"].max() + 0.06)
+    steps, t0, t1 = starved_steps()
     host = host_frame(t0, t1, proc=30.0, workers=None, n_workers=0, total=80.0)
     host["proc_runq_pct"], host["proc_read_kb_s"] = 30.0, 40.0
     f = features(steps, host, LoaderConfig.build().to_dict(), BUDGET)
@@ -292,10 +294,7 @@ def test_features_split_loading_time_from_schedstat_rows():
 
 
 def test_features_without_schedstat_rows_say_what_is_missing():
-    steps = steps_frame([0.09] * 50, [0.06] * 50)
-    steps["epoch"] = 0
-    steps["step"] = range(50)
-    t0, t1 = float(steps["ts"].min() - 0.09), float(steps["ts"].max() + 0.06)
+    steps, t0, t1 = starved_steps()
     host = host_frame(t0, t1, proc=30.0, workers=None, n_workers=0, total=80.0)
     f = features(steps, host, LoaderConfig.build().to_dict(), BUDGET)
     assert f.blocked_per_sample_s is None and f.loaders_blocked_share is None
