@@ -142,7 +142,7 @@ def test_live_autotune_reaches_the_best_fixed_setting_of_a_grid(tmp_path, no_lea
     setting, within 5 epochs, runs within 5% of the best of a grid of fresh bare runs
     (measured head to head). On a machine where other processes take cores the autotuner
     does not compete for them (the bound model's cores are the ones left), so there it must
-    only end no slower than it began."""
+    only end on a setting it measured no slower than where it began."""
     grid = {nw: bare_rate(nw) for nw in (0, 2, 3)}  # a loader per core and one more
     best = max(grid, key=grid.get)
     r, d = monitor_run(tmp_path / "t.db", "cpu_loader.py", "--epochs", "6", *CPU_ARGS)
@@ -170,8 +170,11 @@ def test_live_autotune_reaches_the_best_fixed_setting_of_a_grid(tmp_path, no_lea
     note = f"grid {grid}, final {final}, head to head {pairs}, other load {others:.2f} cores"
     if others < OTHER_LOAD_CORES:
         assert ratio >= 0.95, note
-    else:
+    elif final != 0:  # a move it kept was measured better than where it began
         assert tune["final_throughput"] >= tune["start_throughput"], note
+    # else: back where it began (every move measured worse, asserted above); on a host whose
+    # other load changes, its start and end rates are two readings of one setting minutes
+    # apart, so they differ by the host, not by the tuner
 
 
 @pytest.mark.slow
