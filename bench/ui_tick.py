@@ -61,7 +61,7 @@ def build(path: Path, hours: list[float]) -> dict[float, int]:
                                      shm_used_mb=1.0, proc_cpu_pct=95.0, proc_rss_mb=300.0,
                                      workers=0, workers_cpu_pct=0.0, workers_rss_mb=0.0)
                           for k in range(i, min(m, i + 100_000))])
-        store._conn().execute("UPDATE runs SET started_at = ?, status = 'finished', "
+        store.db.conn().execute("UPDATE runs SET started_at = ?, status = 'finished', "
                               "ended_at = ? WHERE id = ?", (t0, t0 + h * 3600 + 1, run))
         out[h] = run
     return out
@@ -86,7 +86,7 @@ def table(rt: Runtime, runs: dict[float, int], repeat: int, live: bool) -> None:
     their last step (every refresh computes), else ended (computed once, then cached)."""
     print(f"{'run':>6} {'state':>7} {'window':>10} {'steps':>10} {'first open':>11} "
           f"{'refresh (median)':>17} {'figure JSON':>12}  budget")
-    conn = rt.store._conn()
+    conn = rt.store.db.conn()
     for h, run in runs.items():
         end = rt.store.last_step_ts(run) + 0.05
         conn.execute("UPDATE runs SET status = ?, ended_at = ? WHERE id = ?",

@@ -202,7 +202,7 @@ def test_rank_chart_shows_every_rank_of_a_job(server):
     store.update_run(run, pid=os.getpid(), accelerator_kind="cpu",
                      config={**cfg, "preset": "custom", "workload": "attached:train_ddp.py"})
     # the job started before its first steps (the store has no API to move a start)
-    store._conn().execute("UPDATE runs SET started_at = ? WHERE id = ?", (now - 2, run))
+    store.db.conn().execute("UPDATE runs SET started_at = ? WHERE id = ?", (now - 2, run))
     store.finish_run(run, "finished")  # its steady state is what the page then shows
     ARTIFACTS.mkdir(exist_ok=True)
     with sync_playwright() as p:

@@ -118,7 +118,7 @@ def test_gate_fails_a_slower_run_and_knows_a_busier_host(tmp_path, no_leaks):
 def test_gc_keeps_running_runs_and_vacuums(store, db_path):
     old = [stored_run(store) for _ in range(3)]
     live = store.create_run("live", "managed", CONFIG.to_dict())
-    store._conn().execute("UPDATE runs SET ended_at = 1, started_at = 1 WHERE id != ?",
+    store.db.conn().execute("UPDATE runs SET ended_at = 1, started_at = 1 WHERE id != ?",
                           (live,))  # ended long ago
     removed, before, after = store.gc(keep_days=1)
     assert removed == old and after < before

@@ -1,5 +1,6 @@
-"""The SQLite store: the only channel between the workload, the collector and the page
-(core.py); its schema (schema.py) and its errors (errors.py)."""
+"""The SQLite store: the only channel between the workload, the collector and the page.
+core.py composes one part per table (runs.py, series.py, rollups.py, control.py, meta.py,
+retention.py) over one file (db.py); schema.py is the schema, errors.py its errors."""
 from __future__ import annotations
 
 from monitor.store.core import (

@@ -1,41 +1,31 @@
 """Per-second rollups of a run's steps, so that hours-long runs chart fast.
 
-`step_seconds` holds, per run, rank and wall-clock second: steps, samples, Σ wait, Σ compute,
-and the longest wait and compute of a step in that second (what keeps a sawtooth's troughs
-and peaks when a chart shows a whole day). It is derived, never written by the probe: a
-reader brings it up to date before reading (`step_seconds`), recomputing only the seconds
-since the last roll-up, so the training process pays nothing for it.
+`step_seconds` (schema.py) holds, per run, rank and wall-clock second: steps, samples,
+Σ wait, Σ compute, and the longest wait and compute of a step in that second (what keeps a
+sawtooth's troughs and peaks when a chart shows a whole day). It is derived, never written by
+the probe: a reader brings it up to date before reading (`step_seconds`), recomputing only
+the seconds since the last roll-up, so the training process pays nothing for it.
 """
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from monitor.store.db import Db
+
 if TYPE_CHECKING:
     import pandas as pd
 
-ROLLUP_SCHEMA = """
-CREATE TABLE IF NOT EXISTS step_seconds (
-    run_id INTEGER NOT NULL,
-    rank INTEGER NOT NULL,
-    sec INTEGER NOT NULL,
-    steps INTEGER NOT NULL,
-    samples INTEGER NOT NULL,
-    wait_s REAL NOT NULL,
-    compute_s REAL NOT NULL,
-    max_wait_s REAL NOT NULL,
-    max_compute_s REAL NOT NULL,
-    PRIMARY KEY (run_id, rank, sec)
-);
-"""
-
 
 class Rollups:
-    """A mixin of Store: needs `_conn()` and `_frame()`."""
+    """Owns `step_seconds`, derived from `steps`."""
+
+    def __init__(self, db: Db) -> None:
+        self.db = db
 
     def roll_up(self, run_id: int) -> None:
         """Bring the run's rollup up to date: the last rolled second again (it may have been
         partial) and every second after it."""
-        conn = self._conn()
+        conn = self.db.conn()
         last = conn.execute("SELECT MAX(sec) FROM step_seconds WHERE run_id = ?",
                             (run_id,)).fetchone()[0]
         since = float(last) if last is not None else 0.0
@@ -52,7 +42,7 @@ class Rollups:
                      until: float | None = None) -> pd.DataFrame:
         """The run's per-second rollup over [since, until], brought up to date first."""
         self.roll_up(run_id)
-        return self._frame(
+        return self.db.frame(
             "SELECT * FROM step_seconds WHERE run_id = ? AND sec >= ? AND sec <= ? "
             "ORDER BY sec, rank",
             (run_id, int(since or 0), int(until if until is not None else 1e12)))

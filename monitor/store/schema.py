@@ -1,4 +1,6 @@
-"""The store's SQL schema (the record tables come from monitor/records.py)."""
+"""The store's SQL schema: every table but the record tables (steps, host_samples,
+gpu_samples, gpu_util, which come from monitor/records.py). `step_seconds` is the rollup
+(rollups.py)."""
 from __future__ import annotations
 
 SCHEMA = """
@@ -63,6 +65,18 @@ CREATE TABLE IF NOT EXISTS calibration (
     key TEXT PRIMARY KEY,
     value REAL NOT NULL,
     ts REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS step_seconds (
+    run_id INTEGER NOT NULL,
+    rank INTEGER NOT NULL,
+    sec INTEGER NOT NULL,
+    steps INTEGER NOT NULL,
+    samples INTEGER NOT NULL,
+    wait_s REAL NOT NULL,
+    compute_s REAL NOT NULL,
+    max_wait_s REAL NOT NULL,
+    max_compute_s REAL NOT NULL,
+    PRIMARY KEY (run_id, rank, sec)
 );
 CREATE INDEX IF NOT EXISTS events_run ON events(run_id, ts);
 CREATE INDEX IF NOT EXISTS control_run ON control(run_id, id);

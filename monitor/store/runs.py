@@ -1,0 +1,199 @@
+"""The `runs` table and the `ranks` table: a run's life (created running, ended once, an
+orphan closed), lookups by id, name or `latest~K`, and a distributed job's one run and its
+ranks."""
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from monitor.store.db import Db, insert_frame
+from monitor.store.errors import StoreError, explain
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+RUN_STATUSES = ("running", "finished", "stopped", "failed")
+UPDATABLE = ("pid", "accelerator", "accelerator_kind", "config", "name", "device")
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class Runs:
+    """Owns `runs` and `ranks` (and the job key a distributed job's ranks share, in meta)."""
+
+    def __init__(self, db: Db) -> None:
+        self.db = db
+
+    # -- a run's life ----------------------------------------------------------------------
+    def create(self, name: str, kind: str, config: dict[str, Any],
+               accelerator: str | None = None) -> int:
+        """A new run, `running` from now; returns its id."""
+        cur = self.db.conn().execute(
+            "INSERT INTO runs (name, kind, config, accelerator, status, started_at) "
+            "VALUES (?, ?, ?, ?, 'running', ?)",
+            (name, kind, json.dumps(config, sort_keys=True), accelerator, time.time()),
+        )
+        return int(cur.lastrowid)
+
+    def update(self, run_id: int, **values: Any) -> None:
+        """Set some of a run's fields (UPDATABLE); config and device given as dicts."""
+        bad = set(values) - set(UPDATABLE)
+        if bad:
+            raise ValueError(f"cannot update run fields {sorted(bad)}")
+        for k, v in values.items():
+            if k in ("config", "device") and not isinstance(v, str) and v is not None:
+                values[k] = json.dumps(v, sort_keys=True)
+        sets = ", ".join(f"{k} = ?" for k in values)
+        self.db.conn().execute(f"UPDATE runs SET {sets} WHERE id = ?",
+                               (*values.values(), run_id))
+
+    def finish(self, run_id: int, status: str, error: str | None = None) -> bool:
+        """Mark a running run ended. The first writer wins: a later call (say the session
+        manager's reaper after the workload already reported its own error) changes nothing
+        and returns False."""
+        if status not in RUN_STATUSES or status == "running":
+            raise ValueError(f"bad final status {status!r}")
+        cur = self.db.conn().execute(
+            "UPDATE runs SET status = ?, error = ?, ended_at = ? "
+            "WHERE id = ? AND status = 'running'",
+            (status, error, time.time(), run_id),
+        )
+        return cur.rowcount == 1
+
+    def close_orphans(self, alive: Callable[[int], bool] | None = None,
+                      grace_s: float = 60.0) -> list[int]:
+        """Fail every `running` run whose recording process is gone (a dashboard or CLI
+        that was killed): it can never end by itself. `alive(pid) -> bool` is injected for
+        tests. Returns the runs closed."""
+        alive = alive or _pid_alive
+        rows = self.db.conn().execute(
+            "SELECT id, pid, started_at FROM runs WHERE status = 'running'").fetchall()
+        closed = []
+        for run_id, pid, started in rows:
+            gone = (not alive(int(pid))) if pid else time.time() - started > grace_s
+            if gone and self.finish(run_id, "failed", "the process recording this run "
+                                    "is gone (killed before it could end the run)"):
+                closed.append(run_id)
+        return closed
+
+    def import_(self, run: dict[str, Any], frames: dict[str, Any]) -> int:
+        """Insert a run record and its rows (monitor/export/files.py) in one transaction, as
+        a new run; a run exported while running comes in stopped. Returns the new id."""
+        status = run.get("status") if run.get("status") != "running" else "stopped"
+        error = run.get("error") if run.get("status") != "running" else \
+            "exported while it was running"
+        conn = self.db.conn()
+        try:
+            with conn:
+                conn.execute("BEGIN")
+                cur = conn.execute(
+                    "INSERT INTO runs (name, kind, config, accelerator, accelerator_kind, "
+                    "device, status, error, started_at, ended_at) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    (run["name"], run["kind"], json.dumps(run.get("config") or {}),
+                     run.get("accelerator"), run.get("accelerator_kind"),
+                     json.dumps(run["device"]) if run.get("device") else None, status, error,
+                     run["started_at"], run.get("ended_at") or run["started_at"]))
+                new = int(cur.lastrowid)
+                for table, df in frames.items():
+                    if "run_id" in df.columns:
+                        df = df.assign(run_id=new)
+                    insert_frame(conn, table, df)
+        except sqlite3.Error as exc:
+            raise StoreError(explain(self.db.path, exc)) from exc
+        return new
+
+    # -- reads ------------------------------------------------------------------------------
+    def list(self, limit: int = 200) -> pd.DataFrame:
+        """The newest runs first."""
+        return self.db.frame("SELECT * FROM runs ORDER BY id DESC LIMIT ?", (limit,))
+
+    def get(self, run_id: int) -> dict[str, Any] | None:
+        """One run's row, config and device parsed; None when there is no such run."""
+        df = self.db.frame("SELECT * FROM runs WHERE id = ?", (run_id,))
+        if df.empty:
+            return None
+        row = df.iloc[0].to_dict()
+        row["config"] = json.loads(row["config"])
+        dev = row.get("device")
+        row["device"] = json.loads(dev) if isinstance(dev, str) else None
+        return row
+
+    def live_state(self) -> tuple[int | None, tuple[int, ...]]:
+        """(the newest run's id, the ids of running runs, newest first): one cheap query the
+        page polls every second to notice a run that started elsewhere."""
+        conn = self.db.conn()
+        newest = conn.execute("SELECT MAX(id) FROM runs").fetchone()[0]
+        live = conn.execute("SELECT id FROM runs WHERE status = 'running' ORDER BY id DESC"
+                            ).fetchall()
+        return (int(newest) if newest is not None else None), tuple(int(r[0]) for r in live)
+
+    def resolve(self, spec: str) -> int | None:
+        """A run id from `N`, `latest`, `latest~K` (K runs before the latest) or `name:NAME`
+        (the latest run of that name); None when there is no such run."""
+        spec = spec.strip()
+        conn = self.db.conn()
+        if spec.isdigit():
+            row = conn.execute("SELECT id FROM runs WHERE id = ?", (int(spec),)).fetchone()
+        elif spec == "latest" or spec.startswith("latest~") and spec[7:].isdigit():
+            back = int(spec[7:]) if spec != "latest" else 0
+            row = conn.execute("SELECT id FROM runs ORDER BY id DESC LIMIT 1 OFFSET ?",
+                               (back,)).fetchone()
+        elif spec.startswith("name:"):
+            row = conn.execute("SELECT id FROM runs WHERE name = ? ORDER BY id DESC LIMIT 1",
+                               (spec[5:],)).fetchone()
+        else:
+            row = None
+        return int(row[0]) if row else None
+
+    # -- a distributed job ------------------------------------------------------------------
+    def job_run(self, key: str, name: str, config: dict[str, Any]) -> int:
+        """The one run of a distributed job, by a key its ranks share (launcher's run id and
+        host): the first rank to ask creates it, the others get the same id."""
+        conn = self.db.conn()
+        with conn:
+            conn.execute("BEGIN IMMEDIATE")
+            row = conn.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+            if row is not None:
+                return int(row[0])
+            cur = conn.execute(
+                "INSERT INTO runs (name, kind, config, status, started_at) "
+                "VALUES (?, 'attached', ?, 'running', ?)",
+                (name, json.dumps(config, sort_keys=True), time.time()))
+            run_id = int(cur.lastrowid)
+            conn.execute("INSERT INTO meta (key, value, ts) VALUES (?, ?, ?)",
+                         (key, str(run_id), time.time()))
+            return run_id
+
+    def set_rank(self, run_id: int, rank: int, local_rank: int | None, world_size: int,
+                 hostname: str, pid: int, config: dict[str, Any] | None = None,
+                 accelerator_kind: str | None = None,
+                 device: dict[str, Any] | None = None) -> None:
+        """What one rank's probe says of itself (at its first epoch, and after changes);
+        `device`: its CUDA device as the collector finds it in NVML (uuid, pci, index)."""
+        self.db.conn().execute(
+            "INSERT OR REPLACE INTO ranks (run_id, rank, local_rank, world_size, hostname, pid,"
+            " config, accelerator_kind, device, ts) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (run_id, rank, local_rank, world_size, hostname, pid,
+             json.dumps(config, sort_keys=True) if config is not None else None,
+             accelerator_kind, json.dumps(device) if device else None, time.time()))
+
+    def ranks(self, run_id: int) -> pd.DataFrame:
+        """One row per rank that has reported, by rank; `config` and `device` parsed."""
+        df = self.db.frame("SELECT * FROM ranks WHERE run_id = ? ORDER BY rank", (run_id,))
+        if not df.empty:
+            df["config"] = [json.loads(c) if isinstance(c, str) else {} for c in df["config"]]
+            df["device"] = [json.loads(d) if isinstance(d, str) else None for d in df["device"]]
+        return df

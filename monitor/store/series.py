@@ -1,0 +1,128 @@
+"""The time series: `steps`, `host_samples`, `gpu_samples`, `gpu_util` (record tables,
+monitor/records.py) and `events`. Writers batch their rows (the probe and the collector), so
+a killed workload loses at most its last flush interval; window reads return DataFrames, and
+long windows come bucketed in SQL."""
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from monitor.records import RECORD_TABLES, as_row, columns
+from monitor.store.db import Db
+from monitor.store.errors import StoreError, explain
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+END_OF_TIME = 1e18
+
+
+class Series:
+    """Owns the record tables and `events`."""
+
+    def __init__(self, db: Db) -> None:
+        self.db = db
+
+    def insert(self, records: Sequence[Any]) -> int:
+        """Insert records of one type in one transaction; returns the count."""
+        if not records:
+            return 0
+        rec_type = type(records[0])
+        table = next(t for t, r in RECORD_TABLES.items() if r is rec_type)
+        names = columns(rec_type)
+        sql = f"INSERT INTO {table} ({', '.join(names)}) VALUES ({', '.join('?' * len(names))})"
+        self.db.check()
+        conn = self.db.conn()
+        try:
+            with conn:
+                conn.execute("BEGIN")
+                conn.executemany(sql, [as_row(r) for r in records])
+        except sqlite3.Error as exc:
+            raise StoreError(explain(self.db.path, exc)) from exc
+        return len(records)
+
+    def add_event(self, run_id: int, kind: str, label: str,
+                  data: dict[str, Any] | None = None, ts: float | None = None) -> None:
+        """One event of a run (a settings change, a stall, a probe note)."""
+        self.db.conn().execute(
+            "INSERT INTO events (run_id, ts, kind, label, data) VALUES (?, ?, ?, ?, ?)",
+            (run_id, ts if ts is not None else time.time(), kind, label,
+             json.dumps(data, sort_keys=True) if data is not None else None),
+        )
+
+    def events(self, run_id: int, since: float | None = None,
+               kinds: tuple[str, ...] | None = None) -> pd.DataFrame:
+        """A run's events since `since`, of some kinds, in order."""
+        sql, params = "SELECT * FROM events WHERE run_id = ? AND ts >= ?", [
+            run_id, since if since is not None else 0.0]
+        if kinds:
+            sql += f" AND kind IN ({', '.join('?' * len(kinds))})"
+            params += list(kinds)
+        return self.db.frame(sql + " ORDER BY ts, id", params)
+
+    def steps(self, run_id: int, since: float | None = None,
+              until: float | None = None) -> pd.DataFrame:
+        """A run's steps over [since, until], in time order."""
+        return self.db.frame(
+            "SELECT * FROM steps WHERE run_id = ? AND ts >= ? AND ts <= ? ORDER BY ts",
+            (run_id, since if since is not None else 0.0,
+             until if until is not None else END_OF_TIME),
+        )
+
+    def step_totals(self, run_ids: Sequence[int]) -> dict[int, dict[str, float]]:
+        """Per run: steps, samples and the sums of wait, compute and both (the exporter's
+        counters), in one query."""
+        if not run_ids:
+            return {}
+        rows = self.db.conn().execute(
+            "SELECT run_id, COUNT(*), SUM(samples), SUM(wait_s), SUM(compute_s) FROM steps "
+            f"WHERE run_id IN ({', '.join('?' * len(run_ids))}) GROUP BY run_id",
+            tuple(run_ids)).fetchall()
+        return {int(r): {"steps": n, "samples": s or 0, "data_wait_seconds": w or 0.0,
+                         "compute_seconds": c or 0.0, "step_seconds": (w or 0.0) + (c or 0.0)}
+                for r, n, s, w, c in rows}
+
+    def last_step_ts(self, run_id: int) -> float | None:
+        """When the run's newest step ended; None before its first."""
+        row = self.db.conn().execute("SELECT MAX(ts) FROM steps WHERE run_id = ?",
+                                     (run_id,)).fetchone()
+        return float(row[0]) if row and row[0] is not None else None
+
+    def host_samples(self, since: float, until: float | None = None,
+                     bucket_s: float | None = None) -> pd.DataFrame:
+        """Host rows over [since, until]; with `bucket_s`, one row per bucket (means; the
+        last per-core reading) for charts of long windows."""
+        return self._rows("host_samples", since, until, bucket_s, ("run_id", "rank"))
+
+    def gpu_samples(self, since: float, until: float | None = None,
+                    bucket_s: float | None = None) -> pd.DataFrame:
+        """Per-GPU samples over [since, until]; with `bucket_s`, bucket means."""
+        return self._rows("gpu_samples", since, until, bucket_s, ("gpu",))
+
+    def gpu_util(self, since: float, until: float | None = None,
+                 bucket_s: float | None = None) -> pd.DataFrame:
+        """Every NVML utilization sample; with `bucket_s`, each bucket's highest (a chart
+        of a day keeps the peaks)."""
+        return self._rows("gpu_util", since, until, bucket_s, ("gpu",), agg="MAX")
+
+    def _rows(self, table: str, since: float, until: float | None, bucket_s: float | None,
+              keys: tuple[str, ...], agg: str = "AVG") -> pd.DataFrame:
+        params = (since, until if until is not None else END_OF_TIME)
+        if not bucket_s:
+            return self.db.frame(
+                f"SELECT * FROM {table} WHERE ts >= ? AND ts <= ? ORDER BY ts", params)
+        info = self.db.conn().execute(f"PRAGMA table_info({table})").fetchall()
+        cols = []
+        for _, name, typ, *_ in info:
+            if name == "ts":
+                cols.append(f"CAST(ts / {bucket_s!r} AS INTEGER) * {bucket_s!r} AS ts")
+            elif name in keys:
+                cols.append(name)
+            else:
+                cols.append(f"{agg if typ in ('REAL', 'INTEGER') else 'MAX'}({name}) AS {name}")
+        group = ", ".join(("CAST(ts / ? AS INTEGER)", *keys))
+        return self.db.frame(f"SELECT {', '.join(cols)} FROM {table} WHERE ts >= ? AND "
+                             f"ts <= ? GROUP BY {group} ORDER BY 1", (*params, bucket_s))
