@@ -170,6 +170,17 @@ def _files(sub: argparse._SubParsersAction) -> None:
     e.add_argument("--format", choices=("csv", "parquet"), default="csv")
     e.add_argument("--out", default=".", help="folder to write into (default: here)")
     _db(e)
+    h = sub.add_parser(
+        "report", help="write one self-contained HTML report of a run (opens offline)",
+        description=(
+            "Write RUN's report as one HTML file: the verdict and the evidence behind it, "
+            "the advice with its predicted gain, the page's charts over the whole run "
+            "(plotly, its JS inlined: no network needed to open it), the settings history "
+            "and autotune moves, and a compare against the run before it."))
+    h.add_argument("run", metavar="RUN", help="a run id, latest, latest~1, or name:NAME")
+    h.add_argument("--html", default=None, metavar="FILE",
+                   help="the file to write (default: run-<id>.html here)")
+    _db(h)
     i = sub.add_parser(
         "import", help="load an exported run into a store (it gets a new run id)",
         description="Load a folder written by `export` into the store as a new run, after "

@@ -222,7 +222,7 @@ def _prepare(args: argparse.Namespace) -> tuple[LoaderConfig, list | None]:
 
 
 def _files(args: argparse.Namespace) -> int:
-    """export / import: exit 2 with one line for anything refused."""
+    """export / import / report: exit 2 with one line for anything refused."""
     from monitor.export.files import ExportError, export_run, import_run
     from monitor.manage.context import machine_context
     from monitor.store import Store, StoreError, default_path
@@ -234,7 +234,7 @@ def _files(args: argparse.Namespace) -> int:
         if args.command == "import" and not Path(args.folder, "run.json").is_file():
             raise ExportError(f"{args.folder} is not a run export (no run.json): give the "
                               "folder that python -m monitor export wrote")
-        if args.command == "export":
+        if args.command in ("export", "report"):
             if not default_db(args.db).exists():
                 raise ExportError(f"there is no store at {default_db(args.db)}: pass --db with "
                                   "the store the run was recorded in")
@@ -243,12 +243,19 @@ def _files(args: argparse.Namespace) -> int:
             if run_id is None:
                 raise ExportError(f"no run {args.run!r} in the store {store.path}: give a run "
                                   "id, latest, latest~1 or name:NAME")
-            print(export_run(store, run_id, Path(args.out), args.format, machine_context()))
+            if args.command == "report":
+                from monitor.ui.report import write
+
+                out = Path(args.html or f"run-{run_id}.html")
+                print(write(store, run_id, machine_context(), out))
+            else:
+                print(export_run(store, run_id, Path(args.out), args.format,
+                                 machine_context()))
         else:
             store = Store(args.db)
             new = import_run(store, Path(args.folder))
             print(f"imported as run {new} into {store.path}")
-    except (ExportError, StoreError) as exc:
+    except (ExportError, StoreError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     return 0
@@ -289,7 +296,7 @@ def main(argv: list[str] | None = None) -> int:
         from monitor.manage.attached_run import run_attached
 
         return run_attached(args)
-    if args.command in ("export", "import"):
+    if args.command in ("export", "import", "report"):
         return _files(args)
     if args.command in ("compare", "gc"):
         from monitor.cli.compare import compare_command, gc_command

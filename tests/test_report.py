@@ -1,0 +1,77 @@
+"""`monitor report RUN --html`: one file that opens in Chromium with the network cut off and
+shows the page's four charts, the verdict, the advice and the compare against the run
+before; text from the store stays text."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from monitor.store import Store
+from tests.test_browser import CHROMIUM, console_errors, launch
+
+ROOT = Path(__file__).resolve().parent.parent
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+
+
+def cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "monitor", *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=180)
+
+
+def test_report_opens_offline_with_charts_verdict_and_compare(tmp_path):
+    if not Path(CHROMIUM).exists():
+        pytest.skip("chromium is not installed (apt-get install -y chromium)")
+    db = str(tmp_path / "t.db")
+    for nw in ("0", "2"):
+        r = cli("measure", "--db", db, "--preset", "starving", "--num-workers", nw,
+                "--seconds", "3")
+        assert r.returncode == 0, r.stderr
+    store = Store(db)
+    store.update_run(2, name="<b>mine</b> & [link](http://x)")
+    r = cli("compare", "1", "2", "--db", db, "--json")
+    verdict = json.loads(r.stdout)["kpis"]["verdict"]["values"][1]  # run 2's, as compare says
+    out = tmp_path / "share" / "report.html"
+    r = cli("report", "latest", "--db", db, "--html", str(out))
+    assert r.returncode == 0 and r.stdout.strip() == str(out), r.stderr
+    from playwright.sync_api import sync_playwright
+
+    outside: list[str] = []
+    with sync_playwright() as p:
+        browser = launch(p)
+        try:
+            ctx = browser.new_context()
+            ctx.route("**/*", lambda route: route.continue_()
+                      if route.request.url.startswith("file:")
+                      else (outside.append(route.request.url), route.abort()))
+            page = ctx.new_page()
+            errors = console_errors(page)
+            page.goto(out.as_uri())
+            page.wait_for_function(
+                "document.querySelectorAll('.js-plotly-plot .main-svg').length >= 4",
+                timeout=30_000)
+            charts = page.eval_on_selector_all(".js-plotly-plot", "els => els.map(e => e.id)")
+            text = page.inner_text("body")
+            bold = page.eval_on_selector_all("h1 b", "els => els.length")
+            banner = page.inner_text(".verdict")
+        finally:
+            browser.close()
+    assert charts == ["chart_util", "chart_thr", "chart_wait", "chart_host"]
+    assert outside == [] and errors == [], (outside, errors)
+    assert "<b>mine</b> & [link](http://x)" in text and bold == 0  # shown as text
+    assert banner.startswith(f"{verdict}:"), (banner, verdict)
+    assert "Compared with the run before" in text
+    assert "run 1" in text and "num_workers: 0 → 2" in text  # the compare's settings diff
+    assert "throughput (samples/s)" in text and "Settings and moves" in text
+
+
+def test_report_refuses_a_missing_run_or_store_with_one_line(tmp_path):
+    r = cli("report", "1", "--db", str(tmp_path / "none.db"))
+    assert r.returncode == 2 and r.stderr.startswith("error: there is no store")
+    assert not (tmp_path / "none.db").exists()
+    Store(tmp_path / "t.db").close()
+    r = cli("report", "latest", "--db", str(tmp_path / "t.db"))
+    assert r.returncode == 2 and "no run 'latest'" in r.stderr and "Traceback" not in r.stderr
