@@ -150,6 +150,11 @@ def _run(sub: argparse._SubParsersAction) -> None:
                         "for a map-style dataset with a batch sampler, whose epoch order is "
                         "then drawn at iter(loader) and resumed after the change; other "
                         "loaders wait for the epoch, and the run says why")
+    r.add_argument("--live", action=argparse.BooleanOptionalAction, default=None,
+                   help="show throughput, data-wait share, verdict, the top advice and "
+                        "workers every 2 s on stderr (default: on when stderr is a terminal, "
+                        "as a live table with the script's output above it; otherwise one "
+                        "plain line each time)")
     r.add_argument("--json", action="store_true",
                    help="after the script ends, print the summary (as measure --json) as the "
                         "last line of stdout")

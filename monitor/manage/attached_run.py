@@ -18,7 +18,7 @@ from typing import Any
 from monitor.assess.window import Context, assess_run
 from monitor.config import ATTACHED_PREFIX
 from monitor.export.prometheus import ExporterError
-from monitor.manage import spawn
+from monitor.manage import spawn, terminal
 from monitor.manage.runtime import Runtime
 from monitor.probe.epoch_plan import EVERY_ENV
 from monitor.probe.patch import DB_ENV, RUN_ENV
@@ -188,10 +188,12 @@ def run_attached(args: argparse.Namespace) -> int:
     if every is not None:
         env[EVERY_ENV] = str(every)
     rt.start()
+    live_on = terminal.wanted(args.live)
+    live_tty = live_on and sys.stderr.isatty()
     try:
         # its own process group, so signals reach the script and its DataLoader workers
         # together, and the terminal's Ctrl-C is the script's alone (as run bare)
-        proc = spawn.start_script(cmd, env)
+        proc = spawn.start_script(cmd, env, piped=live_tty)
     except OSError as exc:
         store.finish_run(run_id, "failed", f"could not start {cmd[0]!r}: {exc}")
         rt.close()
@@ -204,7 +206,15 @@ def run_attached(args: argparse.Namespace) -> int:
     cadence = Cadence("steps", every) if every else Cadence("epoch")
     tuner = LiveTuner(store, run_id, rt.context(), cadence=cadence).start() \
         if args.autotune else None
+    view = None
+    if live_on:
+        view = terminal.LiveView(store, run_id, rt.context(), tty=live_tty).start()
+        if live_tty:  # the script's output relayed above the live table
+            view.relay(proc.stdout, sys.stdout)
+            view.relay(proc.stderr, sys.stderr)
     rc, asked = _supervise(proc, rt)
+    if view is not None:
+        view.stop()
     if tuner is not None:
         tuner.stop()
     code = rc if rc >= 0 else 128 - rc  # the script's own exit status, as a shell gives it

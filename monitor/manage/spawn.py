@@ -90,8 +90,14 @@ def script_env(extra: dict[str, str]) -> dict[str, str]:
     return env
 
 
-def start_script(cmd: Sequence[str], env: dict[str, str]) -> subprocess.Popen:
-    """A user's command, in a process group of its own (its workers die with it)."""
+def start_script(cmd: Sequence[str], env: dict[str, str],
+                 piped: bool = False) -> subprocess.Popen:
+    """A user's command, in a process group of its own (its workers die with it); `piped`:
+    its stdout and stderr come to us, unbuffered (the terminal live view relays them)."""
     with contextlib.suppress(Exception):
         sys.stdout.flush()
+    if piped:
+        return subprocess.Popen(list(cmd), env={**env, "PYTHONUNBUFFERED": "1"},
+                                process_group=0, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE)
     return subprocess.Popen(list(cmd), env=env, process_group=0)

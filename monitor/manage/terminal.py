@@ -1,0 +1,159 @@
+"""`monitor run --live`: the run watched in the terminal, for a job on a machine reached over
+SSH with no browser.
+
+Every EVERY_S the same assessment as the page's KPI row (monitor/assess/window.py's recent
+window) is read from the store and shown: throughput, data-wait share, verdict, the top
+advice with its predicted gain, workers. On a terminal it is a rich Live table at the bottom
+of the screen, with the script's own output relayed above it line by line (the script's
+stdout and stderr are piped through rich's console, so neither overwrites the other); when
+stderr is not a terminal, one plain line per EVERY_S and the script's output untouched.
+"""
+from __future__ import annotations
+
+import contextlib
+import io
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import IO, Any
+
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+from rich.text import Text
+
+from monitor.assess.window import Assessment, Context, assess, recent_window
+from monitor.diagnosis import NO_DATA
+from monitor.store import Store
+from monitor.thresholds import KPI_WINDOW_S, VERDICT_MIN_STEPS
+
+EVERY_S = 2.0
+
+
+def read(store: Store, run_id: int, ctx: Context, now: float | None = None,
+         ) -> Assessment | None:
+    """The run's recent window assessed, as the page's KPI row shows it."""
+    run = store.run(run_id)
+    if run is None:
+        return None
+    end = now if now is not None else time.time()
+    since = end - KPI_WINDOW_S - 5.0
+    steps = store.steps(run_id, since=since, until=end)
+    from monitor.assess import analysis
+
+    host = analysis.run_rows(store.host_samples(since, end), run_id)
+    w = recent_window(run, steps, host, store.events(run_id), end, store.ranks(run_id))
+    return assess(w, ctx)
+
+
+def status(a: Assessment | None) -> dict[str, str]:
+    """The figures one refresh shows, as text."""
+    if a is None or a.verdict == NO_DATA:
+        n = a.features.steps if a is not None else 0
+        return {"verdict": f"judging after {VERDICT_MIN_STEPS} steps: {n} so far"}
+    f, d = a.features, a.diagnosis
+    top = d.advice[0] if d.advice else None
+    advice = "none"
+    if top is not None:
+        gain = (f" → {top.predicted_throughput:,.0f} samples/s"
+                if top.predicted_throughput else "")
+        advice = f"{top.param} = {top.value}{gain}"
+    return {"throughput": f"{f.throughput:,.0f} samples/s",
+            "data-wait share": f"{f.data_wait_share:.0%}",
+            "verdict": f"{d.verdict}: {d.headline}",
+            "top advice": advice,
+            "workers": str(f.config.get("num_workers", "–"))}
+
+
+def line(run_id: int, s: dict[str, str]) -> str:
+    """One plain status line (stderr not a terminal)."""
+    return f"starvation-monitor: run {run_id}: " + " · ".join(
+        f"{k} {v}" if k != "verdict" else v for k, v in s.items())
+
+
+def table(run_id: int, s: dict[str, str]) -> Table:
+    t = Table(title=f"starvation-monitor · run {run_id}", show_header=False,
+              title_justify="left", expand=False)
+    t.add_column(style="bold")
+    t.add_column(overflow="fold")
+    for k, v in s.items():
+        t.add_row(k, Text(v))  # text from the store stays text (no rich markup)
+    return t
+
+
+class LiveView:
+    """The refreshing view of one run; `relay(stream, to)` copies the script's output above
+    it. Started after the script, stopped before the end-of-run summary."""
+
+    def __init__(self, store: Store, run_id: int, ctx: Context, tty: bool,
+                 stream: IO[str] | None = None,
+                 reader: Callable[[], Assessment | None] | None = None) -> None:
+        self.run_id, self.tty = run_id, tty
+        self.stream = stream or sys.stderr
+        self._read = reader or (lambda: read(store, run_id, ctx))
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._live: Live | None = None
+        self._relays: list[threading.Thread] = []
+        if tty:
+            self.console = Console(file=self.stream, force_terminal=True)
+            self._live = Live(table(run_id, status(None)), console=self.console,
+                              auto_refresh=False, redirect_stdout=False,
+                              redirect_stderr=False)
+
+    def start(self) -> LiveView:
+        if self._live is not None:
+            self._live.start()
+        self._thread = threading.Thread(target=self._loop, name="live-view", daemon=True)
+        self._thread.start()
+        return self
+
+    def relay(self, pipe: IO[bytes], to: IO[str]) -> None:
+        """Copy the script's lines from `pipe` to the terminal above the live table."""
+        def copy() -> None:
+            text = io.TextIOWrapper(pipe, encoding="utf-8", errors="replace", newline="")
+            for chunk in iter(text.readline, ""):
+                if self._live is not None and not self._stop.is_set():
+                    self.console.print(Text(chunk.rstrip("\n")), soft_wrap=True,
+                                       highlight=False)
+                else:
+                    to.write(chunk)
+                    to.flush()
+        t = threading.Thread(target=copy, name="live-relay", daemon=True)
+        t.start()
+        self._relays.append(t)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(EVERY_S):
+            self.refresh()
+
+    def refresh(self) -> dict[str, str]:
+        try:
+            s = status(self._read())
+        except Exception as exc:  # a store read failed: say so, keep the script running
+            s = {"verdict": f"cannot read the store: {exc}"}
+        if self._live is not None:
+            self._live.update(table(self.run_id, s), refresh=True)
+        else:
+            print(line(self.run_id, s), file=self.stream, flush=True)
+        return s
+
+    def stop(self) -> None:
+        """After the script exited: the relays drain its last output, the view ends."""
+        for t in self._relays:
+            t.join(timeout=5.0)
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=EVERY_S + 5.0)
+        if self._live is not None:
+            with contextlib.suppress(Exception):
+                self._live.stop()
+
+
+def wanted(flag: bool | None, stream: Any = None) -> bool:
+    """--live / --no-live, else on when stderr is a terminal."""
+    if flag is not None:
+        return flag
+    s = stream or sys.stderr
+    return bool(getattr(s, "isatty", lambda: False)())
