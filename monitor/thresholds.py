@@ -30,6 +30,21 @@ STORAGE_READ_KB = 1.0
 RUNQ_CONTENTION_SHARE = 0.25
 # Time lost at epoch starts over the window above which restarting workers per epoch matters.
 EPOCH_STALL_SHARE = 0.10
+# A tail stall: a step whose data wait is at least SPIKE_X median steps (and SPIKE_MIN_S).
+# When such steps hold TAIL_WAIT_SHARE of the window's data wait, a few slow batches (a cold
+# file, a slow sample, a GC pause), not a slow pipeline, are what the device waits for.
+SPIKE_X = 5.0
+SPIKE_MIN_S = 0.005
+TAIL_WAIT_SHARE = 0.5
+# ...and such steps are rare: at most this share of steps, and at most half a step per
+# worker (n workers hand over batches in rounds: one step in n waiting is the pipeline).
+TAIL_MAX_STEP_SHARE = 0.05
+# Warm-up: the run's first steps, until one takes at most WARMUP_SETTLED_X median steps
+# (read from the first WARMUP_READ_STEPS); time they took beyond median steps is the run's
+# warm-up, which dominates a run when it is WARMUP_DOMINANT_SHARE of the run's stepping.
+WARMUP_SETTLED_X = 2.0
+WARMUP_READ_STEPS = 200
+WARMUP_DOMINANT_SHARE = 0.5
 # Host-to-device copy time over compute above which the copy, not the model, is the step.
 TRANSFER_SHARE = 0.30
 # CPU taken by processes outside the workload above which the verdict names them: half a

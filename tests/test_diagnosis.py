@@ -300,3 +300,55 @@ def test_features_without_schedstat_rows_say_what_is_missing():
     assert f.blocked_per_sample_s is None and f.loaders_blocked_share is None
     assert any("schedstat" in m for m in f.missing_evidence)
     assert diagnose(f).verdict == "starving"  # never io-bound on a guess
+
+
+def test_tail_stalls_from_a_few_slow_batches():
+    """Five of 200 steps wait 1 s (a cold file), the rest 5 ms: the device waits mostly for
+    those five, so the verdict is tail stalls with a deeper queue, not more workers."""
+    waits = [1.0 if i % 40 == 20 else 0.005 for i in range(200)]
+    steps = steps_frame(waits, [0.05] * 200)
+    steps["epoch"], steps["step"] = 0, range(200)
+    t0, t1 = float(steps["ts"].min() - 1.0), float(steps["ts"].max() + 0.05)
+    host = host_frame(t0, t1, proc=30.0, workers=20.0, n_workers=2, total=55.0)
+    f = features(steps, host, LoaderConfig.build(num_workers=2).to_dict(), BUDGET)
+    assert f.spike_steps == 5 and f.spike_wait_share == pytest.approx(5 / 5.975, rel=1e-3)
+    assert f.step_p50_s == pytest.approx(0.055) and f.tail_ratio > 10
+    dg = diagnose(f)
+    assert dg.verdict == "tail-stalls", dg.headline
+    assert "5 of 200 steps" in dg.headline
+    top = dg.advice[0]
+    assert (top.param, top.value) == ("prefetch_factor", 4)
+    lost = f.spike_wait_share * f.data_wait_share * f.window_s  # the stalls' wait
+    assert top.predicted_throughput == pytest.approx(
+        f.throughput * f.window_s / (f.window_s - lost))
+    # the same wait spread evenly over every step: a slow pipeline, not a tail
+    even = steps_frame([sum(waits) / 200] * 200, [0.05] * 200)
+    even["epoch"], even["step"] = 0, range(200)
+    g = features(even, host, LoaderConfig.build(num_workers=2).to_dict(), BUDGET)
+    assert g.spike_steps == 0 and diagnose(g).verdict != "tail-stalls"
+
+
+def test_warm_up_dominates_a_short_run(tmp_path):
+    """A run whose first steps took 6 s (start-up) and then 2 s of steady steps: the steady
+    state's verdict would hide where the run's time went."""
+    from monitor.assess.window import Context, assess, steady_window
+    from monitor.records import StepRecord
+    from monitor.store import Store
+
+    store = Store(tmp_path / "w.db")
+    run = store.create_run("short", "attached", {"num_workers": 0, "batch_size": 8})
+    t = 1000.0
+    rows = []
+    for i, (w, c) in enumerate([(3.0, 0.02), (2.0, 0.02), (1.0, 0.02)] + [(0.005, 0.02)] * 80):
+        t += w + c
+        rows.append(StepRecord(run, i, 0, t, w, c, 8, 0))
+    store.insert(rows)
+    store.finish_run(run, "finished")
+    w = steady_window(store, run)
+    a = assess(w, Context(BUDGET, 6))
+    f = a.features
+    assert f.warmup_steps == 3 and f.first_step_s == pytest.approx(3.02)
+    assert f.warmup_lost_s == pytest.approx(6.06 - 3 * 0.025, rel=0.01)
+    assert f.warmup_share == pytest.approx(f.warmup_lost_s / (t - 1000.0), rel=0.01)
+    assert a.verdict == "warm-up", a.diagnosis.headline
+    assert "first 3 step(s)" in a.diagnosis.headline

@@ -12,7 +12,14 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import pandas as pd
 
-from monitor.thresholds import IDLE_GAP_MIN_S, SAWTOOTH_MIN_AC, SAWTOOTH_MIN_STD
+from monitor.thresholds import (
+    IDLE_GAP_MIN_S,
+    SAWTOOTH_MIN_AC,
+    SAWTOOTH_MIN_STD,
+    SPIKE_MIN_S,
+    SPIKE_X,
+    WARMUP_SETTLED_X,
+)
 
 BUSY_BIN_S = 0.05
 
@@ -180,6 +187,42 @@ def epoch_stalls(steps: pd.DataFrame) -> tuple[int, float, float | None]:
         else first.iloc[0:0]  # the window's first epoch may have started before it
     lost = float(np.clip(starts - typical, 0, None).sum())
     return int(len(starts)), lost, (float(starts.median()) if len(starts) else None)
+
+
+def step_tail(steps: pd.DataFrame) -> dict[str, float | int | None]:
+    """Step time's median and 99th percentile, and the tail stalls: steps whose data wait
+    is at least SPIKE_X median steps (and SPIKE_MIN_S), with their share of all the wait.
+    An epoch's first step is not one: its wait is the epoch start's (epoch_stalls)."""
+    out: dict[str, float | int | None] = {"p50": None, "p99": None, "spikes": 0,
+                                          "spike_wait_share": None}
+    if steps.empty:
+        return out
+    step = steps["wait_s"] + steps["compute_s"]
+    p50 = float(step.median())
+    out.update(p50=p50, p99=float(step.quantile(0.99)))
+    spike = steps["wait_s"] >= max(SPIKE_X * p50, SPIKE_MIN_S)
+    if "epoch" in steps.columns:
+        spike &= ~steps.index.isin(steps.sort_values("ts").groupby("epoch").head(1).index)
+    total = float(steps["wait_s"].sum())
+    out.update(spikes=int(spike.sum()),
+               spike_wait_share=float(steps.loc[spike, "wait_s"].sum()) / total
+               if total > 0 else None)
+    return out
+
+
+def warmup(first: pd.DataFrame, steady_step_s: float, run_s: float,
+           ) -> dict[str, float | int] | None:
+    """The run's warm-up from its first steps (one rank's, in order): the steps until one
+    takes at most WARMUP_SETTLED_X steady steps, and the time they took beyond steady steps,
+    also as a share of the run's stepping (`run_s`: its first step's start to its last)."""
+    if first.empty or not steady_step_s > 0 or not run_s > 0:
+        return None
+    step = (first["wait_s"] + first["compute_s"]).to_numpy()
+    settled = np.flatnonzero(step <= WARMUP_SETTLED_X * steady_step_s)
+    n = int(settled[0]) if len(settled) else len(step)
+    lost = float(np.clip(step[:n] - steady_step_s, 0, None).sum())
+    return {"steps": n, "lost_s": lost, "share": min(1.0, lost / run_s),
+            "first_step_s": float(step[0])}
 
 
 def nvml_vs_busy(util: pd.DataFrame, steps: pd.DataFrame) -> dict[str, float | None]:

@@ -22,7 +22,13 @@ from monitor.assess import analysis
 from monitor.diagnosis import Diagnosis, Features, diagnose, features
 from monitor.diagnosis.straggler import RankFigures, straggler_diagnosis, stragglers
 from monitor.records import CpuBudget
-from monitor.thresholds import KPI_WINDOW_S, STEADY_MAX_S, VERDICT_MIN_STEPS, warmup_seconds
+from monitor.thresholds import (
+    KPI_WINDOW_S,
+    STEADY_MAX_S,
+    VERDICT_MIN_STEPS,
+    WARMUP_READ_STEPS,
+    warmup_seconds,
+)
 
 if TYPE_CHECKING:
     from monitor.store import Store
@@ -49,6 +55,7 @@ class Window:
     host: pd.DataFrame
     caption: str = ""
     ranks: pd.DataFrame | None = None  # a job's ranks (store.ranks): host, pid, config
+    warmup: dict[str, Any] | None = None  # the run's warm-up (a steady state's: analysis.warmup)
 
     @property
     def accelerator(self) -> str:
@@ -131,7 +138,22 @@ def steady_window(store: Store, run_id: int) -> Window | None:
     start, end = analysis.span(steps)
     return Window(run, steps, _host_of(store, run_id, start, end),
                   f"steady state of the final settings ({end - start:.0f} s)",
-                  store.ranks(run_id))
+                  store.ranks(run_id), _warmup(store, run_id, steps, last))
+
+
+def _warmup(store: Store, run_id: int, steady: pd.DataFrame, last: float,
+            ) -> dict[str, Any] | None:
+    """The run's warm-up against its steady step time (one rank's: the lowest)."""
+    first = store.first_steps(run_id, WARMUP_READ_STEPS)
+    if first.empty or steady.empty:
+        return None
+    if "rank" in first.columns and first["rank"].notna().any():
+        low = first["rank"].min()
+        first, steady = first[first["rank"] == low], steady[steady["rank"] == low]
+    steady_step = float((steady["wait_s"] + steady["compute_s"]).median()) \
+        if not steady.empty else math.nan
+    run_s = last - float(first["ts"].iloc[0] - first["wait_s"].iloc[0])
+    return analysis.warmup(first, steady_step, run_s)
 
 
 def recent_window(run: dict[str, Any], steps: pd.DataFrame, host: pd.DataFrame,
@@ -168,7 +190,8 @@ def split_throughputs(steps: pd.DataFrame, parts: int) -> tuple[float, ...]:
 
 def _one(window: Window, ctx: Context, config: dict[str, Any], host: pd.DataFrame,
          steps: pd.DataFrame) -> tuple[Features, Diagnosis]:
-    f = features(steps, host, config, ctx.budget, window.accelerator, ctx.memory_budget_mb)
+    f = features(steps, host, config, ctx.budget, window.accelerator, ctx.memory_budget_mb,
+                 window.warmup)
     return f, diagnose(f, ctx.max_workers)
 
 

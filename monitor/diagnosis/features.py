@@ -46,6 +46,15 @@ class Features:
     epoch_stall_s: float = ev(default=0.0)
     epoch_stall_share: float = ev("time lost at epoch starts", "{:.1%}", math.nan)
     first_batch_s: float | None = ev("time to first batch (s)", "{:.2f}")
+    step_p50_s: float | None = ev("step time, median (s)", "{:.3f}")
+    step_p99_s: float | None = ev("step time, p99 (s)", "{:.3f}")
+    tail_ratio: float | None = ev("step time p99 / median", "{:.1f}x")
+    spike_steps: int = ev("tail stalls (wait ≥ 5 median steps)", "{}", 0)
+    spike_wait_share: float | None = ev("data wait in tail stalls", "{:.0%}")
+    warmup_steps: int | None = ev("warm-up steps (run start)", "{}")
+    warmup_lost_s: float | None = ev("warm-up beyond steady steps (s)", "{:.2f}")
+    warmup_share: float | None = ev("warm-up, of the run's stepping", "{:.0%}")
+    first_step_s: float | None = ev("the run's first step (s)", "{:.2f}")
     copy_share: float | None = ev("host-to-device copy / compute", "{:.0%}")
     host_cpu_cores: float | None = ev()  # the whole host, all processes
     cpu_busy_fraction: float | None = ev("host CPU busy (of usable cores)", "{:.0%}")
@@ -219,8 +228,10 @@ def _memory(h: pd.DataFrame, budget_mb: float | None) -> dict[str, float | None]
 def features(
     steps: pd.DataFrame, host: pd.DataFrame, config: dict[str, Any], budget: CpuBudget,
     accelerator: str = SIMULATED, memory_budget: float | None = None,
+    warmup: dict[str, Any] | None = None,
 ) -> Features:
-    """Measure a window of one configuration (steps and host samples over the same time)."""
+    """Measure a window of one configuration (steps and host samples over the same time);
+    `warmup`: the run's own warm-up (analysis.warmup), for a run's steady state."""
     s = analysis.summarize(steps)
     start, end = analysis.span(steps) if not steps.empty else (0.0, 0.0)
     busy = analysis.busy_series(steps, start=start, end=end)
@@ -248,6 +259,8 @@ def features(
         return v / live if v is not None and live else None
 
     empty = steps.empty
+    tail = analysis.step_tail(steps)
+    wu = warmup or {}
     return Features(
         config=dict(config), accelerator=accelerator, steps=s.steps, window_s=s.window_s,
         throughput=s.throughput, data_wait_share=s.data_wait_share,
@@ -257,6 +270,11 @@ def features(
         compute_per_step_s=math.nan if empty else float(steps["compute_s"].median()),
         epoch_starts=n_epochs, epoch_stall_s=stall,
         epoch_stall_share=math.nan if empty else stall / span_s, first_batch_s=first,
+        step_p50_s=tail["p50"], step_p99_s=tail["p99"],
+        tail_ratio=(tail["p99"] / tail["p50"]) if tail["p50"] else None,
+        spike_steps=int(tail["spikes"] or 0), spike_wait_share=tail["spike_wait_share"],
+        warmup_steps=wu.get("steps"), warmup_lost_s=wu.get("lost_s"),
+        warmup_share=wu.get("share"), first_step_s=wu.get("first_step_s"),
         copy_share=copy, host_cpu_cores=cpu["host"],
         cpu_busy_fraction=cpu["host"] / budget.usable if cpu["host"] is not None else None,
         main_cpu_cores=cpu["main"], workers_cpu_cores=cpu["workers"], workers_live=live,

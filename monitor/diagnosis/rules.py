@@ -1,11 +1,13 @@
 """The verdicts: each a small function of the window's Features, tried in RULES order.
 
 Order, and why: memory pressure first (it can kill the job, whatever else is slow); then a
-transfer-bound step (on CUDA, the copy is the step); then healthy (the device is fed: nothing
-else matters); epoch stalls (lost at each epoch start, whatever the steady state); then the
+transfer-bound step (on CUDA, the copy is the step); a warm-up that took most of the run (its
+steady state is not where its time went); then healthy (the device is fed: nothing else
+matters); epoch stalls (lost at each epoch start, whatever the steady state); then the
 CPU: oversubscribed (more workers than cores, all busy), cpu-bound (cores saturated, or the
 loaders measured waiting for a CPU: contention); io-bound (loaders measured blocked, and
-reading); and starving, the rest. The first rule that fires names the verdict. Every
+reading); tail stalls (a few rare slow batches hold most of the wait: a deeper queue, not
+more workers); and starving, the rest. The first rule that fires names the verdict. Every
 sentence is built from the same measured split (monitor/diagnosis/features.py: on a CPU,
 waiting for one, blocked), so a headline cannot say both "CPU busy" and "waiting on storage".
 """
@@ -29,10 +31,14 @@ from monitor.thresholds import (
     MIN_GAIN,
     OTHER_LOAD_CORES,
     RUNQ_CONTENTION_SHARE,
+    SPIKE_X,
     STARVING_SHARE,
     STORAGE_READ_KB,
+    TAIL_MAX_STEP_SHARE,
+    TAIL_WAIT_SHARE,
     TRANSFER_SHARE,
     VERDICT_MIN_STEPS,
+    WARMUP_DOMINANT_SHARE,
 )
 
 # The one verdict vocabulary (a closed set): every JSON, chart and banner uses these names.
@@ -40,8 +46,9 @@ HEALTHY, STARVING, CPU_BOUND, IO_BOUND = "healthy", "starving", "cpu-bound", "io
 MEMORY_PRESSURE, OVERSUBSCRIBED = "memory-pressure", "oversubscribed"
 EPOCH_STALL, TRANSFER_BOUND, NO_DATA = "epoch-stall", "transfer-bound", "no data"
 INPUT_STRAGGLER = "input-straggler"  # a job's ranks: diagnosis/straggler.py
+WARM_UP, TAIL_STALLS = "warm-up", "tail-stalls"
 VERDICTS = (HEALTHY, STARVING, CPU_BOUND, IO_BOUND, MEMORY_PRESSURE, OVERSUBSCRIBED,
-            EPOCH_STALL, TRANSFER_BOUND, INPUT_STRAGGLER, NO_DATA)
+            EPOCH_STALL, TRANSFER_BOUND, WARM_UP, TAIL_STALLS, INPUT_STRAGGLER, NO_DATA)
 CORES_BOUND = (CPU_BOUND, OVERSUBSCRIBED)  # loader changes cannot help: the cores are full
 
 
@@ -154,6 +161,50 @@ def transfer_bound(c: Ctx) -> str | None:
             "step; pageable memory makes non_blocking copies synchronous.")
 
 
+def warm_up(c: Ctx) -> str | None:
+    """Most of the run went to its first steps (worker start-up, imports, cold caches,
+    compilation): its steady state is not what the run spent its time on."""
+    f = c.f
+    if f.warmup_share is None or f.warmup_share < WARMUP_DOMINANT_SHARE:
+        return None
+    if f.num_workers > 0 and not f.config.get("persistent_workers") and f.epoch_starts >= 1:
+        c.add("persistent_workers", True, None, "keeps workers alive between epochs, so "
+              "their start-up is paid once, not at each epoch")
+    steady = (f"data wait {f.data_wait_share:.0%} of step time, "
+              f"{f.throughput:,.0f} samples/s")
+    return (f"Warm-up: the run's first {f.warmup_steps} step(s) took {f.warmup_lost_s:.1f} s "
+            f"beyond steady-state steps, {f.warmup_share:.0%} of the run (first step "
+            f"{f.first_step_s:.2f} s: worker start-up, imports, cold caches); a longer run "
+            f"amortises it. In steady state: {steady}.")
+
+
+def tail_stalls(c: Ctx) -> str | None:
+    """A few slow batches hold most of the wait: not a slow pipeline, a slow sample (a cold
+    file, a large record, a GC pause). A deeper queue rides them out; more workers only if
+    the steady wait is also high."""
+    f = c.f
+    # rare: n workers hand over batches in rounds, so one step in n waiting is the pipeline
+    rare = f.spike_steps <= f.steps * min(TAIL_MAX_STEP_SHARE, 0.5 / max(f.num_workers, 1))
+    if f.spike_steps < 2 or not rare or f.spike_wait_share is None or \
+            f.spike_wait_share < TAIL_WAIT_SHARE:
+        return None
+    lost = f.spike_wait_share * f.data_wait_share * f.window_s
+    pred = f.throughput * f.window_s / max(f.window_s - lost, 1e-9)
+    nw, pf = f.num_workers, f.config.get("prefetch_factor") or DEFAULT_PREFETCH
+    if nw > 0:
+        c.add("prefetch_factor", pf * 2, pred, f"prefetch_factor {pf} → {pf * 2}: a deeper "
+              f"queue rides out a slow batch; up to {gain(pred, f.throughput)} if the stalls "
+              "are absorbed")
+    else:
+        c.add("num_workers", 2, pred, "num_workers 0 → 2: a slow batch loads while the "
+              f"others are consumed; up to {gain(pred, f.throughput)} if the stalls are "
+              "absorbed")
+    return (f"Tail stalls: {f.spike_steps} of {f.steps} steps waited at least "
+            f"{SPIKE_X:g} median steps for data, and they hold {f.spike_wait_share:.0%} of "
+            f"the data wait (step time p99/median {f.tail_ratio or 0:.1f}x): a few slow "
+            "batches, not a slow pipeline.")
+
+
 def healthy(c: Ctx) -> str | None:
     f, nw = c.f, c.f.num_workers
     if f.data_wait_share >= STARVING_SHARE:
@@ -249,9 +300,10 @@ def starving(c: Ctx) -> str:
 
 
 RULES: tuple[tuple[str, Rule], ...] = (
-    (MEMORY_PRESSURE, memory_pressure), (TRANSFER_BOUND, transfer_bound), (HEALTHY, healthy),
-    (EPOCH_STALL, epoch_stall), (OVERSUBSCRIBED, oversubscribed), (CPU_BOUND, cpu_bound),
-    (IO_BOUND, io_bound), (STARVING, starving),
+    (MEMORY_PRESSURE, memory_pressure), (TRANSFER_BOUND, transfer_bound), (WARM_UP, warm_up),
+    (HEALTHY, healthy), (EPOCH_STALL, epoch_stall), (OVERSUBSCRIBED, oversubscribed),
+    (CPU_BOUND, cpu_bound), (IO_BOUND, io_bound), (TAIL_STALLS, tail_stalls),
+    (STARVING, starving),
 )
 
 

@@ -83,6 +83,7 @@ class Store:
     add_event = _Part("series", Series.add_event)
     events = _Part("series", Series.events)
     steps = _Part("series", Series.steps)
+    first_steps = _Part("series", Series.first_steps)
     step_totals = _Part("series", Series.step_totals)
     last_step_ts = _Part("series", Series.last_step_ts)
     host_samples = _Part("series", Series.host_samples)

@@ -72,6 +72,11 @@ class Series:
              until if until is not None else END_OF_TIME),
         )
 
+    def first_steps(self, run_id: int, n: int) -> pd.DataFrame:
+        """A run's first `n` steps, in time order (its warm-up)."""
+        return self.db.frame("SELECT * FROM steps WHERE run_id = ? ORDER BY ts LIMIT ?",
+                             (run_id, n))
+
     def step_totals(self, run_ids: Sequence[int]) -> dict[int, dict[str, float]]:
         """Per run: steps, samples and the sums of wait, compute and both (the exporter's
         counters), in one query."""
