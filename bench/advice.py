@@ -1,14 +1,20 @@
-"""Does the advice pay? For each preset: measure at num_workers=0, apply the first loader
-advice, measure again, and compare with the bound model's prediction.
+"""Does the advice pay, and is its prediction right? For each preset, and for the example
+script under `monitor run`: measure at num_workers=0, take the first loader advice and its
+predicted samples/s, measure the advised setting; twice, interleaved (before, after, before,
+after), so that the host's drift falls on both alike.
 
-    python bench/advice.py [--seconds 10] [--presets starving,io-bound,cpu-bound]
+    python bench/advice.py [--seconds 8] [--presets starving,io-bound,cpu-bound] [--no-script]
 
-Prints verdict, data-wait share, throughput before and after, the measured ratio, and the
-prediction error (predicted / measured - 1). Figures only; nothing is asserted.
+Prints per case: verdict, throughput before and after (means of the rounds), the advice,
+its prediction, and the prediction error (predicted / measured - 1); then the mean absolute
+error over the cases. Figures only; nothing is asserted.
 """
 from __future__ import annotations
 
 import argparse
+import json
+import statistics
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -20,40 +26,88 @@ from monitor.manage.measure import measure
 from monitor.manage.runtime import Runtime
 from monitor.tuning.experiment import step_time_of
 
+ROOT = Path(__file__).resolve().parent.parent
 SLIDER_PARAMS = (*LIVE_SETTINGS, "batch_size")
+HEAD = (f"{'case':<14}{'verdict':<14}{'before':>9}  {'advice':<18}{'predicted':>10}"
+        f"{'measured':>10}{'pred err':>9}")
+
+
+def row(case: str, verdict: str, before: float, advice: str, pred: float | None,
+        after: float | None) -> float | None:
+    err = pred / after - 1 if pred and after else None
+    print(f"{case:<14}{verdict:<14}{before:>9.1f}  {advice:<18}"
+          f"{pred or float('nan'):>10.1f}{after or float('nan'):>10.1f}"
+          f"{'' if err is None else f'{err:+.0%}':>9}", flush=True)
+    return err
+
+
+def preset_case(rt: Runtime, preset: str, seconds: float, rounds: int) -> float | None:
+    cfg = LoaderConfig.build(preset=preset, num_workers=0)
+    first = measure(rt, cfg, seconds)
+    dg = first.assessment.diagnosis
+    adv = next((x for x in dg.advice if x.param in SLIDER_PARAMS), None)
+    if adv is None:
+        row(preset, dg.verdict, first.summary.throughput, "(no loader change)", None, None)
+        return None
+    # a calibrated step (starving) is pinned to what the first run used: same device
+    cfg = cfg.replace(step_time_ms=cfg.step_time_ms or step_time_of(rt.store, first.run_id))
+    befores, afters = [first.summary.throughput], []
+    for i in range(rounds):
+        afters.append(measure(rt, cfg.replace(**{adv.param: adv.value}), seconds)
+                      .summary.throughput)
+        if i < rounds - 1:
+            befores.append(measure(rt, cfg, seconds).summary.throughput)
+    return row(preset, dg.verdict, statistics.mean(befores), f"{adv.param} {adv.value}",
+               adv.predicted_throughput, statistics.mean(afters))
+
+
+def script_run(db: str, nw: int, epochs: int) -> dict:
+    r = subprocess.run([sys.executable, "-m", "monitor", "run", "--db", db, "--json",
+                        "--no-live", "--", sys.executable, str(ROOT / "examples" /
+                                                               "train_small.py"),
+                        "--epochs", str(epochs), "--num-workers", str(nw)],
+                       cwd=ROOT, capture_output=True, text=True, check=True)
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def script_case(db: str, epochs: int, rounds: int) -> float | None:
+    first = script_run(db, 0, epochs)
+    adv = next((x for x in first["advice"] if x["param"] == "num_workers"), None)
+    if adv is None:
+        row("train_small", first["verdict"], first["throughput"], "(no loader change)",
+            None, None)
+        return None
+    befores, afters = [first["throughput"]], []
+    for i in range(rounds):
+        afters.append(script_run(db, int(adv["value"]), epochs)["throughput"])
+        if i < rounds - 1:
+            befores.append(script_run(db, 0, epochs)["throughput"])
+    return row("train_small", first["verdict"], statistics.mean(befores),
+               f"num_workers {adv['value']}", adv["predicted_throughput"],
+               statistics.mean(afters))
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--seconds", type=float, default=10.0)
+    ap.add_argument("--seconds", type=float, default=8.0)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--epochs", type=int, default=3, help="the example script's epochs")
     ap.add_argument("--presets", default="starving,io-bound,cpu-bound,healthy")
+    ap.add_argument("--no-script", action="store_true")
     a = ap.parse_args()
-    rt = Runtime(Path(tempfile.mkdtemp()) / "advice.db").start()
-    store = rt.store
-    print(f"{'preset':<11}{'verdict':<16}{'share':>7}{'before':>9}  {'advice':<22}"
-          f"{'predicted':>10}{'after':>9}{'ratio':>7}{'pred err':>9}  after verdict")
-    for preset in a.presets.split(","):
-        cfg = LoaderConfig.build(preset=preset, num_workers=0)
-        before = measure(rt, cfg, a.seconds)
-        dg = before.assessment.diagnosis
-        adv = next((x for x in dg.advice if x.param in SLIDER_PARAMS), None)
-        row = (f"{preset:<11}{dg.verdict:<16}{before.summary.data_wait_share:>7.2f}"
-               f"{before.summary.throughput:>9.1f}  ")
-        if adv is None:
-            others = "; ".join(str(x.value) for x in dg.advice) or "none"
-            print(row + f"{'(no loader change)':<22}{'':>10}{'':>9}{'':>7}{'':>9}  {others}")
-            continue
-        # a calibrated step (starving) is pinned to what the first run used: same device
-        step = cfg.step_time_ms or step_time_of(store, before.run_id)
-        after = measure(rt, cfg.replace(step_time_ms=step, **{adv.param: adv.value}),
-                        a.seconds)
-        ratio = after.summary.throughput / before.summary.throughput
-        err = (adv.predicted_throughput / after.summary.throughput - 1
-               if adv.predicted_throughput else float("nan"))
-        print(row + f"{adv.param + ' ' + str(adv.value):<22}"
-              f"{adv.predicted_throughput or float('nan'):>10.1f}"
-              f"{after.summary.throughput:>9.1f}{ratio:>7.2f}{err:>+9.1%}  "
-              f"{after.assessment.verdict} ({after.summary.data_wait_share:.2f})", flush=True)
+    db = str(Path(tempfile.mkdtemp()) / "advice.db")
+    print(HEAD)
+    errors = []
+    with Runtime(db) as rt:
+        rt.start()
+        for preset in a.presets.split(","):
+            errors.append(preset_case(rt, preset, a.seconds, a.rounds))
+    if not a.no_script:
+        errors.append(script_case(db, a.epochs, a.rounds))
+    known = [e for e in errors if e is not None]
+    if known:
+        print(f"mean |prediction error| over {len(known)} cases: "
+              f"{statistics.mean(abs(e) for e in known):.0%} (worst {max(known, key=abs):+.0%})")
 
 
 if __name__ == "__main__":

@@ -138,7 +138,10 @@ def summary_lines(d: dict[str, Any]) -> list[str]:
         for r, t in per.items():
             who = f"autotune rank {r}" if len(per) > 1 else "autotune"
             out += [f"  {who} move {i}: {_desc(m['settings'])} ({m['reason']}) → "
-                    f"{m['throughput']:,.0f} samples/s, {outcome(m)}"
+                    f"{m['throughput']:,.0f} samples/s"
+                    + (f" (predicted {m['predicted']:,.0f}, "
+                       f"{m['throughput'] / m['predicted'] - 1:+.0%})"
+                       if m.get("predicted") else "") + f", {outcome(m)}"
                     for i, m in enumerate(t["moves"], 1)]
             out.append(f"  {who}: {t['settled'] or 'still searching when the job ended'}")
         if tune.get("error"):

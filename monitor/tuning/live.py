@@ -360,7 +360,8 @@ class LiveTuner:
                 self.run_id, control.CONFIG,
                 control.config_payload({**(run.get("config") or {}), **settings}, source))
         self.store.add_event(self.run_id, control.AUTOTUNE, move.reason,
-                             {**settings, "rank": tuner.rank, "revert": move.revert})
+                             {**settings, "rank": tuner.rank, "revert": move.revert,
+                              "predicted": move.predicted})
         tuner.wait_seq = (tuner.seq or 0) + 1
         tuner.expect = settings
 

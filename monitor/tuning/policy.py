@@ -77,6 +77,7 @@ class Move:
     revert: bool = False  # back to the best setting, already measured
     extend: bool = False  # the same setting measured once more (nothing to apply)
     remeasure: bool = False  # back to the best, to be measured again (not a known result)
+    predicted: float | None = None  # the bound model's samples/s for it, when it has one
 
 
 def memory_left_mb(available_mb: float | None, used_mb: float | None,
@@ -106,6 +107,7 @@ class Policy:
     extensions: int = 0  # measurements taken once more
     rematches: int = 0  # the best measured again under a move's host load
     observed: int = 0
+    _predicted: dict = field(default_factory=dict)  # settings key -> the model's samples/s
 
     def observe(self, obs: Observation, measured: bool = True) -> Move | None:
         """Judge the stretch just measured, then say what to try next (None: stay).
@@ -191,6 +193,8 @@ class Policy:
                 (b.advised_workers > nw or cores_bound):  # fewer: only off oversubscription
             out.append(({"num_workers": b.advised_workers}, "the bound model's knee: "
                          f"predicted {b.predicted:,.0f} samples/s"))
+            self._predicted[_key(normalise({**s, "num_workers": b.advised_workers}))] = \
+                b.predicted
         # what removing the whole data wait would give: share / (1 - share)
         room = b.data_wait_share / max(1e-9, 1 - b.data_wait_share)
         if room >= MIN_STEP_GAIN and nw == 0:
@@ -219,7 +223,7 @@ class Policy:
             if not 0 <= n <= self.max_workers or _key(new) in self.tried \
                     or not self._fits(b, n):
                 continue
-            return Move(new, why)
+            return Move(new, why, predicted=self._predicted.get(_key(new)))
         return None
 
     @staticmethod
@@ -232,6 +236,7 @@ class Policy:
         best = self.best.throughput
         noise = noise_band([obs.std_error, self.best.std_error]) / best if best else None
         self.moves.append({"settings": move.settings, "reason": move.reason,
+                           "predicted": move.predicted,
                            "throughput": obs.throughput, "best_before": best,
                            "kept": kept, "failed": obs.failed, "noise": noise,
                            "other_cores": obs.other_cores,
