@@ -64,7 +64,8 @@ def test_metrics_names_labels_and_dcgm_join(store, db_path):
               "starvation_run_info", "starvation_workers_cpu_cores",
               "starvation_main_process_memory_bytes"):
         assert n in names, n
-    assert f'starvation_steps_total{{hostname="node-a",rank="0",run="{run}"}} 200.0' in text
+    assert (f'starvation_steps_total{{UUID="",gpu="",hostname="node-a",job_id="",'
+            f'local_rank="",node_rank="",rank="0",run_id="{run}"}} 200.0') in text
     assert re.search(r'starvation_loader_info\{.*num_workers="0".*\} 1\.0', text)
     # the GPU series are labelled as dcgm-exporter labels them: joinable on(hostname, gpu)
     store.insert([GpuUtilSample(ts=time.time(), gpu=0, util_pct=87.0, source="samples")])
@@ -192,7 +193,7 @@ def test_real_prometheus_rate_matches_the_store(store, no_leaks, runtime, tmp_pa
                           f"--web.listen-address=127.0.0.1:{pport}"],
                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     base = f"http://127.0.0.1:{pport}"
-    sel = f'{{run="{run}"}}'
+    sel = f'{{run_id="{run}"}}'
     try:
         def enough() -> list | None:
             try:
@@ -227,3 +228,22 @@ def test_page_offers_the_selected_runs_files(store, no_leaks, quiet_page):
     labels = sorted(b.proto.label for b in at.get("download_button"))
     assert labels == ["Download run (CSV, zip)", "Download run (Parquet, zip)"]
     assert at.selectbox(key="selected_run").value == run
+
+
+def test_deploy_files_are_what_promql_writes():
+    """The dashboard and the rules on disk are monitor/export/promql.py's (one home for every
+    expression, thresholds from monitor/thresholds.py)."""
+    from monitor.export import promql
+    from monitor.thresholds import STRAGGLER_MIN_S, STRAGGLER_RATIO
+
+    for rel, text in promql.files().items():
+        assert (ROOT / "deploy" / rel).read_text() == text, (
+            f"deploy/{rel} is stale: python -m monitor.export.promql --write deploy")
+    rules = (ROOT / "deploy" / "prometheus" / "rules.yml").read_text()
+    assert f">= {STRAGGLER_RATIO:g} *" in rules and f">= {STRAGGLER_MIN_S:g})" in rules
+    promtool = shutil.which("promtool")
+    if promtool:  # Debian's prometheus package ships it
+        r = subprocess.run([promtool, "check", "rules", str(ROOT / "deploy" / "prometheus" /
+                                                          "rules.yml")],
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stdout + r.stderr

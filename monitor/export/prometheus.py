@@ -2,10 +2,11 @@
 each scrape (no state of its own, no hand-written text).
 
 Names follow Prometheus conventions: one prefix (`starvation_`), base units (`_seconds`,
-`_bytes`, ratios 0-1, `_total` for counters). Per-run series carry `run`, `rank` and
-`hostname`; GPU series carry `gpu`, `UUID` and `hostname`, spelled as dcgm-exporter spells
-them, so `on(hostname, gpu)` joins ours with `DCGM_FI_DEV_GPU_UTIL`. No step numbers or PIDs
-as labels. The data-wait share over any window is
+`_bytes`, ratios 0-1, `_total` for counters). Run series are per rank, labelled RUN_LABELS
+(`run_id`, `job_id`, `rank`, `local_rank`, `node_rank`, `hostname`, and the rank's `gpu` and
+`UUID`); GPU series carry `gpu`, `UUID` and `hostname`, spelled as dcgm-exporter spells them,
+so `on(hostname, gpu)` joins ours with `DCGM_FI_DEV_GPU_UTIL`. No step numbers or PIDs as
+labels; an ended run ages out after RECENT_S. The data-wait share over any window is
 `rate(starvation_data_wait_seconds_total[w]) / rate(starvation_step_seconds_total[w])`.
 
 A scrape reads with its own SQLite connection (WAL: readers never block the workload's
@@ -16,6 +17,7 @@ from __future__ import annotations
 import socket
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 from prometheus_client.core import (
@@ -28,6 +30,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import CollectorRegistry
 
 from monitor.assess.analysis import run_rows
+from monitor.assess.devices import workload_gpu
 from monitor.assess.window import Context, assess, recent_window
 from monitor.config import LIVE_SETTINGS
 from monitor.diagnosis import VERDICTS
@@ -35,36 +38,40 @@ from monitor.store import Store
 
 PREFIX = "starvation_"
 RECENT_S = 300.0  # ended runs stay exported this long, so their last increments are scraped
-RUN_LABELS = ["run", "rank", "hostname"]
+# One series per rank of a run. `job_id` is the same on every node of one job (the probe's
+# monitor/probe/identity.py job_id); `gpu` and `UUID` are the rank's GPU as dcgm-exporter
+# labels it (empty on a CPU rank), so `* on(hostname, gpu) group_left` joins DCGM's series.
+# Not `job`: Prometheus renames a target's `job` label to `exported_job`.
+RUN_LABELS = ["run_id", "job_id", "rank", "local_rank", "node_rank", "hostname", "gpu", "UUID"]
 GPU_LABELS = ["gpu", "UUID", "hostname"]
 MB = 1024 * 1024
+_R = ", ".join(RUN_LABELS)
 
 # name, type, labels, meaning: the README's table is written from this list.
 METRICS: list[tuple[str, str, str, str]] = [
-    ("steps_total", "counter", "run, rank, hostname", "training steps recorded"),
-    ("samples_total", "counter", "run, rank, hostname", "samples in those steps"),
-    ("data_wait_seconds_total", "counter", "run, rank, hostname",
+    ("steps_total", "counter", _R, "training steps recorded"),
+    ("samples_total", "counter", _R, "samples in those steps"),
+    ("data_wait_seconds_total", "counter", _R,
      "seconds blocked in next(iterator) waiting for batches"),
-    ("compute_seconds_total", "counter", "run, rank, hostname",
+    ("compute_seconds_total", "counter", _R,
      "seconds from a batch's arrival to the next request (the step)"),
-    ("step_seconds_total", "counter", "run, rank, hostname",
+    ("step_seconds_total", "counter", _R,
      "data wait + compute: the denominator of the data-wait share"),
-    ("device_busy_ratio", "gauge", "run, rank, hostname",
-     "device busy (step-derived) over the last 10 s, 0-1"),
-    ("verdict", "stateset", "run, rank, hostname, starvation_verdict",
-     "the diagnosis of the last 10 s: 1 for the current verdict, 0 for the others"),
-    ("loader_info", "info", "run, rank, hostname, num_workers, prefetch_factor, pin_memory, "
+    ("wait_per_step_seconds", "gauge", _R,
+     "mean data wait per step over the last 10 s: the input-straggler signal"),
+    ("device_busy_ratio", "gauge", _R, "device busy (step-derived) over the last 10 s, 0-1"),
+    ("verdict", "stateset", _R + ", starvation_verdict",
+     "the rank's diagnosis of the last 10 s: 1 for the current verdict, 0 for the others"),
+    ("loader_info", "info", _R + ", num_workers, prefetch_factor, pin_memory, "
      "persistent_workers, batch_size", "the loader settings in force"),
-    ("run_info", "info", "run, rank, hostname, name, kind, status, accelerator_kind",
-     "what the run is"),
-    ("workers", "gauge", "run, rank, hostname", "live DataLoader worker processes"),
-    ("workers_cpu_cores", "gauge", "run, rank, hostname",
-     "CPU used by the workers, in cores (1 = one core busy)"),
-    ("main_process_cpu_cores", "gauge", "run, rank, hostname",
-     "CPU used by the training process itself, in cores"),
-    ("workers_memory_bytes", "gauge", "run, rank, hostname",
+    ("run_info", "info", _R + ", name, kind, status, accelerator_kind, world_size",
+     "what the run is; world_size: the job's ranks on every node"),
+    ("workers", "gauge", _R, "live DataLoader worker processes"),
+    ("workers_cpu_cores", "gauge", _R, "CPU used by the workers, in cores (1 = one core busy)"),
+    ("main_process_cpu_cores", "gauge", _R, "CPU used by the training process itself, in cores"),
+    ("workers_memory_bytes", "gauge", _R,
      "memory the workers add (USS; RSS where USS is not read)"),
-    ("main_process_memory_bytes", "gauge", "run, rank, hostname", "RSS of the training process"),
+    ("main_process_memory_bytes", "gauge", _R, "RSS of the training process"),
     ("gpu_utilization_ratio", "gauge", "gpu, UUID, hostname",
      "NVML utilization, last sample, 0-1 (DCGM_FI_DEV_GPU_UTIL / 100)"),
     ("gpu_memory_used_bytes", "gauge", "gpu, UUID, hostname",
@@ -72,12 +79,33 @@ METRICS: list[tuple[str, str, str, str]] = [
     ("gpu_power_watts", "gauge", "gpu, UUID, hostname", "board power (DCGM_FI_DEV_POWER_USAGE)"),
 ]
 DOC = {name: meaning for name, _, _, meaning in METRICS}
+HOST_GAUGES = (("workers", "workers", 1.0), ("workers_cpu_cores", "workers_cpu_pct", 0.01),
+               ("main_process_cpu_cores", "proc_cpu_pct", 0.01),
+               ("workers_memory_bytes", "workers_uss_mb", MB),
+               ("main_process_memory_bytes", "proc_rss_mb", MB))
 
 
 def _fam(kind: type, name: str, labels: list[str], **kw: Any) -> Any:
     """A family; counters and infos are named without the suffix the client adds."""
     doc = DOC.get(name) or DOC.get(f"{name}_total") or DOC[f"{name}_info"]
     return kind(PREFIX + name, doc, labels=labels, **kw)
+
+
+def _text(v: Any) -> str:
+    """A label value: '' for what is not known."""
+    if v is None or (isinstance(v, float) and v != v):
+        return ""
+    return str(int(v)) if isinstance(v, float) and v.is_integer() else str(v)
+
+
+@dataclass(frozen=True, slots=True)
+class RankSeries:
+    """One rank of a run as the exporter labels it."""
+
+    rank: int
+    labels: list[str]
+    config: dict[str, Any]
+    world_size: int
 
 
 class StoreCollector:
@@ -98,6 +126,28 @@ class StoreCollector:
         finally:
             store.close()
 
+    def ranks_of(self, store: Store, run: dict, devices: list) -> list[RankSeries]:
+        """The run's ranks as they reported themselves; a run with none is rank 0 of one."""
+        rid = str(run["id"])
+        df = store.ranks(int(run["id"]))
+        if df.empty:
+            gpu = workload_gpu(devices, run.get("device"))
+            return [RankSeries(0, [rid, "", "0", "", "", self.hostname, _text(gpu),
+                                   self._uuid(devices, gpu)], run.get("config") or {}, 1)]
+        out = []
+        for r in df.itertuples():
+            gpu = workload_gpu(devices, r.device) if r.device else None
+            out.append(RankSeries(int(r.rank), [
+                rid, _text(getattr(r, "job_id", None)), str(int(r.rank)), _text(r.local_rank),
+                _text(getattr(r, "node_rank", None)), _text(r.hostname) or self.hostname,
+                _text(gpu), self._uuid(devices, gpu)], r.config or run.get("config") or {},
+                int(r.world_size or 1)))
+        return out
+
+    @staticmethod
+    def _uuid(devices: list, gpu: int | None) -> str:
+        return next((d.uuid or "" for d in devices if gpu is not None and d.index == gpu), "")
+
     def _runs(self, store: Store) -> Iterator[Metric]:
         now = time.time()
         runs = store.runs(limit=200)
@@ -105,48 +155,54 @@ class StoreCollector:
         counters = {n: _fam(CounterMetricFamily, n, RUN_LABELS) for n in (
             "steps", "samples", "data_wait_seconds", "compute_seconds", "step_seconds")}
         gauges = {n: _fam(GaugeMetricFamily, n, RUN_LABELS) for n in (
-            "device_busy_ratio", "workers", "workers_cpu_cores", "main_process_cpu_cores",
-            "workers_memory_bytes", "main_process_memory_bytes")}
+            "wait_per_step_seconds", "device_busy_ratio", *(g for g, _, _ in HOST_GAUGES))}
         verdict = _fam(StateSetMetricFamily, "verdict", RUN_LABELS)
         loader = _fam(InfoMetricFamily, "loader", RUN_LABELS)
         info = _fam(InfoMetricFamily, "run", RUN_LABELS)
-        totals = store.step_totals([int(r) for r in runs["id"]])
+        totals = store.rank_totals([int(r) for r in runs["id"]])
+        devices = store.gpu_inventory()[2]
         for row in runs.itertuples():
             run = store.run(int(row.id)) or {}
-            labels = [str(row.id), "0", self.hostname]
-            t = totals.get(int(row.id), {})
-            for key, fam in counters.items():
-                fam.add_metric(labels, float(t.get(key, 0.0)), created=float(row.started_at))
-            self._recent(store, run, labels, gauges, verdict, now)
-            cfg = run.get("config") or {}
-            loader.add_metric(labels, {k: str(cfg.get(k)) for k in (*LIVE_SETTINGS,
-                                                                      "batch_size")})
-            info.add_metric(labels, {"name": str(row.name), "kind": str(row.kind),
-                                     "status": str(row.status),
-                                     "accelerator_kind": str(run.get("accelerator_kind"))})
+            if not run or (run.get("kind") == "attached" and not any(
+                    k[0] == int(row.id) for k in totals) and store.ranks(int(row.id)).empty):
+                continue  # a script whose probe has not said who it is: no series yet
+            end = min(now, run["ended_at"]) if run.get("status") != "running" else now
+            steps = store.steps(int(run["id"]), since=end - 15.0, until=end)
+            host = run_rows(store.host_samples(end - 15.0, end), int(run["id"]))
+            events = store.events(int(run["id"]), kinds=("config",))
+            for rs in self.ranks_of(store, run, devices):
+                t = totals.get((int(row.id), rs.rank), {})
+                for key, fam in counters.items():
+                    fam.add_metric(rs.labels, float(t.get(key, 0.0)),
+                                   created=float(row.started_at))
+                mine = steps[steps["rank"].fillna(0) == rs.rank] if "rank" in steps.columns \
+                    else steps
+                h = host[host["rank"].fillna(0) == rs.rank] if "rank" in host.columns \
+                    and host["rank"].notna().any() else host
+                self._recent(run, mine, h, events, end, rs.labels, gauges, verdict)
+                cfg = rs.config
+                loader.add_metric(rs.labels, {k: str(cfg.get(k)) for k in (*LIVE_SETTINGS,
+                                                                            "batch_size")})
+                info.add_metric(rs.labels, {
+                    "name": str(row.name), "kind": str(row.kind), "status": str(row.status),
+                    "accelerator_kind": str(run.get("accelerator_kind")),
+                    "world_size": str(rs.world_size)})
         yield from counters.values()
         yield from gauges.values()
         yield from (verdict, loader, info)
 
-    def _recent(self, store: Store, run: dict, labels: list[str], gauges: dict,
-                verdict: Any, now: float) -> None:
-        """Gauges and the verdict over the run's last 10 s (its KPI window)."""
-        end = min(now, run["ended_at"]) if run.get("status") != "running" else now
-        steps = store.steps(int(run["id"]), since=end - 15.0, until=end)
-        host = run_rows(store.host_samples(end - 15.0, end), int(run["id"]))
-        events = store.events(int(run["id"]), kinds=("config",))
+    def _recent(self, run: dict, steps: Any, host: Any, events: Any, end: float,
+                labels: list[str], gauges: dict, verdict: Any) -> None:
+        """One rank's gauges and verdict over its last 10 s (the page's KPI window)."""
         a = assess(recent_window(run, steps, host, events, end), self.ctx)
         f = a.features
         if f.steps:
             gauges["device_busy_ratio"].add_metric(labels, f.device_busy_mean)
+            gauges["wait_per_step_seconds"].add_metric(labels, f.wait_per_step_s)
         verdict.add_metric(labels, {v: v == a.verdict for v in VERDICTS})
         if not host.empty:
             last = host.iloc[-1]
-            for name, col, scale in (("workers", "workers", 1.0),
-                                     ("workers_cpu_cores", "workers_cpu_pct", 0.01),
-                                     ("main_process_cpu_cores", "proc_cpu_pct", 0.01),
-                                     ("workers_memory_bytes", "workers_uss_mb", MB),
-                                     ("main_process_memory_bytes", "proc_rss_mb", MB)):
+            for name, col, scale in HOST_GAUGES:
                 v = last.get(col)
                 if col == "workers_uss_mb" and (v is None or v != v):
                     v = last.get("workers_rss_mb")

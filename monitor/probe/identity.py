@@ -75,14 +75,45 @@ def node_rank(env: dict[str, str] | None = None) -> int | None:
     return None
 
 
+def node_count(env: dict[str, str] | None = None) -> int | None:
+    """How many nodes the job spans: torchrun's GROUP_WORLD_SIZE, else WORLD_SIZE over
+    LOCAL_WORLD_SIZE; None when the launcher does not say."""
+    env = dict(os.environ) if env is None else env
+    try:
+        if env.get("GROUP_WORLD_SIZE"):
+            return int(env["GROUP_WORLD_SIZE"])
+        world, local = int(env["WORLD_SIZE"]), int(env["LOCAL_WORLD_SIZE"])
+        return max(1, world // local) if local > 0 else None
+    except (KeyError, ValueError):
+        return None
+
+
+JOB_ENV = "STARVATION_MONITOR_JOB_ID"  # the user's own name for a job, on every node
+
+
+def job_id(env: dict[str, str] | None = None) -> str | None:
+    """The same on every node of one job, so that each node's series join in Prometheus:
+    $STARVATION_MONITOR_JOB_ID; else torchrun's rendezvous id (TORCHELASTIC_RUN_ID, from
+    --rdzv-id; "none" under a static rendezvous is no id); else the scheduler's job
+    (SLURM_JOB_ID); else the rendezvous address MASTER_ADDR:MASTER_PORT (a later job on the
+    same master and port gets the same id: told apart by run_id and time). None for a
+    single process outside any of these."""
+    env = dict(os.environ) if env is None else env
+    for key in (JOB_ENV, "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID"):
+        v = (env.get(key) or "").strip()
+        if v and v.lower() != "none":
+            return v
+    if env.get("MASTER_ADDR") and env.get("MASTER_PORT"):
+        return f"{env['MASTER_ADDR']}:{env['MASTER_PORT']}"
+    return None
+
+
 def job_key() -> str | None:
-    """What the ranks of one job on this host share, under a torch.distributed launcher:
-    torchrun's run id, else the rendezvous address; None for a single process."""
+    """What the ranks of one job on this host share, under a torch.distributed launcher
+    (the job's id, and this host); None for a single process."""
     if rank_identity()[2] <= 1:
         return None
-    run = os.environ.get("TORCHELASTIC_RUN_ID") or \
-        f"{os.environ.get('MASTER_ADDR', '')}:{os.environ.get('MASTER_PORT', '')}"
-    return f"job:{run}@{socket.gethostname()}"
+    return f"job:{job_id() or ''}@{socket.gethostname()}"
 
 
 def cuda_device() -> dict[str, Any] | None:

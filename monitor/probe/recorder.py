@@ -21,7 +21,14 @@ from typing import Any
 from monitor import control
 from monitor.config import ATTACHED_PREFIX, ConfigError, LoaderConfig, describe_change
 from monitor.probe.epoch_plan import why_not_resumable
-from monitor.probe.identity import accelerator_kind, cuda_device, rank_identity
+from monitor.probe.identity import (
+    accelerator_kind,
+    cuda_device,
+    job_id,
+    node_count,
+    node_rank,
+    rank_identity,
+)
 from monitor.probe.loops import TRAIN
 from monitor.probe.timing import Probe, TimedIterator
 from monitor.probe.watchdog import Watchdog
@@ -253,7 +260,8 @@ class Recorder:
         kind = accelerator_kind()
         device = cuda_device()
         self.store.set_rank(self.run_id, self.rank, self.local_rank, self.world_size,
-                            socket.gethostname(), os.getpid(), settings, kind, device)
+                            socket.gethostname(), os.getpid(), settings, kind, device,
+                            job_id=job_id(), node_rank=node_rank(), nodes=node_count())
         if self.rank == 0:
             extra: dict[str, Any] = {"pid": os.getpid()} if self.world_size == 1 else {}
             if device is not None:

@@ -85,6 +85,7 @@ class Store:
     steps = _Part("series", Series.steps)
     first_steps = _Part("series", Series.first_steps)
     step_totals = _Part("series", Series.step_totals)
+    rank_totals = _Part("series", Series.rank_totals)
     last_step_ts = _Part("series", Series.last_step_ts)
     host_samples = _Part("series", Series.host_samples)
     gpu_samples = _Part("series", Series.gpu_samples)

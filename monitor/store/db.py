@@ -98,8 +98,11 @@ class Db:
         for col in ("device", "accelerator_kind"):  # columns added since 0.1
             if col not in have:
                 conn.execute(f"ALTER TABLE runs ADD COLUMN {col} TEXT")
-        if "device" not in {r[1] for r in conn.execute("PRAGMA table_info(ranks)")}:
-            conn.execute("ALTER TABLE ranks ADD COLUMN device TEXT")
+        have = {r[1] for r in conn.execute("PRAGMA table_info(ranks)")}
+        for col, typ in (("device", "TEXT"), ("job_id", "TEXT"), ("node_rank", "INTEGER"),
+                         ("nodes", "INTEGER")):
+            if col not in have:  # columns added since 0.1
+                conn.execute(f"ALTER TABLE ranks ADD COLUMN {col} {typ}")
         for table, rec in RECORD_TABLES.items():
             cols = ", ".join(f"{f.name} {sql_type(str(f.type))}" for f in fields(rec))
             conn.execute(f"CREATE TABLE IF NOT EXISTS {table} ({cols})")

@@ -180,15 +180,19 @@ class Runs:
     def set_rank(self, run_id: int, rank: int, local_rank: int | None, world_size: int,
                  hostname: str, pid: int, config: dict[str, Any] | None = None,
                  accelerator_kind: str | None = None,
-                 device: dict[str, Any] | None = None) -> None:
+                 device: dict[str, Any] | None = None, job_id: str | None = None,
+                 node_rank: int | None = None, nodes: int | None = None) -> None:
         """What one rank's probe says of itself (at its first epoch, and after changes);
-        `device`: its CUDA device as the collector finds it in NVML (uuid, pci, index)."""
+        `device`: its CUDA device as the collector finds it in NVML (uuid, pci, index);
+        `job_id`: the same on every node of the job, `nodes` how many (probe/identity.py)."""
         self.db.conn().execute(
             "INSERT OR REPLACE INTO ranks (run_id, rank, local_rank, world_size, hostname, pid,"
-            " config, accelerator_kind, device, ts) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            " config, accelerator_kind, device, job_id, node_rank, nodes, ts) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (run_id, rank, local_rank, world_size, hostname, pid,
              json.dumps(config, sort_keys=True) if config is not None else None,
-             accelerator_kind, json.dumps(device) if device else None, time.time()))
+             accelerator_kind, json.dumps(device) if device else None, job_id, node_rank,
+             nodes, time.time()))
 
     def ranks(self, run_id: int) -> pd.DataFrame:
         """One row per rank that has reported, by rank; `config` and `device` parsed."""

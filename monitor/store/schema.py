@@ -53,6 +53,9 @@ CREATE TABLE IF NOT EXISTS ranks (
     config TEXT,
     accelerator_kind TEXT,
     device TEXT,
+    job_id TEXT,
+    node_rank INTEGER,
+    nodes INTEGER,
     ts REAL NOT NULL,
     PRIMARY KEY (run_id, rank)
 );

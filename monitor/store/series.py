@@ -78,17 +78,28 @@ class Series:
                              (run_id, n))
 
     def step_totals(self, run_ids: Sequence[int]) -> dict[int, dict[str, float]]:
-        """Per run: steps, samples and the sums of wait, compute and both (the exporter's
-        counters), in one query."""
+        """Per run: steps, samples and the sums of wait, compute and both, in one query."""
+        out: dict[int, dict[str, float]] = {}
+        for (run, _), t in self.rank_totals(run_ids).items():
+            mine = out.setdefault(run, dict.fromkeys(t, 0.0))
+            for k, v in t.items():
+                mine[k] += v
+        return out
+
+    def rank_totals(self, run_ids: Sequence[int]) -> dict[tuple[int, int], dict[str, float]]:
+        """Per (run, rank): steps, samples and the sums of wait, compute and both (the
+        exporter's counters), in one query; a run without ranks is rank 0."""
         if not run_ids:
             return {}
         rows = self.db.conn().execute(
-            "SELECT run_id, COUNT(*), SUM(samples), SUM(wait_s), SUM(compute_s) FROM steps "
-            f"WHERE run_id IN ({', '.join('?' * len(run_ids))}) GROUP BY run_id",
-            tuple(run_ids)).fetchall()
-        return {int(r): {"steps": n, "samples": s or 0, "data_wait_seconds": w or 0.0,
-                         "compute_seconds": c or 0.0, "step_seconds": (w or 0.0) + (c or 0.0)}
-                for r, n, s, w, c in rows}
+            "SELECT run_id, COALESCE(rank, 0), COUNT(*), SUM(samples), SUM(wait_s), "
+            "SUM(compute_s) FROM steps "
+            f"WHERE run_id IN ({', '.join('?' * len(run_ids))}) "
+            "GROUP BY run_id, COALESCE(rank, 0)", tuple(run_ids)).fetchall()
+        return {(int(r), int(k)): {"steps": n, "samples": s or 0, "data_wait_seconds": w or 0.0,
+                                   "compute_seconds": c or 0.0,
+                                   "step_seconds": (w or 0.0) + (c or 0.0)}
+                for r, k, n, s, w, c in rows}
 
     def last_step_ts(self, run_id: int) -> float | None:
         """When the run's newest step ended; None before its first."""

@@ -92,7 +92,8 @@ def live_region() -> None:
     if run_id is None:
         st.info("No run yet: press Start in the sidebar.")
         return
-    ranks = sorted(int(r) for r in rt.store.ranks(run_id)["rank"])
+    rank_rows = rt.store.ranks(run_id)
+    ranks = sorted(int(r) for r in rank_rows["rank"])
     pick = panels.rank_pick(ranks, f"rank_pick_{run_id}")
     gpu_pick = st.session_state.get("gpu_pick") if devices else None
     if devices and gpu_pick is None:
@@ -129,7 +130,11 @@ def live_region() -> None:
         render_autotune(rt, view.run)
     panels.render_other_charts(figs)
     if len(ranks) > 1:
-        panels.render_ranks(a, view, rt.store.ranks(run_id), devices)
+        panels.render_ranks(a, view, rank_rows, devices)
+    scope = views.job_scope(rank_rows)
+    if scope is not None:
+        st.info(plain(scope[0]))
+        st.code(scope[1], language="promql")
     if devices:
         st.subheader("GPU (NVML)")
         st.caption(plain(gpu_notice))

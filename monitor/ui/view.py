@@ -189,6 +189,34 @@ def assessed_window(store: Store, view: View) -> Window:
         view.run, view.steps, view.host, view.events, view.end, ranks)
 
 
+def job_scope(ranks: pd.DataFrame) -> tuple[str, str] | None:
+    """For a job whose ranks span hosts: what this store holds of it, and the PromQL that
+    shows the whole job (each node records its own ranks in its own store); None when every
+    rank of the job is here."""
+    if ranks is None or ranks.empty or "world_size" not in ranks.columns:
+        return None
+    world = int(pd.to_numeric(ranks["world_size"], errors="coerce").max() or 1)
+    here = sorted(int(r) for r in ranks["rank"])
+    if world <= len(here):
+        return None
+    nodes = pd.to_numeric(ranks.get("nodes"), errors="coerce").max() \
+        if "nodes" in ranks.columns else None
+    hosts = sorted({str(h) for h in ranks["hostname"].dropna()})
+    job = next((str(j) for j in ranks.get("job_id", pd.Series(dtype=object)).dropna()), "")
+    spread = f"{world} ranks on {int(nodes)} hosts" if nodes == nodes and nodes else \
+        f"{world} ranks"
+    text = (f"This job has {spread}; this store holds rank{'s' if len(here) > 1 else ''} "
+            f"{', '.join(map(str, here))} ({', '.join(hosts)}). The others are recorded by "
+            "their own nodes (monitor run on each, each with its own store); with "
+            "--metrics-port on every node, Prometheus shows the whole job"
+            + (f" (job_id {job})" if job else "") + ":")
+    sel = f'{{job_id="{job}"}}' if job else ""
+    promql = (f"sum by (job_id) (rate(starvation_samples_total{sel}[1m]))\n"
+              f"sum by (node_rank, rank) (rate(starvation_data_wait_seconds_total{sel}[1m])) "
+              f"/ sum by (node_rank, rank) (rate(starvation_steps_total{sel}[1m]))")
+    return text, promql
+
+
 def rank_view(view: View, pick: int | None) -> View:
     """The charts' view for one rank of a job (None: the job)."""
     if pick is None or "rank" not in view.steps.columns:

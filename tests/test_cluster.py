@@ -1,0 +1,184 @@
+"""A job across nodes, watched in Prometheus: a real two-node torchrun job on one box (two
+agents, `--nnodes 2 --node-rank 0/1`, gloo on the CPU), each node under its own
+`monitor run --metrics-port` with its own store, one real Prometheus (Debian's) scraping
+both, the project's rules loaded, and a recorded-shaped dcgm-exporter page beside them. Every
+panel query of the Grafana dashboard runs against that Prometheus; the straggler panel names
+the slow rank; the job's throughput in PromQL is the sum of the two stores."""
+from __future__ import annotations
+
+import http.server
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from monitor.export import promql
+from monitor.records import GpuDevice
+from monitor.store import Store
+from tests.conftest import wait_for
+from tests.test_export import free_port, prom_query
+
+ROOT = Path(__file__).resolve().parent.parent
+DDP = ROOT / "examples" / "train_ddp.py"
+TORCHRUN = str(Path(sys.executable).parent / "torchrun")
+DCGM_TEXT = (ROOT / "tests" / "fixtures" / "dcgm_exporter_metrics.txt").read_bytes()
+GPU0_UUID = "GPU-9b1f4c2e-7d3a-4e8b-a6f0-2c5d8e1b3a47"  # the fixture's GPU 0, 37% busy
+WINDOW = "15s"
+pytestmark = pytest.mark.slow
+
+
+def node(db: Path, port: int, node_rank: int, master: int, epochs: int) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "monitor", "run", "--db", str(db), "--metrics-port", str(port),
+         "--json", "--no-live", "--", TORCHRUN, "--nnodes", "2", "--nproc-per-node", "1",
+         "--node-rank", str(node_rank), "--master-addr", "127.0.0.1",
+         "--master-port", str(master), str(DDP), "--epochs", str(epochs),
+         "--slow-rank", "1", "--slow-factor", "4"],
+        cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True)
+
+
+class _Dcgm(http.server.BaseHTTPRequestHandler):
+    def do_GET(self) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "text/plain; version=0.0.4")
+        self.end_headers()
+        self.wfile.write(DCGM_TEXT)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def panel_queries() -> dict[int, list[str]]:
+    """Each panel's expressions as Grafana sends them with every variable at All."""
+    doc = json.loads((ROOT / "deploy" / "grafana" / "starvation-monitor.json").read_text())
+    out = {}
+    for p in doc["panels"]:
+        out[p["id"]] = [re.sub(r'=~"\$\w+"', '=~".*"', t["expr"]).replace(
+            "$__rate_interval", WINDOW) for t in p["targets"]]
+    return out
+
+
+def test_two_node_job_in_prometheus(tmp_path, no_leaks):
+    prom = shutil.which("prometheus")
+    if prom is None:
+        pytest.skip("prometheus is not installed (apt-get install -y prometheus)")
+    ports, pport, master = [free_port(), free_port()], free_port(), free_port()
+    dcgm = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Dcgm)
+    threading.Thread(target=dcgm.serve_forever, daemon=True).start()
+    rules = tmp_path / "rules.yml"
+    rules.write_text(promql.rules())
+    targets = ", ".join(f"'127.0.0.1:{p}'" for p in ports)
+    (tmp_path / "prometheus.yml").write_text(
+        "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
+        f"rule_files: ['{rules}']\nscrape_configs:\n"
+        f"  - job_name: starvation-monitor\n    static_configs: [{{targets: [{targets}]}}]\n"
+        "  - job_name: dcgm-exporter\n"
+        f"    static_configs: [{{targets: ['127.0.0.1:{dcgm.server_address[1]}']}}]\n")
+    p = subprocess.Popen([prom, f"--config.file={tmp_path / 'prometheus.yml'}",
+                          f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+                          f"--web.listen-address=127.0.0.1:{pport}"],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    base = f"http://127.0.0.1:{pport}"
+    dbs = [tmp_path / "node0.db", tmp_path / "node1.db"]
+    nodes = [node(dbs[i], ports[i], i, master, epochs=14) for i in (0, 1)]
+    results: dict[int, list[list]] = {}
+    try:
+        # node 0's rank runs on a GPU where NVML would say so (no GPU here: the inventory and
+        # the rank's CUDA device are written as the collector and the probe would write them)
+        def reported() -> bool:
+            return dbs[0].exists() and not Store(dbs[0]).ranks(1).empty
+        assert wait_for(reported, timeout=90), "node 0's rank never reported"
+        s0 = Store(dbs[0])
+        s0.set_gpu_inventory(True, "NVML (test)", [GpuDevice(0, "NVIDIA H200", GPU0_UUID,
+                                                             (0, 0x19, 0), 143771.0)])
+        s0.db.conn().execute("UPDATE ranks SET device = ? WHERE rank = 0",
+                             (json.dumps({"uuid": GPU0_UUID, "cuda_index": 0}),))
+
+        def scraped() -> bool:  # 16 s of both ranks, job-labelled, since the device was set
+            try:
+                full = prom_query(base, 'count_over_time(starvation_samples_total'
+                                        '{job_id!=""}[16s]) >= 15')
+            except OSError:
+                return False
+            return {(s["metric"]["rank"], s["metric"].get("gpu", "")) for s in full} >= \
+                {("0", "0"), ("1", "")}
+        assert wait_for(scraped, timeout=120, every=0.5), "Prometheus never had 16 s of both"
+        at = time.time() - 1.0
+        for pid, exprs in panel_queries().items():
+            results[pid] = [prom_query(base, e, time=str(at)) for e in exprs]
+        recorded = prom_query(base, "starvation:input_straggler", time=str(at))
+    finally:
+        outs = [n.communicate(timeout=240) for n in nodes]
+        p.terminate()
+        p.wait(30)
+        dcgm.shutdown()
+    for n, (_out, err) in zip(nodes, outs, strict=True):
+        assert n.returncode == 0, err[-3000:]
+    empty = {pid: i for pid, rs in results.items() for i, r in enumerate(rs) if not r}
+    assert not empty, f"panel queries with no data: {empty}"
+    # one job across both nodes, both ranks with their node ranks
+    per_rank = results[1][1]
+    assert {(s["metric"]["rank"], s["metric"]["node_rank"]) for s in per_rank} == \
+        {("0", "0"), ("1", "1")}
+    assert {s["metric"]["job_id"] for s in per_rank} == {f"127.0.0.1:{master}"}
+    assert [(s["metric"]["world_size"], s["value"][1]) for s in results[8][0]] == [("2", "2")]
+    # the straggler panel, and the recording rule, name rank 1 on node 1
+    for found in (results[4][0], recorded):
+        assert [(s["metric"]["rank"], s["metric"]["node_rank"]) for s in found] == \
+            [("1", "1")], found
+    # DCGM's utilization of node 0's GPU, labelled with the rank that uses it
+    joined = results[6][0]
+    assert [(s["metric"]["rank"], s["metric"]["gpu"], float(s["value"][1])) for s in joined] \
+        == [("0", "0", 37.0)]
+    # the job's throughput in PromQL is the two stores' over the same window
+    job = float(results[1][0][0]["value"][1])
+    span = float(WINDOW.rstrip("s"))
+    stored = sum(float(Store(db).steps(1, since=at - span, until=at)["samples"].sum())
+                 for db in dbs) / span
+    print(f"job throughput: PromQL {job:.1f}, stores {stored:.1f} samples/s; straggler "
+          f"{results[4][0][0]['metric']}: {float(results[4][0][0]['value'][1]) * 1000:.1f} "
+          "ms/step")
+    assert job == pytest.approx(stored, rel=0.05)
+    # each node's page says the job is bigger than what its store holds
+    from monitor.ui.view import job_scope
+
+    text, query = job_scope(Store(dbs[1]).ranks(1))
+    assert text.startswith("This job has 2 ranks on 2 hosts; this store holds rank 1 "), text
+    assert f'job_id="127.0.0.1:{master}"' in query
+
+
+def test_one_node_two_ranks_each_have_their_series(tmp_path, no_leaks):
+    """A one-node torchrun job of two ranks: /metrics has a series per rank, never summed."""
+    port = free_port()
+    n = subprocess.Popen(
+        [sys.executable, "-m", "monitor", "run", "--db", str(tmp_path / "j.db"),
+         "--metrics-port", str(port), "--no-live", "--", TORCHRUN, "--standalone",
+         "--nproc-per-node", "2", str(DDP), "--epochs", "8"],
+        cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE, text=True)
+    try:
+        def both() -> str | None:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+                    text = r.read().decode()
+            except OSError:
+                return None
+            ranks = re.findall(r'^starvation_steps_total\{[^}]*\brank="(\d)"[^}]*\} (\d+)',
+                               text, re.M)
+            return text if {r for r, v in ranks if int(float(v)) > 0} == {"0", "1"} else None
+        text = wait_for(both, timeout=120, every=0.5)
+    finally:
+        _, err = n.communicate(timeout=240)
+    assert n.returncode == 0, err[-3000:]
+    assert text, "the endpoint never showed both ranks stepping"
+    lines = [ln for ln in text.splitlines() if ln.startswith("starvation_steps_total{")]
+    assert len(lines) == 2 and all('local_rank="' in ln and 'job_id="' in ln for ln in lines)
