@@ -14,6 +14,7 @@ _REQUIRED: Any = object()
 # Event kinds of the stall watchdog (monitor/probe/watchdog.py writes, assess/stall.py reads).
 STALLED, RESUMED = "stalled", "resumed"
 STALL_KINDS = (STALLED, RESUMED)
+LOOP_ENDED = "the loop ended"  # a resumed event's label when the loop ended in a stall
 
 
 def col(label: str, unit: str = "", default: Any = _REQUIRED) -> Any:

@@ -120,6 +120,16 @@ HOST_STEP_CHANGE = 0.10
 STALL_MIN_S = 10.0
 STALL_STEPS = 20
 STALL_ENV = "STARVATION_MONITOR_STALL_MIN_S"  # tests shorten STALL_MIN_S
+# Waiting for an epoch's first batch includes starting its workers and opening the dataset:
+# the run's first one gets STARTUP_ALLOWANCE_S (STARTUP_ENV overrides it), a later epoch's
+# FIRST_BATCH_X times the run's own first batch (measured), never less than the floor above.
+STARTUP_ALLOWANCE_S = 30.0
+STARTUP_ENV = "STARVATION_MONITOR_STARTUP_S"
+FIRST_BATCH_X = 3.0
+# At a measurement's deadline, a loop with no step for QUIET_MIN_S and QUIET_STEPS typical
+# steps may be stuck: the measurement waits for its watchdog's verdict (up to the limit).
+QUIET_MIN_S = 1.0
+QUIET_STEPS = 5
 
 # -- windows ---------------------------------------------------------------------------------
 # Discarded start of a measured window: worker start-up and the first batches. A fifth of
@@ -153,13 +163,26 @@ def warmup_seconds(seconds: float) -> float:
     return min(WARMUP_MAX_S, WARMUP_FRACTION * max(0.0, seconds))
 
 
-def stall_limit_s(median_step_s: float | None) -> float:
-    """Seconds without a batch after which the loader is reported stuck."""
+def _env_s(name: str, default: float) -> float:
     try:
-        floor = float(os.environ.get(STALL_ENV) or STALL_MIN_S)
+        return float(os.environ.get(name) or default)
     except ValueError:
-        floor = STALL_MIN_S
-    return max(floor, STALL_STEPS * (median_step_s or 0.0))
+        return default
+
+
+def stall_limit_s(median_step_s: float | None, first_batch: bool = False,
+                  run_first_batch_s: float | None = None) -> float:
+    """Seconds without a batch after which the loader is reported stuck: STALL_MIN_S and
+    STALL_STEPS typical steps; waiting for an epoch's first batch, the start-up allowance
+    (the run's first: STARTUP_ALLOWANCE_S; a later epoch's: FIRST_BATCH_X x the run's first
+    batch, measured)."""
+    floor = _env_s(STALL_ENV, STALL_MIN_S)
+    limit = max(floor, STALL_STEPS * (median_step_s or 0.0))
+    if first_batch:
+        startup = FIRST_BATCH_X * run_first_batch_s if run_first_batch_s is not None \
+            else _env_s(STARTUP_ENV, STARTUP_ALLOWANCE_S)
+        limit = max(limit, startup)
+    return limit
 
 
 def memory_budget_mb(explicit: float | None = None) -> float | None:

@@ -6,9 +6,9 @@ import json
 import time
 from typing import Any
 
-from monitor.records import RESUMED, STALL_KINDS, STALLED
+from monitor.records import LOOP_ENDED, RESUMED, STALL_KINDS, STALLED
 
-__all__ = ["STALL_KINDS", "active_stall"]
+__all__ = ["LOOP_ENDED", "STALL_KINDS", "active_stall", "stuck_at_end"]
 
 
 def active_stall(events: Any, now: float | None = None) -> str | None:
@@ -25,4 +25,19 @@ def active_stall(events: Any, now: float | None = None) -> str | None:
     if since is None:
         return label
     idle = (now if now is not None else time.time()) - float(since)
-    return f"no batch for {idle:.0f} s" + label[label.index(":"):] if ":" in label else label
+    what = "no first batch after" if label.startswith("no first batch") else "no batch for"
+    return f"{what} {idle:.0f} s" + label[label.index(":"):] if ":" in label else label
+
+
+def stuck_at_end(events: Any) -> str | None:
+    """What the watchdog said of a stall that never saw batches again (the process ended in
+    it: killed, interrupted, crashed), else None."""
+    if events is None or events.empty:
+        return None
+    ev = events[events["kind"].isin([STALLED, RESUMED])]
+    stalls = ev.index[ev["kind"] == STALLED]
+    if not len(stalls):
+        return None
+    after = ev.loc[stalls[-1]:]
+    resumed = after[(after["kind"] == RESUMED) & (after["label"] != LOOP_ENDED)]
+    return None if len(resumed) else str(ev.loc[stalls[-1], "label"])

@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from monitor.assess.stall import STALL_KINDS, stuck_at_end
 from monitor.assess.window import Context, assess_run
 from monitor.config import ATTACHED_PREFIX
 from monitor.export.prometheus import ExporterError
@@ -222,7 +223,11 @@ def run_attached(args: argparse.Namespace) -> int:
         tuner.stop()
     code = rc if rc >= 0 else 128 - rc  # the script's own exit status, as a shell gives it
     try:
-        store.finish_run(run_id, *end_status(rc, asked))
+        status, error = end_status(rc, asked)
+        stuck = stuck_at_end(store.events(run_id, kinds=STALL_KINDS))
+        if stuck and status != "finished":  # it ended in a stall: that is what went wrong
+            status, error = "failed", f"{stuck} (then: {error or status})"
+        store.finish_run(run_id, status, error)
         result = summary(store, run_id, rt.context())
         if tuner is not None:
             result["autotune"] = tuner.summary()

@@ -13,12 +13,15 @@ from monitor.assess.stall import STALL_KINDS, active_stall
 from monitor.assess.window import Assessment, Context, assess_run
 from monitor.config import LoaderConfig
 from monitor.store import StoreError
+from monitor.thresholds import QUIET_MIN_S, QUIET_STEPS, stall_limit_s
 
 if TYPE_CHECKING:
     from monitor.manage.session import SessionManager
     from monitor.store import Store
 
 FIRST_BATCH_TIMEOUT_S = 120.0  # spawning, importing torch and a user's dataset factory
+STEADY_QUIET_READ_S = 30.0  # the steps read to judge a typical step at the deadline
+STALL_GRACE_S = 2.0  # the watchdog checks once a second and writes its event
 
 
 class Lab(Protocol):
@@ -88,6 +91,41 @@ def _wait_for_first_batch(rt: Lab, run_id: int, cancel: threading.Event | None) 
             return
 
 
+def _quiet(store: Store, run_id: int) -> tuple[float, float] | None:
+    """(seconds since the run's last step, the stall limit its watchdog uses) when the loop
+    looks stopped at the deadline (thresholds.QUIET_MIN_S, QUIET_STEPS); else None."""
+    steps = store.steps(run_id, since=time.time() - STEADY_QUIET_READ_S)
+    last = store.last_step_ts(run_id)
+    if last is None:
+        return None
+    step = float((steps["wait_s"] + steps["compute_s"]).median()) if not steps.empty else None
+    quiet = time.time() - last
+    if quiet < max(QUIET_MIN_S, QUIET_STEPS * (step or 0.0)):
+        return None
+    return quiet, stall_limit_s(step)
+
+
+def _await_stall(rt: Lab, run_id: int, cancel: threading.Event | None) -> str | None:
+    """At the deadline, a loop that has gone quiet gets until its watchdog's limit to be
+    named stuck (a hang in the first batches has no history to wait for): a run that stopped
+    there must not end 'stopped, no data'. Returns the stall, or None when batches came."""
+    q = _quiet(rt.store, run_id)
+    if q is None:
+        return None
+    deadline = time.monotonic() + max(0.0, q[1] - q[0]) + STALL_GRACE_S
+    last = rt.store.last_step_ts(run_id)
+    while time.monotonic() < deadline and rt.manager.is_alive():
+        if cancel is not None and cancel.is_set():
+            return None
+        stall = active_stall(rt.store.events(run_id, kinds=STALL_KINDS))
+        if stall:
+            return stall
+        if rt.store.last_step_ts(run_id) != last:
+            return None  # batches again: it was slow, not stuck
+        (cancel or threading.Event()).wait(0.2)
+    return active_stall(rt.store.events(run_id, kinds=STALL_KINDS))
+
+
 def _wait(rt: Lab, seconds: float, cancel: threading.Event | None) -> None:
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline and rt.manager.is_alive():
@@ -102,14 +140,17 @@ def measure(rt: Lab, config: LoaderConfig, seconds: float, name: str | None = No
     in monitor/manage/runtime.py, 1), and assess the run's steady state cut into `parts`. The run
     stays in the store; `cancel` ends it early (the result says so)."""
     run_id = rt.manager.start(config, name=name)
+    stall = None
     try:
         _wait_for_first_batch(rt, run_id, cancel)
-        _wait(rt, seconds, cancel)
-        stall = active_stall(rt.store.events(run_id, kinds=STALL_KINDS))
+        if not active_stall(rt.store.events(run_id, kinds=STALL_KINDS)):
+            _wait(rt, seconds, cancel)
+        stall = active_stall(rt.store.events(run_id, kinds=STALL_KINDS)) or \
+            _await_stall(rt, run_id, cancel)
         if stall:  # a stuck loader fails the run; measure still ends at its deadline
             rt.store.finish_run(run_id, "failed", f"{stall} (measure stopped it)")
     finally:
-        rt.manager.stop()
+        rt.manager.stop(stuck=bool(stall))
         rt.collector.follow(None, None)
     rt.store.check()
     if (rt.store.run(run_id) or {}).get("status") == "running":  # its end could not be saved

@@ -145,9 +145,10 @@ class SessionManager:
             return self.store.request_control(
                 self.run_id, control.CONFIG, control.config_payload(config.to_dict(), source))
 
-    def stop(self, timeout: float | None = None) -> None:
+    def stop(self, timeout: float | None = None, stuck: bool = False) -> None:
         """Ask the workload to stop; terminate, then kill, it and its children if it does not
-        (NOTE [shutdown protocol] in monitor/manage/runtime.py, 1 and 3)."""
+        (NOTE [shutdown protocol] in monitor/manage/runtime.py, 1 and 3). `stuck`: its loop
+        is known stuck (the watchdog said so) and cannot read a request: terminate at once."""
         with self._lock:
             proc, run_id = self._proc, self.run_id
             if proc is None or run_id is None:
@@ -158,7 +159,7 @@ class SessionManager:
                 self._finish_dead(proc, run_id, "failed" if proc.returncode else "finished")
                 self._proc = None
                 return
-            if proc.poll() is None:
+            if proc.poll() is None and not stuck:
                 self.store.request_control(run_id, control.STOP)
                 _wait(proc, timeout)
             if proc.poll() is None:

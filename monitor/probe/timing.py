@@ -70,6 +70,8 @@ class Probe:
         # For the watchdog (another thread): since when the loop has waited for a batch
         # (None while it computes), and the last steps' durations.
         self.waiting_since: float | None = None
+        self.waiting_first = False  # ...for an epoch's first batch (its workers start)
+        self.first_batch_s: float | None = None  # the run's first batch, as it took
         self.recent_steps: deque[float] = deque(maxlen=64)
         self._lock = threading.Lock()  # the buffer is flushed by the watchdog too
         # Called with the exception when a write fails (the attach probe: the training goes
@@ -166,6 +168,7 @@ class TimedIterator:
         self.probe, self.epoch, self._between = probe, epoch, between
         # iter() counts in the epoch's first wait: workers start there
         self._t_req: float | None = t_start if t_start is not None else probe.clock()
+        probe.waiting_first = True
         probe.waiting_since = self._t_req
         self._inner = make_iter()
         self._t_got: float | None = None
@@ -194,6 +197,7 @@ class TimedIterator:
                 self._end()
         if self._t_req is None:  # a flush in record() is neither wait nor step
             self._t_req = p.clock()
+        p.waiting_first = self.delivered == 0
         p.waiting_since = self._t_req  # the watchdog's clock: waiting for data
         try:
             batch = next(self._inner)
@@ -202,6 +206,8 @@ class TimedIterator:
         finally:
             p.waiting_since = None
         self._t_got, self._batch = p.clock(), batch
+        if p.first_batch_s is None and self._t_req is not None:
+            p.first_batch_s = self._t_got - self._t_req
         self.delivered += 1
         return batch
 

@@ -1,7 +1,8 @@
 """The stall watchdog, beside the training loop (the managed workload and the attach probe).
 
 A named daemon thread checks once a second how long the loop has waited for its next batch.
-Past `stall_limit_s` (at least 10 s, and 20 typical steps) it records one `stalled` event
+Past `stall_limit_s` (at least 10 s, and 20 typical steps; for an epoch's first batch the
+start-up allowance, which needs no history) it records one `stalled` event
 with what it can see: whether the main thread is inside the dataset (and where), and each
 DataLoader worker's state and CPU. When batches come again it records `resumed`. It also
 writes the probe's buffered steps, so a loop stuck mid-epoch still shows its last steps. It
@@ -19,7 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 from monitor.probe.timing import Probe
-from monitor.records import RESUMED, STALLED
+from monitor.records import LOOP_ENDED, RESUMED, STALLED
 from monitor.thresholds import stall_limit_s
 
 TORCH_DATA = os.path.join("torch", "utils", "data")
@@ -100,8 +101,10 @@ def workers_state(pid: int, interval: float = 0.1, proc: str = "/proc") -> list[
     return out
 
 
-def describe(idle_s: float, main: str, workers: list[dict[str, Any]]) -> str:
-    text = f"no batch for {idle_s:.0f} s: the loader looks stuck; {main}"
+def describe(idle_s: float, main: str, workers: list[dict[str, Any]],
+             first: bool = False) -> str:
+    what = "no first batch after" if first else "no batch for"
+    text = f"{what} {idle_s:.0f} s: the loader looks stuck; {main}"
     if workers:
         text += "; workers " + ", ".join(
             f"{w['pid']} ({w['status']}, {w['cpu_pct'] if w['cpu_pct'] is not None else '?'}%"
@@ -136,7 +139,7 @@ class Watchdog:
         if self.stalled:
             self.stalled = False
             try:
-                self.probe.store.add_event(self.probe.run_id, RESUMED, "the loop ended", None)
+                self.probe.store.add_event(self.probe.run_id, RESUMED, LOOP_ENDED, None)
             except Exception:
                 self.errors += 1
 
@@ -149,8 +152,10 @@ class Watchdog:
         self.probe.store.close()
 
     def limit(self) -> float:
-        steps = list(self.probe.recent_steps)
-        return stall_limit_s(statistics.median(steps) if steps else None)
+        p = self.probe
+        steps = list(p.recent_steps)
+        return stall_limit_s(statistics.median(steps) if steps else None, p.waiting_first,
+                             p.first_batch_s)
 
     def check(self) -> None:
         p = self.probe
@@ -160,7 +165,8 @@ class Watchdog:
         if not self.stalled and since is not None and idle >= self.limit():
             self.stalled = True
             workers = workers_state(os.getpid())
-            text = describe(idle, where_is_main(self.main_thread), workers)
+            text = describe(idle, where_is_main(self.main_thread), workers,
+                            first=p.waiting_first and p.first_batch_s is None)
             p.store.add_event(p.run_id, STALLED, text, {
                 "waiting_since": p.wall(since), "workers": workers, "limit_s": self.limit()})
             if self.on_stall is not None:

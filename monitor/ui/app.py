@@ -111,6 +111,10 @@ def live_region() -> None:
         if view.run["status"] == "running" else None
     if stall:
         st.warning(plain(stall), icon="⏳")
+    elif rt.store.last_step_ts(run_id) is None:
+        waiting = views.first_batch_wait(view.run, view.steps, view.host)
+        if waiting:
+            st.info(plain(waiting), icon="⏳")
     workers_live = view.host["workers"].dropna().iloc[-1] if (
         not view.host.empty and "workers" in view.host.columns
         and view.host["workers"].notna().any()) else None

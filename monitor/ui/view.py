@@ -189,6 +189,23 @@ def assessed_window(store: Store, view: View) -> Window:
         view.run, view.steps, view.host, view.events, view.end, ranks)
 
 
+def first_batch_wait(run: dict, steps: pd.DataFrame, host: pd.DataFrame,
+                     now: float | None = None) -> str | None:
+    """A running run with no step yet: how long it has waited for its first batch, and since
+    when its DataLoader workers run (the sampler saw them), so a hang before the first batch
+    shows before any step is drawn."""
+    if run.get("status") != "running" or not steps.empty:
+        return None
+    now = time.time() if now is None else now
+    text = f"waiting for the first batch: {now - float(run['started_at']):.0f} s"
+    if not host.empty and "workers" in host.columns:
+        up = host[pd.to_numeric(host["workers"], errors="coerce") > 0]
+        if not up.empty:
+            text += f"; {int(up['workers'].iloc[-1])} workers started " \
+                    f"{now - float(up['ts'].iloc[0]):.0f} s ago"
+    return text
+
+
 def job_scope(ranks: pd.DataFrame) -> tuple[str, str] | None:
     """For a job whose ranks span hosts: what this store holds of it, and the PromQL that
     shows the whole job (each node records its own ranks in its own store); None when every

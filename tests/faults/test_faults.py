@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -89,23 +90,87 @@ def test_killed_workload_fails_the_measurement(tmp_path, no_leaks):
 
 @pytest.mark.parametrize("workers", ["0", "2"])
 def test_a_hung_dataset_is_named_and_measure_ends(tmp_path, no_leaks, workers):
+    """It hangs after its first batches, so at the deadline (2 s) the watchdog (its limit 4 s
+    here, 10 s by default) has not spoken yet: measure waits for its verdict, then fails the
+    run with it, instead of ending 'stopped, no data'."""
     db = tmp_path / "h.db"
-    t0 = time.monotonic()
     p = cli("measure", "--workload", f"{BROKEN}:hangs", "--num-workers", workers,
-            "--step-time-ms", "10", "--seconds", "5", db=db, STARVATION_MONITOR_STALL_MIN_S="3")
+            "--step-time-ms", "10", "--seconds", "2", db=db, STARVATION_MONITOR_STALL_MIN_S="4")
     _, err = p.communicate(timeout=120)
     assert p.returncode == 1, err
-    assert time.monotonic() - t0 < 90  # the deadline holds: 8 s plus stopping the workload
     assert "the loader looks stuck" in err and "What to do" in err
     store = Store(db)
     run = store.run(int(store.runs()["id"].iloc[0]))
     assert run["status"] == "failed" and run["error"].startswith("no batch for")
+    first = float(store.steps(int(run["id"]))["ts"].min())
+    # the deadline holds: 2 s after the first batch, plus the watchdog's 4 s and its check
+    assert run["ended_at"] - first < 2 + 4 + 4, run["ended_at"] - first
     where = ("inside the dataset at broken.py" if workers == "0"
              else "waiting for DataLoader workers")
     assert where in run["error"], run["error"]
     stalls = store.events(int(run["id"]), kinds=("stalled",))
     assert len(stalls) == 1
     intact(db)
+
+
+def test_no_first_batch_is_named_within_the_startup_allowance(tmp_path, no_leaks):
+    """A dataset that hangs in its first __getitem__: no batch ever, no history; the start-up
+    allowance (4 s here, 30 s by default) names it, and measure fails the run."""
+    db = tmp_path / "f.db"
+    p = cli("measure", "--workload", f"{BROKEN}:hangs_at_once", "--num-workers", "2",
+            "--step-time-ms", "10", "--seconds", "2", db=db, STARVATION_MONITOR_STALL_MIN_S="2",
+            STARVATION_MONITOR_STARTUP_S="4")
+    _, err = p.communicate(timeout=120)
+    assert p.returncode == 1, err
+    store = Store(db)
+    run = store.run(int(store.runs()["id"].iloc[0]))
+    assert run["status"] == "failed", run
+    assert run["error"].startswith("no first batch after"), run["error"]
+    assert "waiting for DataLoader workers; workers " in run["error"]
+    stall = store.events(int(run["id"]), kinds=("stalled",))
+    assert json.loads(stall["data"].iloc[0])["limit_s"] == 4.0  # the allowance, not the floor
+    assert store.steps(int(run["id"])).empty
+    intact(db)
+
+
+@pytest.mark.parametrize("workers", ["0", "2"])
+def test_attached_early_hang_is_named_and_the_run_fails_with_it(tmp_path, no_leaks, workers):
+    """Under `monitor run`: a script whose loader hangs after two batches is named stuck on
+    stderr within the floor; stopped by its user, the run is failed with what the watchdog
+    said (the script itself is never stopped for being slow)."""
+    db = tmp_path / "e.db"
+    p = attached(db, "hangs_early.py", workers, STARVATION_MONITOR_STALL_MIN_S="3")
+    said: list[str] = []
+    reader = threading.Thread(target=lambda: said.extend(iter(p.stderr.readline, "")),
+                              daemon=True)
+    reader.start()
+    assert wait_for(lambda: any("looks stuck" in line for line in said), timeout=90), said
+    p.send_signal(signal.SIGINT)
+    p.wait(timeout=60)
+    reader.join(10)
+    line = next(x for x in said if "looks stuck" in x)
+    where = "inside the dataset at hangs_early.py" if workers == "0" else \
+        "waiting for DataLoader workers; workers "
+    assert where in line, line
+    run = Store(db).run(1)
+    assert run["status"] == "failed" and run["error"].startswith("no batch for"), run
+    assert "(then: interrupted (SIGINT)" in run["error"], run["error"]
+    intact(db)
+
+
+def test_the_page_says_it_waits_for_the_first_batch(store):
+    import pandas as pd
+
+    from monitor.ui.view import first_batch_wait
+
+    run = store.create_run("r", "managed", {})
+    row = store.run(run)
+    now = float(row["started_at"]) + 12.0
+    steps, host = store.steps(run), store.host_samples(0.0)
+    assert first_batch_wait(row, steps, host, now) == "waiting for the first batch: 12 s"
+    sampled = pd.DataFrame({"ts": [now - 12.0, now - 11.0], "workers": [0, 2]})
+    assert first_batch_wait(row, steps, sampled, now) == \
+        "waiting for the first batch: 12 s; 2 workers started 11 s ago"
 
 
 def test_store_deleted_during_measure(tmp_path, no_leaks):

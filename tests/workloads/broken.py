@@ -79,3 +79,8 @@ class HangsAfter(Dataset):
 
 def hangs():
     return {"dataset": HangsAfter(), "batch_size": 8}
+
+
+def hangs_at_once():
+    """Hangs in its very first __getitem__: there is no first batch, no step history."""
+    return {"dataset": HangsAfter(after=0), "batch_size": 8}
