@@ -235,6 +235,8 @@ def run_attached(args: argparse.Namespace) -> int:
         if args.json:
             print(json.dumps(result, default=str))
     except Exception as exc:  # the store failed: the script's status still passes through
-        print(f"starvation-monitor: could not record the end of run {run_id}: "
-              f"{explain(store.path, exc)}", file=sys.stderr)
+        why = explain(store.path, exc)
+        print(f"starvation-monitor: could not record the end of run {run_id}: {why}",
+              file=sys.stderr)
+        store.note_failure(run_id, f"the store could not be written: {why}")
     return code

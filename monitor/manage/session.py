@@ -218,9 +218,11 @@ class SessionManager:
             else:
                 self.store.finish_run(run_id, status)
         except Exception as exc:  # the store itself failed (disk full, file gone): say so
-            self.last_error = (f"could not record the end of run {run_id}: "
-                               f"{explain(self.store.path, exc)}")
+            why = explain(self.store.path, exc)
+            self.last_error = f"could not record the end of run {run_id}: {why}"
             print(f"starvation-monitor: {self.last_error}", file=sys.stderr)
+            # for the next start-up, which closes the run with it
+            self.store.note_failure(run_id, f"the store could not be written: {why}")
 
     def _reap_loop(self, interval: float) -> None:
         while not self._closed.wait(interval):

@@ -3,7 +3,8 @@
 A Store is composed of one part per table it owns, over one file (db.py: a connection per
 thread, WAL mode, the schema): runs.py (`runs`, `ranks`), series.py (steps, host, GPU rows,
 events), rollups.py (`step_seconds`), control.py (`control`), meta.py (`meta`,
-`calibration`, `gpu_devices`) and retention.py (what is kept). Its methods are those parts'
+`calibration`, `gpu_devices`), retention.py (what is kept) and notes.py (failure reasons
+that could not be written into the file, beside it). Its methods are those parts'
 methods under the names callers use; each line below says which part owns one.
 """
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any
 from monitor.store.control import Control
 from monitor.store.db import Db
 from monitor.store.meta import CALIBRATION_MAX_AGE_S, Meta
+from monitor.store.notes import Notes
 from monitor.store.retention import Retention
 from monitor.store.rollups import Rollups
 from monitor.store.runs import RUN_STATUSES, Runs
@@ -54,7 +56,9 @@ class Store:
         cannot be one."""
         self.path = Path(path) if path is not None else default_path()
         self.db = Db(self.path)
-        self.run_table = Runs(self.db)
+        self.notes = Notes(self.path)
+        self.notes.reserve()
+        self.run_table = Runs(self.db, self.notes)
         self.series = Series(self.db)
         self.rollups = Rollups(self.db)
         self.control = Control(self.db)
@@ -106,6 +110,8 @@ class Store:
     set_calibration = _Part("meta_table", Meta.set_calibration)
     set_gpu_inventory = _Part("meta_table", Meta.set_gpu_inventory)
     gpu_inventory = _Part("meta_table", Meta.gpu_inventory)
+    # reasons that could not be written here (notes.py)
+    note_failure = _Part("notes", Notes.add)
     # what is kept (retention.py)
     gc = _Part("retention", Retention.gc)
     integrity_ok = _Part("retention", Retention.integrity_ok)

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from monitor.store.db import Db, insert_frame
 from monitor.store.errors import StoreError, explain
+from monitor.store.notes import Notes
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -33,8 +34,8 @@ def _pid_alive(pid: int) -> bool:
 class Runs:
     """Owns `runs` and `ranks` (and the job key a distributed job's ranks share, in meta)."""
 
-    def __init__(self, db: Db) -> None:
-        self.db = db
+    def __init__(self, db: Db, notes: Notes) -> None:
+        self.db, self.notes = db, notes
 
     # -- a run's life ----------------------------------------------------------------------
     def create(self, name: str, kind: str, config: dict[str, Any],
@@ -75,16 +76,20 @@ class Runs:
     def close_orphans(self, alive: Callable[[int], bool] | None = None,
                       grace_s: float = 60.0) -> list[int]:
         """Fail every `running` run whose recording process is gone (a dashboard or CLI
-        that was killed): it can never end by itself. `alive(pid) -> bool` is injected for
-        tests. Returns the runs closed."""
+        that was killed): it can never end by itself; with the reason that process noted
+        when it could not write it here (notes.py), else "the process is gone".
+        `alive(pid) -> bool` is injected for tests. Returns the runs closed."""
         alive = alive or _pid_alive
         rows = self.db.conn().execute(
             "SELECT id, pid, started_at FROM runs WHERE status = 'running'").fetchall()
+        gone = [run_id for run_id, pid, started in rows
+                if ((not alive(int(pid))) if pid else time.time() - started > grace_s)]
+        noted = self.notes.take(gone) if gone else {}
         closed = []
-        for run_id, pid, started in rows:
-            gone = (not alive(int(pid))) if pid else time.time() - started > grace_s
-            if gone and self.finish(run_id, "failed", "the process recording this run "
-                                    "is gone (killed before it could end the run)"):
+        for run_id in gone:
+            why = noted.get(run_id) or ("the process recording this run is gone (killed "
+                                        "before it could end the run)")
+            if self.finish(run_id, "failed", why):
                 closed.append(run_id)
         return closed
 

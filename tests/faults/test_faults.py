@@ -195,15 +195,20 @@ def test_full_disk_fails_the_run_and_start_up_closes_it(tmpfs, no_leaks):
     subprocess.run(["mount", "-o", "remount,size=20m", str(mnt)], check=True)
     from monitor.manage.runtime import Runtime
 
-    # Where even the run's end could not be written, the next start-up closes it.
+    # Where even the run's end could not be written, the next start-up closes it, with the
+    # reason the process knew (kept beside the store, in blocks it reserved at the start)
     with Runtime(db) as rt:
         closed = rt.orphans_closed
     run = Store(db).run(1)
     assert run["status"] == "failed"
     if closed:
-        assert closed == [1] and "process recording this run is gone" in run["error"]
+        assert closed == [1] and run["error"].startswith("the store could not be written: "
+                                                         f"the disk holding the store {db} "
+                                                         "is full"), run["error"]
     else:
         assert "is full" in run["error"]
+    print(f"closed at start-up: {closed}: {run['error']}")
+    assert Store(db).notes.read() == {}  # taken once
     intact(db)
 
 
