@@ -153,6 +153,23 @@ def test_export_bad_input_is_one_line_and_writes_nothing(store, db_path, tmp_pat
     assert not (tmp_path / "x.db").exists()
 
 
+def test_import_takes_the_export_root_with_one_run(store, db_path, tmp_path):
+    """`export --out OUT` writes OUT/run-<id>-<format>/: `import OUT` takes that one run, and
+    with several, names them and imports none."""
+    run = stored_run(store)
+    out = tmp_path / "out"
+    assert cli("export", str(run), "--db", str(db_path), "--out", str(out)).returncode == 0
+    r = cli("import", str(out), "--db", str(tmp_path / "a.db"))
+    assert r.returncode == 0 and r.stdout.startswith("imported as run 1"), r.stderr
+    assert len(Store(tmp_path / "a.db").steps(1)) == len(store.steps(run))
+    assert cli("export", str(run), "--db", str(db_path), "--out", str(out),
+               "--format", "parquet").returncode == 0
+    r = cli("import", str(out), "--db", str(tmp_path / "b.db"))
+    assert r.returncode == 2 and "holds 2 run exports" in r.stderr, r.stderr
+    assert f"run-{run}-csv" in r.stderr and f"run-{run}-parquet" in r.stderr
+    assert not (tmp_path / "b.db").exists()
+
+
 def test_busy_metrics_port_is_refused_before_anything_runs(tmp_path, no_leaks):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

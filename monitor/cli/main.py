@@ -221,6 +221,24 @@ def _prepare(args: argparse.Namespace) -> tuple[LoaderConfig, list | None]:
     return config, configs
 
 
+def _export_folder(folder: Path) -> Path:
+    """The run export to import: the folder itself, or the one run folder inside the folder
+    given to `export --out`; ExportError (listing them) for none or several."""
+    from monitor.export.files import ExportError
+
+    if Path(folder, "run.json").is_file():
+        return folder
+    runs = sorted(p for p in folder.glob("run-*") if Path(p, "run.json").is_file()) \
+        if folder.is_dir() else []
+    if len(runs) == 1:
+        return runs[0]
+    if runs:
+        raise ExportError(f"{folder} holds {len(runs)} run exports: import one of them, e.g. "
+                          + ", ".join(str(p) for p in runs))
+    raise ExportError(f"{folder} is not a run export (no run.json): give the folder that "
+                      "python -m monitor export wrote")
+
+
 def _files(args: argparse.Namespace) -> int:
     """export / import / report: exit 2 with one line for anything refused."""
     from monitor.export.files import ExportError, export_run, import_run
@@ -231,9 +249,8 @@ def _files(args: argparse.Namespace) -> int:
         return Path(db) if db else default_path()
 
     try:
-        if args.command == "import" and not Path(args.folder, "run.json").is_file():
-            raise ExportError(f"{args.folder} is not a run export (no run.json): give the "
-                              "folder that python -m monitor export wrote")
+        if args.command == "import":
+            args.folder = str(_export_folder(Path(args.folder)))
         if args.command in ("export", "report"):
             if not default_db(args.db).exists():
                 raise ExportError(f"there is no store at {default_db(args.db)}: pass --db with "
