@@ -91,8 +91,20 @@ def superseded(by: int) -> str:
     return f"superseded by request {by}"
 
 
+def failed(why: Any) -> str:
+    """A request that was applied and then failed (a worker killed, out of memory): the
+    loader went back to the last good settings. Counts as refused for whoever asked."""
+    return f"refused: the move failed ({why}); back to the last good settings"
+
+
 def is_refused(result: str | None) -> bool:
     return bool(result) and str(result).startswith("refused")
+
+
+def reverted_key(run_id: int) -> str:
+    """Meta key the managed workload sets when it went back to its last good settings (the
+    session manager then takes the run's config as its own: the page's sliders follow)."""
+    return f"reverted:{run_id}"
 
 
 # -- the autotune handshake (meta keys) --------------------------------------------------------

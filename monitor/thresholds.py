@@ -131,6 +131,10 @@ FIRST_BATCH_X = 3.0
 QUIET_MIN_S = 1.0
 QUIET_STEPS = 5
 
+# A managed workload's settings are proven good after this many steps: a failure later (a
+# worker killed, out of memory) under a newer setting goes back to them, not down with it.
+PROVEN_STEPS = 20
+
 # -- windows ---------------------------------------------------------------------------------
 # Discarded start of a measured window: worker start-up and the first batches. A fifth of
 # the window, at most WARMUP_MAX_S. Used by measure, attached runs, sweeps and the page

@@ -25,6 +25,7 @@ from monitor.presets import calibrated_step_ms
 from monitor.probe.timing import Probe
 from monitor.probe.watchdog import Watchdog
 from monitor.store import Store, StoreError, explain
+from monitor.thresholds import PROVEN_STEPS
 from workloads.accelerator import SimulatedAccelerator, UserStep, make_accelerator
 from workloads.synthetic import PRESET_SPECS, make_dataset, worker_init
 from workloads.user import GuardedDataset, Workload, WorkloadError, load, pickling_problem
@@ -105,6 +106,9 @@ class ManagedWorkload:
         self.pending_id = 0
         self.pending_source: str | None = None  # "autotune: why" when the autotuner asked
         self.stop_reason: str | None = None
+        self.good: LoaderConfig | None = None  # the last settings that ran PROVEN_STEPS
+        self.applied_id = 0  # the request that brought the settings in force
+        self.steps_in_config = 0
 
     def _step_time(self, cfg: LoaderConfig) -> float:
         if cfg.step_time_ms is not None:
@@ -149,6 +153,9 @@ class ManagedWorkload:
 
     def _between_steps(self) -> bool:
         """Control and parent checks in the gap between steps; True ends the epoch."""
+        self.steps_in_config += 1
+        if self.steps_in_config == PROVEN_STEPS:
+            self.good = self.config
         if not self.probe.control_due():
             return False
         if os.getppid() != self.parent_pid:  # NOTE [shutdown protocol], 2
@@ -190,7 +197,34 @@ class ManagedWorkload:
         self.store.add_event(self.run_id, control.CONFIG, label, new.to_dict())
         self.store.update_run(self.run_id, config=new.to_dict())
         self.store.mark_control(self.pending_id, control.ok())
+        self.applied_id, self.steps_in_config = self.pending_id, 0
         self.pending = None
+
+    def _revert(self, exc: BaseException) -> bool:
+        """A loader that failed under settings newer than the last good ones (a worker
+        killed, out of memory): back to those, the move marked failed; the run goes on.
+        False when there is nothing to go back to (the failure is the run's)."""
+        good = self.good
+        if good is None or good == self.config or self.stop_reason is not None:
+            return False
+        why = format_error(exc).strip().splitlines()[0]
+        with contextlib.suppress(Exception):
+            self._close_loader()
+        label = f"{describe_change(self.config, good)}: the move failed ({why}); back to " \
+                "the last good settings"
+        self.accel.configure(self._step_time(good), good.model_size)
+        self.config = good
+        self.probe.config_seq += 1
+        self.steps_in_config = 0
+        self.store.add_event(self.run_id, control.CONFIG, label,
+                             {**good.to_dict(), "failed": why})
+        self.store.update_run(self.run_id, config=good.to_dict())
+        if self.applied_id:
+            self.store.mark_control(self.applied_id, control.failed(why))
+        self.store.set_meta(control.reverted_key(self.run_id), str(self.probe.config_seq))
+        print(f"starvation-monitor workload: {label}", file=sys.stderr, flush=True)
+        self.loader = self._build_loader()
+        return True
 
     def run(self) -> str:
         """Train until stopped; returns the stop reason."""
@@ -205,8 +239,12 @@ class ManagedWorkload:
             self.loader = self._build_loader()
             while self.stop_reason is None:
                 # One pass = one epoch; it ends early for a stop or a loader rebuild.
-                for batch in self.probe.iterate(self.loader, epoch, self._between_steps):
-                    self.probe.copy_s = self.accel.step(batch)
+                try:
+                    for batch in self.probe.iterate(self.loader, epoch, self._between_steps):
+                        self.probe.copy_s = self.accel.step(batch)
+                except Exception as exc:  # a move's loader failed: back to the last good
+                    if not self._revert(exc):
+                        raise
                 epoch += 1
                 if self.stop_reason is None and self.pending is not None:
                     self._close_loader()

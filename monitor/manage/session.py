@@ -11,6 +11,7 @@ module holds the manager's half of it (points 1, 3 and 5).
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import os
 import signal
@@ -232,9 +233,21 @@ class SessionManager:
                     continue
                 if proc.poll() is None:
                     self._snapshot_children()
+                    self._follow_revert(run_id)
                     continue
                 self._finish_dead(proc, run_id, "failed" if proc.returncode else "finished")
                 self._proc = None
+
+    def _follow_revert(self, run_id: int) -> None:
+        """The workload went back to its last good settings after a failed move: those are
+        the settings now (the page's sliders follow)."""
+        key = control.reverted_key(run_id)
+        if self.store.meta(key) is None:
+            return
+        self.store.set_meta(key, None)
+        run = self.store.run(run_id) or {}
+        with contextlib.suppress(ConfigError, TypeError, ValueError):
+            self.config = LoaderConfig.from_dict(run.get("config") or {})
 
     def wait_for_steps(self, n: int, timeout: float) -> bool:
         """Block until the current run has recorded `n` steps (tests, CLI warm-up)."""

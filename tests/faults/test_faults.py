@@ -344,3 +344,48 @@ def test_attached_store_deleted_recording_stops_training_goes_on(tmp_path, no_le
     assert p.returncode == 0, err
     assert "epoch 1 done: 96 samples" in out  # the training went on
     assert err.count("recording stopped") == 1 and "was deleted or replaced" in err
+
+
+def test_a_move_whose_worker_is_killed_goes_back_and_the_run_goes_on(runtime, no_leaks):
+    """The page's managed workload, moved from 0 to 2 workers by the autotuner; one of the
+    new workers is SIGKILLed mid-epoch: the loader goes back to the last good settings (0
+    workers), the move's request is marked failed with the reason, the run keeps training,
+    and the session manager (so the page's sliders) follows."""
+    import psutil
+
+    from monitor import control
+    from monitor.config import LoaderConfig
+
+    store, manager = runtime.store, runtime.manager
+    run = manager.start(LoaderConfig.build(preset="starving", batch_size=8,
+                                           step_time_ms=10.0))
+    assert wait_for(lambda: len(store.steps(run)) >= 30, timeout=90)  # 0 workers: proven
+    cid = manager.reconfigure(manager.config.replace(num_workers=2),
+                              source="autotune: a loader per usable core")
+    workload = psutil.Process(store.run(run)["pid"])
+
+    def workers() -> list:
+        if (store.run(run)["config"] or {}).get("num_workers") != 2:
+            return []
+        kids = [k for k in workload.children() if k.is_running()]
+        return kids if len(kids) >= 2 and len(store.steps(run, since=time.time() - 1)) else []
+    kids = wait_for(workers, timeout=60)
+    assert kids, "the move never ran with its workers"
+    kids[0].send_signal(signal.SIGKILL)
+    def back() -> bool:
+        return (store.run(run)["config"] or {}).get("num_workers") == 0
+    assert wait_for(back, timeout=60), store.events(run)[["kind", "label"]]
+    seq = int(store.steps(run)["config_seq"].max())
+    assert wait_for(lambda: len(store.steps(run, since=time.time() - 1.0)) >= 5 and
+                    int(store.steps(run)["config_seq"].max()) >= seq, timeout=60)
+    r = store.run(run)
+    assert r["status"] == "running" and manager.is_alive()
+    failed = [e for e in store.events(run, kinds=(control.CONFIG,)).itertuples()
+              if "the move failed" in e.label]
+    assert len(failed) == 1 and "num_workers 2→0" in failed[0].label, failed
+    assert "DataLoader worker" in failed[0].label  # torch's own words, as the reason
+    _, result = store.control_result(cid)
+    assert control.is_refused(result) and "the move failed" in result, result
+    assert wait_for(lambda: manager.config.num_workers == 0, timeout=10)
+    manager.stop()
+    assert store.run(run)["status"] == "stopped"
