@@ -7,7 +7,10 @@ is repeated to take about the preset's step time) for about `--seconds` each, th
 preset: NVML utilization mean and coefficient of variation, step-derived busy mean and CV,
 their correlation in time, the spacing of nvmlDeviceGetSamples time stamps, and the cost of
 one sampling pass in microseconds. Expected: starving shows a high CV and low mean on both
-series; healthy a flat line near 100%. Fits in 5 minutes with the default 20 s.
+series; healthy a flat line near 100%. Then the device's own clock: bench/async_train.py (an
+unmodified asynchronous loop, no per-step sync) under `monitor run` at num_workers 0 and 4,
+with its CUDA-event idle per step, idle share and busy against NVML's utilization. Fits in
+5 minutes with the defaults.
 Figures only; nothing is asserted. Exits 2 with the reason when NVML or CUDA is missing.
 """
 from __future__ import annotations
@@ -40,6 +43,48 @@ def pass_cost_us(gpu, n: int = 40) -> float:
     return statistics.median(times)
 
 
+def async_check(seconds: float) -> None:
+    """The device's own clock: an unmodified asynchronous script (no per-step sync) under
+    `monitor run` at num_workers 0 and 4, its CUDA-event idle per step against NVML."""
+    import json
+    import subprocess
+
+    root = Path(__file__).resolve().parent.parent
+    db = Path(tempfile.mkdtemp()) / "async.db"
+    print("\nasynchronous script (bench/async_train.py) under monitor run, CUDA events:")
+    for nw in (0, 4):
+        r = subprocess.run([sys.executable, "-m", "monitor", "run", "--db", str(db), "--json",
+                            "--no-live", "--", sys.executable,
+                            str(root / "bench" / "async_train.py"), "--num-workers", str(nw),
+                            "--seconds", str(seconds)],
+                           cwd=root, capture_output=True, text=True, timeout=seconds + 240)
+        if r.returncode != 0:
+            print(f"  num_workers {nw}: monitor run failed ({r.returncode}): "
+                  f"{r.stderr.strip().splitlines()[-1:]}")
+            continue
+        d = json.loads(r.stdout.strip().splitlines()[-1])
+        from monitor.store import Store
+
+        store = Store(db)
+        steps = steady_window(store, d["run_id"]).steps
+        start, end = span(steps)
+        timed = steps.dropna(subset=["device_idle_s", "device_span_s"])
+        idle = timed["device_idle_s"]
+        busy = timed["device_span_s"] / (timed["device_span_s"] + timed["device_idle_s"])
+        util = store.gpu_util(start, end)
+        nv_mean, nv_cv = series_stats(util["util_pct"])
+        ev = d.get("evidence") or {}
+        print(f"  num_workers {nw}: {d['throughput']:.0f} samples/s, verdict {d['verdict']}; "
+              f"events on {len(timed)}/{len(steps)} steps; device idle per step "
+              f"{idle.median() * 1e3:.2f} ms median, idle share "
+              f"{fmt(ev.get('device_idle_share'), '.1%')}; host data-wait share "
+              f"{d['data_wait_share']:.1%}")
+        print(f"    event-derived busy mean {busy.mean() * 100:.1f}%  vs NVML utilization "
+              f"mean {fmt(nv_mean, '.1f')}% (CV {fmt(nv_cv)}): "
+              f"difference {fmt((busy.mean() * 100 - nv_mean) if nv_mean else None, '+.1f')}"
+              " points")
+
+
 def fmt(v, spec=".2f") -> str:
     return "n/a" if v is None else format(v, spec)
 
@@ -51,6 +96,9 @@ def main() -> int:
     ap.add_argument("--dry-run", action="store_true",
                     help="no GPU: the scripted NVML of the tests and the simulated "
                          "accelerator, to check this script itself")
+    ap.add_argument("--async-seconds", type=float, default=40.0,
+                    help="each run of the asynchronous script (bench/async_train.py)")
+    ap.add_argument("--no-async", action="store_true")
     a = ap.parse_args()
     if a.dry_run:
         from monitor.sampling.gpu.nvml import NvmlBackend
@@ -96,6 +144,8 @@ def main() -> int:
                   f"pairs; GetSamples spacing {fmt(spacing_ms, '.0f')} ms")
         print(f"\nsampling pass cost: {pass_cost_us(gpu):.0f} us median over 40 passes "
               f"({len(gpu.devices())} GPU(s); PCIe read at most once a second)")
+        if not a.dry_run and not a.no_async:
+            async_check(a.async_seconds)
     finally:
         rt.close()
         gpu.close()

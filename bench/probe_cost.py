@@ -53,6 +53,41 @@ def main() -> None:
     diff = statistics.median(w - b for b, w in zip(bare, watched, strict=True))
     print(f"probe cost: {diff:.2f} µs per step (median of {a.rounds} interleaved rounds, "
           f"{a.steps} steps each, flushes included)")
+    print(f"device clock (CUDA events, our side only: a no-op event): "
+          f"{device_clock_us(a.steps):.2f} µs per step for its two records and the harvest "
+          "(the driver's own cudaEventRecord, ~2.5 µs each, is on top: bench/gpu_check.py)")
+
+
+class _NoopEvent:
+    def record(self) -> None:
+        pass
+
+    def query(self) -> bool:
+        return True
+
+    def elapsed_time(self, end: object) -> float:
+        return 1.0
+
+
+class _NoopCuda:
+    def is_initialized(self) -> bool:
+        return True
+
+    def Event(self, enable_timing: bool = False) -> _NoopEvent:  # torch's name
+        return _NoopEvent()
+
+
+def device_clock_us(steps: int) -> float:
+    """Per step: batch_arrived + batch_done + harvest, on events that cost nothing."""
+    from monitor.probe.device_clock import DeviceClock
+
+    clock = DeviceClock(_NoopCuda())
+    t = time.perf_counter()
+    for i in range(steps):
+        clock.batch_arrived(i)
+        clock.batch_done()
+        clock.harvest()
+    return (time.perf_counter() - t) / steps * 1e6
 
 
 if __name__ == "__main__":

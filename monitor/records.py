@@ -39,6 +39,11 @@ class StepRecord:
     config_seq: int = col("config generation")
     copy_s: float | None = col("host-to-device copy (CUDA)", "s", default=None)
     rank: int = col("rank (torch.distributed RANK)", default=0)
+    # CUDA only, from events on the training stream (monitor/probe/device_clock.py):
+    device_idle_s: float | None = col("device idle before the step (CUDA events)", "s",
+                                      default=None)
+    device_span_s: float | None = col("device time of the step (CUDA events)", "s",
+                                      default=None)
 
 
 @dataclass(frozen=True, slots=True)

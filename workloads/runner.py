@@ -253,7 +253,7 @@ class ManagedWorkload:
         finally:
             self.watchdog.stop()
             self._close_loader()
-            self.probe.flush()
+            self.probe.flush_final()
             self._close_requests()
         return self.stop_reason or "stopped"
 

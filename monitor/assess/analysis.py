@@ -18,6 +18,7 @@ from monitor.thresholds import (
     SAWTOOTH_MIN_STD,
     SPIKE_MIN_S,
     SPIKE_X,
+    VERDICT_MIN_STEPS,
     WARMUP_SETTLED_X,
 )
 
@@ -187,6 +188,26 @@ def epoch_stalls(steps: pd.DataFrame) -> tuple[int, float, float | None]:
         else first.iloc[0:0]  # the window's first epoch may have started before it
     lost = float(np.clip(starts - typical, 0, None).sum())
     return int(len(starts)), lost, (float(starts.median()) if len(starts) else None)
+
+
+def device_timing(steps: pd.DataFrame) -> dict[str, float] | None:
+    """The device's own clock on CUDA (events, monitor/probe/device_clock.py): its idle
+    share Σ idle / Σ (idle + span) and busy per step, over the steps that have both; None
+    when fewer than half the steps were measured (a CPU run: never)."""
+    if steps.empty or "device_span_s" not in steps.columns:
+        return None
+    both = steps.dropna(subset=["device_idle_s", "device_span_s"])
+    if len(both) < max(VERDICT_MIN_STEPS, 0.5 * len(steps)):
+        return None
+    idle, span = both["device_idle_s"].astype(float), both["device_span_s"].astype(float)
+    total = float((idle + span).sum())
+    if not total > 0:
+        return None
+    busy = span / (idle + span).where(idle + span > 0)
+    mean = float(busy.mean())
+    return {"idle_share": float(idle.sum()) / total, "busy_mean": mean,
+            "busy_cv": float(busy.std(ddof=0) / mean) if mean > 0 else math.nan,
+            "idle_per_step_s": float(idle.mean()), "measured": float(len(both))}
 
 
 def step_tail(steps: pd.DataFrame) -> dict[str, float | int | None]:

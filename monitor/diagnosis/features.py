@@ -36,6 +36,10 @@ class Features:
     data_wait_share: float = ev("data-wait share", "{:.1%}", math.nan)
     device_busy_mean: float = ev("device busy, mean", "{:.1%}", math.nan)
     device_busy_cv: float = ev("device busy, CV", "{:.2f}", math.nan)
+    device_busy_source: str = ev("device busy from", "{}", "host timing")
+    device_idle_share: float | None = ev("device idle between steps (CUDA events)", "{:.1%}")
+    device_idle_per_step_s: float | None = ev("device idle per step (s, CUDA events)",
+                                              "{:.3f}")
     idle_gaps: int = ev("idle gaps ≥ 5 ms", "{}", 0)
     idle_gap_median_s: float | None = ev("idle gap, median (s)", "{:.3f}")
     period_s: float | None = ev("sawtooth period (s)", "{:.2f}")
@@ -88,6 +92,14 @@ class Features:
     @property
     def simulated(self) -> bool:
         return self.accelerator == SIMULATED
+
+    @property
+    def starved_share(self) -> float:
+        """What the verdicts judge starvation by: the device's own idle between steps where
+        CUDA events measured it (a GPU starved while the host was blocked elsewhere is idle
+        though its data wait looks small), else the host's data-wait share."""
+        return self.device_idle_share if self.device_idle_share is not None \
+            else self.data_wait_share
 
     @property
     def num_workers(self) -> int:
@@ -261,10 +273,16 @@ def features(
     empty = steps.empty
     tail = analysis.step_tail(steps)
     wu = warmup or {}
+    dev = analysis.device_timing(steps)  # CUDA events: the device's own clock
+    busy_mean, busy_cv = (dev["busy_mean"], dev["busy_cv"]) if dev else \
+        (s.device_busy_mean, s.device_busy_cv)
     return Features(
         config=dict(config), accelerator=accelerator, steps=s.steps, window_s=s.window_s,
         throughput=s.throughput, data_wait_share=s.data_wait_share,
-        device_busy_mean=s.device_busy_mean, device_busy_cv=s.device_busy_cv,
+        device_busy_mean=busy_mean, device_busy_cv=busy_cv,
+        device_busy_source="CUDA events" if dev else "host timing",
+        device_idle_share=dev["idle_share"] if dev else None,
+        device_idle_per_step_s=dev["idle_per_step_s"] if dev else None,
         idle_gaps=gaps, idle_gap_median_s=gap_med, period_s=period, duty_cycle=duty,
         wait_per_step_s=math.nan if empty else float(steps["wait_s"].mean()),
         compute_per_step_s=math.nan if empty else float(steps["compute_s"].median()),

@@ -207,13 +207,16 @@ def tail_stalls(c: Ctx) -> str | None:
 
 def healthy(c: Ctx) -> str | None:
     f, nw = c.f, c.f.num_workers
-    if f.data_wait_share >= STARVING_SHARE:
+    if f.starved_share >= STARVING_SHARE:
         return None
     if nw > 1 and c.model is not None:
         n = best_workers(c.model, nw)
         if n < nw:
             c.add("num_workers", n, c.model.predict(n)[0], f"num_workers {nw} → {n} keeps "
                   f"the device fed with {nw - n} fewer processes (less memory and start-up)")
+    if f.device_idle_share is not None:
+        return (f"Healthy: the device is idle {f.device_idle_share:.0%} of the time between "
+                f"steps (CUDA events; below {STARVING_SHARE:.0%}); it is fed.")
     return (f"Healthy: data wait is {f.data_wait_share:.0%} of step time (below "
             f"{STARVING_SHARE:.0%}); the device is fed.")
 
@@ -288,7 +291,10 @@ def starving(c: Ctx) -> str:
     c.worker_advice()
     loader = (f.workers_cpu_cores if nw > 0 else f.main_cpu_cores) or 0.0
     where = "loading runs in the main process" if nw == 0 else "the workers"
-    text = (f"Starving: the device waits for data {f.data_wait_share:.0%} of step time; "
+    seen = (f"is idle {f.device_idle_share:.0%} of the time between steps (CUDA events; "
+            f"host data wait {f.data_wait_share:.0%})" if f.device_idle_share is not None
+            else f"waits for data {f.data_wait_share:.0%} of step time")
+    text = (f"Starving: the device {seen}; "
             f"{where} cannot keep up ({loader:.1f} of {f.usable_cores} cores busy loading).")
     if c.blocked:
         text += (f" The loaders are blocked {f.loaders_blocked_share:.0%} of their time "

@@ -113,7 +113,7 @@ class Recorder:
         if it is not None and not it.ended and it.complete():
             it.finish()
         self.watchdog.stop()
-        self.flush()
+        self.probe.flush_final()
 
     # -- which loader is timed -----------------------------------------------------------
     def should_follow(self, loader: Any, role: str | None) -> bool:

@@ -11,12 +11,14 @@ The Probe also polls the store's control table for the managed workload's reques
 """
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
+from monitor.probe.device_clock import HOLD_S, DeviceClock
 from monitor.records import StepRecord
 from monitor.store import Store
 
@@ -78,6 +80,7 @@ class Probe:
         # on without us); None: the exception propagates (the managed workload fails).
         self.on_error: Callable[[Exception], None] | None = None
         self.stopped = False
+        self.device = DeviceClock()  # CUDA events, once the script uses CUDA
 
     def wall(self, t: float) -> float:
         return self._anchor_wall + (t - self._anchor_clock)
@@ -104,15 +107,38 @@ class Probe:
         )
         with self._lock:
             self._buffer.append(rec)
+        self._device_times()
         self.recent_steps.append(t_next - t_req)
         self.copy_s = None
         self.step += 1
         if t_next - self._last_flush >= self.flush_interval:
             self.flush()
 
-    def flush(self) -> None:
+    def _device_times(self) -> None:
+        """Completed CUDA events onto the buffered steps (the training thread only: the
+        one that may query them)."""
+        timed = self.device.harvest()
+        if timed:
+            with self._lock:
+                self._buffer = [dataclasses.replace(r, device_idle_s=timed[r.step][0],
+                                                    device_span_s=timed[r.step][1])
+                                if r.step in timed else r for r in self._buffer]
+
+    def flush_final(self) -> None:
+        """The loop is over (on the training thread): what the device has finished, then
+        every buffered step."""
+        self._device_times()
+        self.flush(final=True)
+
+    def flush(self, final: bool = False) -> None:
+        """Write the buffered steps; those whose CUDA events are still outstanding wait for
+        the next flush (at most HOLD_S), unless `final` (the loop is over)."""
+        waiting = self.device.waiting() if not final else set()
         with self._lock:
-            buf, self._buffer = self._buffer, []
+            now = self.wall(self.clock())
+            hold = [r for r in self._buffer if r.step in waiting and now - r.ts < HOLD_S]
+            buf = [r for r in self._buffer if not (r.step in waiting and now - r.ts < HOLD_S)]
+            self._buffer = hold
             self._last_flush = self.clock()
         if not buf or self.stopped:
             return
@@ -206,6 +232,7 @@ class TimedIterator:
         finally:
             p.waiting_since = None
         self._t_got, self._batch = p.clock(), batch
+        p.device.batch_arrived(p.step)  # A: the batch is here (the step it will be)
         if p.first_batch_s is None and self._t_req is not None:
             p.first_batch_s = self._t_got - self._t_req
         self.delivered += 1
@@ -217,6 +244,7 @@ class TimedIterator:
         process's exit after a whole epoch). The next wait starts at the next next()."""
         p = self.probe
         if self._t_got is not None:
+            p.device.batch_done()  # B: the step's work is queued; the next wait begins
             p.record(self.epoch, self._t_req, self._t_got, p.clock(), self._batch)
             self._t_got, self._batch = None, None
         self._t_req = None
@@ -231,6 +259,7 @@ class TimedIterator:
     def _end(self) -> None:
         self.ended = True
         self.probe.waiting_since = None
+        self.probe.device.batch_done()
         self.probe.flush()
         raise StopIteration
 

@@ -99,9 +99,12 @@ def line(x: Any, y: Any, name: str | None, **kw: Any) -> dict:
 def utilization_figure(
     busy: pd.DataFrame, gpu: pd.DataFrame | None = None, events: pd.DataFrame | None = None,
     simulated: bool = True, x_range: tuple[float, float] | None = None,
+    source: str = "host timing",
 ) -> go.Figure:
     """The sawtooth chart: step-derived device busy (50 ms bins, or a long window's
-    per-second envelope of them) and its 1 s mean, with NVML's utilization."""
+    per-second envelope of them) and its 1 s mean, with NVML's utilization. `source` says
+    where the busy series comes from: "CUDA events" (the device's own clock) or "host
+    timing" (the step's compute as the host saw it)."""
     data = []
     if "busy_max" in busy.columns:  # a long window's per-second rollup: the 50 ms envelope
         e = downsample(busy, MAX_POINTS, value_col="busy_max")
@@ -115,7 +118,8 @@ def utilization_figure(
     else:
         b = downsample(busy, MAX_POINTS)
         data.append(line(x_ms(b["t"]), y_list(b["busy"], 100), "device busy, 50 ms bins"
-                         + (" (simulated accelerator)" if simulated else ""), opacity=0.45,
+                         + (" (simulated accelerator)" if simulated else f" ({source})"),
+                         opacity=0.45,
                          line={"color": COLORS["busy"], "width": 1, "shape": "hv"}))
     if len(busy) > 1:  # the sawtooth's running mean: where it sits is the starvation
         bins = max(1, int(round(MEAN_WINDOW_S / max(float(busy["t"].diff().median()), 1e-9))))

@@ -327,8 +327,13 @@ class _Ended:
 def chart_figures(view: View, simulated: bool, gpu: int | None = None) -> dict:
     """The four live charts, by key (no streamlit: the bench times exactly this)."""
     steps = view.chart_steps
+    source = "host timing"
     if view.seconds is None:
-        busy = analysis.busy_series(steps, start=view.start, end=view.end)
+        timed = steps
+        if analysis.device_timing(steps) is not None:  # the device's own clock (CUDA)
+            timed = steps.assign(compute_s=steps["device_span_s"].fillna(steps["compute_s"]))
+            source = "CUDA events"
+        busy = analysis.busy_series(timed, start=view.start, end=view.end)
     else:
         busy = analysis.busy_from_seconds(view.seconds)
     bin_s = max(1.0, (view.end - view.start) / charts.MAX_POINTS)
@@ -338,7 +343,8 @@ def chart_figures(view: View, simulated: bool, gpu: int | None = None) -> dict:
     if gpu is not None and not util.empty:
         util = util[util["gpu"] == gpu]
     return {
-        "chart_util": charts.utilization_figure(busy, util, view.events, simulated, xr),
+        "chart_util": charts.utilization_figure(busy, util, view.events, simulated, xr,
+                                                source),
         "chart_thr": charts.throughput_figure(thr, view.events, xr),
         "chart_wait": charts.wait_compute_figure(steps, view.events, xr),
         "chart_host": charts.host_figure(view.host, view.events, xr),
