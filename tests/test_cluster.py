@@ -24,7 +24,7 @@ from monitor.export import promql
 from monitor.records import GpuDevice
 from monitor.store import Store
 from tests.conftest import wait_for
-from tests.test_export import free_port, prom_query
+from tests.test_export import free_port, prom_query, start_prometheus
 
 ROOT = Path(__file__).resolve().parent.parent
 DDP = ROOT / "examples" / "train_ddp.py"
@@ -77,17 +77,12 @@ def test_two_node_job_in_prometheus(tmp_path, no_leaks):
     rules = tmp_path / "rules.yml"
     rules.write_text(promql.rules())
     targets = ", ".join(f"'127.0.0.1:{p}'" for p in ports)
-    (tmp_path / "prometheus.yml").write_text(
-        "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
+    p, base = start_prometheus(
+        prom, tmp_path, pport, "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
         f"rule_files: ['{rules}']\nscrape_configs:\n"
         f"  - job_name: starvation-monitor\n    static_configs: [{{targets: [{targets}]}}]\n"
         "  - job_name: dcgm-exporter\n"
         f"    static_configs: [{{targets: ['127.0.0.1:{dcgm.server_address[1]}']}}]\n")
-    p = subprocess.Popen([prom, f"--config.file={tmp_path / 'prometheus.yml'}",
-                          f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-                          f"--web.listen-address=127.0.0.1:{pport}"],
-                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    base = f"http://127.0.0.1:{pport}"
     dbs = [tmp_path / "node0.db", tmp_path / "node1.db"]
     nodes = [node(dbs[i], ports[i], i, master, epochs=14) for i in (0, 1)]
     results: dict[int, list[list]] = {}

@@ -189,6 +189,17 @@ def prom_query(base: str, query: str, **params: str) -> list:
     return body["data"]["result"]
 
 
+def start_prometheus(prom: str, tmp_path: Path, port: int,
+                     config: str) -> tuple[subprocess.Popen, str]:
+    """Debian's Prometheus on 127.0.0.1:port with this config: (process, its base URL)."""
+    (tmp_path / "prometheus.yml").write_text(config)
+    p = subprocess.Popen([prom, f"--config.file={tmp_path / 'prometheus.yml'}",
+                          f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+                          f"--web.listen-address=127.0.0.1:{port}"],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return p, f"http://127.0.0.1:{port}"
+
+
 @pytest.mark.slow
 def test_real_prometheus_rate_matches_the_store(store, no_leaks, runtime, tmp_path):
     """A real Prometheus scrapes /metrics of a running workload; PromQL's data-wait share
@@ -202,14 +213,9 @@ def test_real_prometheus_rate_matches_the_store(store, no_leaks, runtime, tmp_pa
     runtime.serve_metrics(port)
     run = runtime.manager.start(LoaderConfig.build(preset="starving", batch_size=8,
                                                    step_time_ms=20.0))
-    (tmp_path / "prometheus.yml").write_text(
-        "global: {scrape_interval: 1s}\nscrape_configs:\n  - job_name: starvation\n"
-        f"    static_configs: [{{targets: ['127.0.0.1:{port}']}}]\n")
-    p = subprocess.Popen([prom, f"--config.file={tmp_path / 'prometheus.yml'}",
-                          f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-                          f"--web.listen-address=127.0.0.1:{pport}"],
-                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    base = f"http://127.0.0.1:{pport}"
+    p, base = start_prometheus(
+        prom, tmp_path, pport, "global: {scrape_interval: 1s}\nscrape_configs:\n"
+        f"  - job_name: starvation\n    static_configs: [{{targets: ['127.0.0.1:{port}']}}]\n")
     sel = f'{{run_id="{run}"}}'
     try:
         def enough() -> list | None:
