@@ -143,8 +143,13 @@ def fake_torch(**cuda: object):
 
 
 def pytest_collection_modifyitems(config, items):
-    """`gpu` tests run only where CUDA is there (torch is imported only to ask when one was
-    collected); elsewhere they are skipped, saying why."""
+    """Browser tests run one after another on one xdist worker (`--dist loadgroup`: two
+    Chromiums and their pages side by side starve each other on two cores). `gpu` tests run
+    only where CUDA is there (torch is imported only to ask when one was collected);
+    elsewhere they are skipped, saying why."""
+    for item in items:
+        if item.get_closest_marker("browser"):
+            item.add_marker(pytest.mark.xdist_group("browser"))
     gpu = [i for i in items if i.get_closest_marker("gpu")]
     if not gpu:
         return

@@ -36,8 +36,18 @@ def test_auto_model_is_calibrated_to_the_step_time():
     b = batch()
     acc.step(b)  # calibrates
     assert acc.repeats is not None and acc.repeats >= 1
-    per = timed(acc, b, 3)
-    assert 0.02 < per < 0.3, per  # generous: a noisy 2-core machine
+    # a step is `repeats` training passes, calibrated to 60 ms: measured against one pass
+    # timed right beside it (a shared machine's speed changes between minutes, so the
+    # calibration's 60 ms cannot be checked against the clock later, only its arithmetic)
+    ratios = []
+    for _ in range(3):
+        per = timed(acc, b, 2)
+        x, y = b
+        t = time.perf_counter()
+        acc._train_pass(x, y)
+        one = time.perf_counter() - t
+        ratios.append(per / (acc.repeats * one))
+    assert 0.5 < sorted(ratios)[1] < 2.0, (acc.repeats, ratios)
     assert "passes/step" in acc.description and acc.device_info() is None
 
 

@@ -79,7 +79,9 @@ def test_a_move_past_the_memory_budget_is_never_made():
     m = p.observe(obs(m.settings, 250.0, advised=6, predicted=500.0, per_worker=400.0,
                       left=300.0))
     # a third worker would not fit: the next candidate keeps 2 workers, deeper prefetch
-    assert m.settings == {**START, "num_workers": 2, "prefetch_factor": 4}
+    # (persistent since the first move from 0 workers: their start-up paid once)
+    assert m.settings == {**START, "num_workers": 2, "prefetch_factor": 4,
+                          "persistent_workers": True}
     assert "prefetch" in m.reason
 
 

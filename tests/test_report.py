@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from monitor.store import Store
+from tests.test_assess import CONFIG, stored_run
 from tests.test_browser import CHROMIUM, console_errors, launch
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -26,12 +27,18 @@ def test_report_opens_offline_with_charts_verdict_and_compare(tmp_path):
     if not Path(CHROMIUM).exists():
         pytest.skip("chromium is not installed (apt-get install -y chromium)")
     db = str(tmp_path / "t.db")
-    for nw in ("0", "2"):
-        r = cli("measure", "--db", db, "--preset", "starving", "--num-workers", nw,
-                "--seconds", "3")
-        assert r.returncode == 0, r.stderr
     store = Store(db)
+    # two stored runs (a starving sawtooth, 20 s each; the second at 2 workers, moved once)
+    stored_run(store)
+    stored_run(store, config={**CONFIG.to_dict(), "num_workers": 2}, t0=1_700_000_100.0)
+    store.add_event(2, "autotune", "num_workers 0→2 (a loader per usable core)",
+                    {"num_workers": 2, "rank": 0}, ts=1_700_000_105.0)
     store.update_run(2, name="<b>mine</b> & [link](http://x)")
+    for run in (1, 2):  # the runs' own span (stored_run writes steps from its t0)
+        steps = store.steps(run)
+        store.db.conn().execute("UPDATE runs SET started_at = ?, ended_at = ? WHERE id = ?",
+                                (float(steps["ts"].min()) - 0.1,
+                                 float(steps["ts"].max()) + 0.1, run))
     r = cli("compare", "1", "2", "--db", db, "--json")
     verdict = json.loads(r.stdout)["kpis"]["verdict"]["values"][1]  # run 2's, as compare says
     out = tmp_path / "share" / "report.html"
@@ -66,6 +73,7 @@ def test_report_opens_offline_with_charts_verdict_and_compare(tmp_path):
     assert "Compared with the run before" in text
     assert "run 1" in text and "num_workers: 0 → 2" in text  # the compare's settings diff
     assert "throughput (samples/s)" in text and "Settings and moves" in text
+    assert "num_workers 0→2 (a loader per usable core)" in text
 
 
 def test_report_refuses_a_missing_run_or_store_with_one_line(tmp_path):

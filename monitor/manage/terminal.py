@@ -5,7 +5,9 @@ Every EVERY_S the same assessment as the page's KPI row (monitor/assess/window.p
 window) is read from the store and shown: throughput, data-wait share, verdict, the top
 advice with its predicted gain, workers. On a terminal it is a rich Live table at the bottom
 of the screen, with the script's own output relayed above it line by line (the script's
-stdout and stderr are piped through rich's console, so neither overwrites the other); when
+stdout and stderr are piped through rich's console, so neither overwrites the other; a
+progress bar's redraws, lines ended by a lone carriage return, become the table's last row,
+`script`); when
 stderr is not a terminal, one plain line per EVERY_S and the script's output untouched.
 """
 from __future__ import annotations
@@ -96,6 +98,9 @@ class LiveView:
         self._thread: threading.Thread | None = None
         self._live: Live | None = None
         self._relays: list[threading.Thread] = []
+        self._lock = threading.Lock()  # the refresh thread and the relays both redraw
+        self.shown: dict[str, str] = status(None)
+        self.progress = ""  # the script's last progress-bar line (ended by a lone \r)
         if tty:
             self.console = Console(file=self.stream, force_terminal=True)
             self._live = Live(table(run_id, status(None)), console=self.console,
@@ -112,14 +117,18 @@ class LiveView:
     def relay(self, pipe: IO[bytes], to: IO[str]) -> None:
         """Copy the script's lines from `pipe` to the terminal above the live table."""
         def copy() -> None:
+            # newline="": a line ends at \n, \r\n or a lone \r (a progress bar redrawing)
             text = io.TextIOWrapper(pipe, encoding="utf-8", errors="replace", newline="")
             for chunk in iter(text.readline, ""):
-                if self._live is not None and not self._stop.is_set():
-                    self.console.print(Text(chunk.rstrip("\n")), soft_wrap=True,
-                                       highlight=False)
-                else:
+                if self._live is None or self._stop.is_set():
                     to.write(chunk)
                     to.flush()
+                elif chunk.endswith("\r"):  # a redraw: the table's last row shows it
+                    self.progress = chunk.strip()
+                    self._draw()
+                else:
+                    self.console.print(Text(chunk.rstrip("\r\n")), soft_wrap=True,
+                                       highlight=False)
         t = threading.Thread(target=copy, name="live-relay", daemon=True)
         t.start()
         self._relays.append(t)
@@ -133,11 +142,18 @@ class LiveView:
             s = status(self._read())
         except Exception as exc:  # a store read failed: say so, keep the script running
             s = {"verdict": f"cannot read the store: {exc}"}
+        self.shown = s
         if self._live is not None:
-            self._live.update(table(self.run_id, s), refresh=True)
+            self._draw()
         else:
             print(line(self.run_id, s), file=self.stream, flush=True)
         return s
+
+    def _draw(self) -> None:
+        with self._lock:
+            rows = {**self.shown, **({"script": self.progress} if self.progress else {})}
+            if self._live is not None:
+                self._live.update(table(self.run_id, rows), refresh=True)
 
     def stop(self) -> None:
         """After the script exited: the relays drain its last output, the view ends."""

@@ -17,8 +17,9 @@ Candidates, in order, from the best setting so far:
 1. the bound model's knee for num_workers (monitor/diagnosis/bound.py, searched up to
    max_workers: 3x the usable cores, since storage-latency-bound loaders keep gaining past
    the core count, which the model's io term says);
-2. from num_workers=0, a loader per usable core (one worker alone only overlaps loading
-   with the compute, a gain of at most the compute's share); else one worker more while the
+2. from num_workers=0, a loader per usable core, persistent (one worker alone only overlaps
+   loading with the compute, a gain of at most the compute's share; workers restarted each
+   epoch pay their start-up each epoch); else one worker more while the
    data wait could still pay MIN_STEP_GAIN (removing a share s of waiting gains at most
    s / (1 - s)) and the cores are not the limit (or the last move's measured gain says the
    climb still pays, whatever the model thought of the cores);
@@ -201,8 +202,11 @@ class Policy:
             # one worker only overlaps loading with the compute (a gain of at most the
             # compute's share): start with a loader per usable core
             n = max(1, min(self.max_workers, b.cores or 1))
-            out.append(({"num_workers": n}, f"data wait {b.data_wait_share:.0%}: "
-                         f"a loader per usable core ({n})"))
+            # ...kept alive between epochs: otherwise each epoch pays their start-up, which
+            # on short epochs (Lightning's defaults) eats what they gain
+            out.append(({"num_workers": n, "persistent_workers": True},
+                        f"data wait {b.data_wait_share:.0%}: a loader per usable core ({n}), "
+                        "kept between epochs"))
         elif room >= MIN_STEP_GAIN and not cores_bound:
             out.append(({"num_workers": nw + 1}, f"data wait still {b.data_wait_share:.0%}"
                          " and the cores are not the limit"))
