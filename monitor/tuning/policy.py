@@ -202,11 +202,8 @@ class Policy:
             # one worker only overlaps loading with the compute (a gain of at most the
             # compute's share): start with a loader per usable core
             n = max(1, min(self.max_workers, b.cores or 1))
-            # ...kept alive between epochs: otherwise each epoch pays their start-up, which
-            # on short epochs (Lightning's defaults) eats what they gain
-            out.append(({"num_workers": n, "persistent_workers": True},
-                        f"data wait {b.data_wait_share:.0%}: a loader per usable core ({n}), "
-                        "kept between epochs"))
+            out.append(({"num_workers": n}, f"data wait {b.data_wait_share:.0%}: "
+                         f"a loader per usable core ({n})"))
         elif room >= MIN_STEP_GAIN and not cores_bound:
             out.append(({"num_workers": nw + 1}, f"data wait still {b.data_wait_share:.0%}"
                          " and the cores are not the limit"))
@@ -222,6 +219,11 @@ class Policy:
     def _candidate(self, b: Observation) -> Move | None:
         s = b.settings
         for change, why in self._options(b):
+            if not s.get("num_workers") and change.get("num_workers"):
+                # workers from none: kept alive between epochs, or each epoch pays their
+                # start-up, which on short epochs (Lightning's defaults) eats their gain
+                change, why = {**change, "persistent_workers": True}, \
+                    f"{why}; kept between epochs"
             new = normalise({**s, **change})
             n = int(new.get("num_workers") or 0)
             if not 0 <= n <= self.max_workers or _key(new) in self.tried \
