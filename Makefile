@@ -23,13 +23,14 @@ run: $(VENV)/.runtime
 		$(if $(or $(WORKLOAD),$(METRICS_PORT)),--) $(if $(WORKLOAD),--workload $(WORKLOAD)) \
 		$(if $(METRICS_PORT),--metrics-port $(METRICS_PORT))
 
-# Two pytest workers: most of a test's time is a child process starting (python, torch); the
-# timing-sensitive tests check the measured evidence, neighbours included.
-TEST_WORKERS ?= 2
+# Three pytest workers on two cores: most of a test's time is a child process starting
+# (python, torch) or a workload sleeping; the timing-sensitive tests check the measured
+# evidence, neighbours included. Browser tests share one worker (loadgroup: conftest.py).
+TEST_WORKERS ?= 3
 
 test: $(VENV)/.dev
 	$(PY) -m ruff check .
-	$(PY) -m pytest -n $(TEST_WORKERS)
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup
 
 lint: $(VENV)/.dev
 	$(PY) -m ruff check .
