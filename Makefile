@@ -23,10 +23,11 @@ run: $(VENV)/.runtime
 		$(if $(or $(WORKLOAD),$(METRICS_PORT)),--) $(if $(WORKLOAD),--workload $(WORKLOAD)) \
 		$(if $(METRICS_PORT),--metrics-port $(METRICS_PORT))
 
-# Three pytest workers on two cores: most of a test's time is a child process starting
-# (python, torch) or a workload sleeping; the timing-sensitive tests check the measured
-# evidence, neighbours included. Browser tests share one worker (loadgroup: conftest.py).
-TEST_WORKERS ?= 3
+# Two pytest workers: most of a test's time is a child process starting (python, torch); the
+# timing-sensitive tests check the measured evidence, neighbours included. Browser tests
+# share one worker (loadgroup: conftest.py). Three workers were slower on 2 cores (673 s
+# against 642 s) and starved the browser tests.
+TEST_WORKERS ?= 2
 
 test: $(VENV)/.dev
 	$(PY) -m ruff check .
