@@ -31,7 +31,7 @@ DDP = ROOT / "examples" / "train_ddp.py"
 TORCHRUN = str(Path(sys.executable).parent / "torchrun")
 DCGM_TEXT = (ROOT / "tests" / "fixtures" / "dcgm_exporter_metrics.txt").read_bytes()
 GPU0_UUID = "GPU-9b1f4c2e-7d3a-4e8b-a6f0-2c5d8e1b3a47"  # the fixture's GPU 0, 37% busy
-WINDOW = "15s"
+WINDOW = "12s"
 pytestmark = pytest.mark.slow
 
 
@@ -84,7 +84,7 @@ def test_two_node_job_in_prometheus(tmp_path, no_leaks):
         "  - job_name: dcgm-exporter\n"
         f"    static_configs: [{{targets: ['127.0.0.1:{dcgm.server_address[1]}']}}]\n")
     dbs = [tmp_path / "node0.db", tmp_path / "node1.db"]
-    nodes = [node(dbs[i], ports[i], i, master, epochs=14) for i in (0, 1)]
+    nodes = [node(dbs[i], ports[i], i, master, epochs=11) for i in (0, 1)]
     results: dict[int, list[list]] = {}
     try:
         # node 0's rank runs on a GPU where NVML would say so (no GPU here: the inventory and
@@ -98,15 +98,15 @@ def test_two_node_job_in_prometheus(tmp_path, no_leaks):
         s0.db.conn().execute("UPDATE ranks SET device = ? WHERE rank = 0",
                              (json.dumps({"uuid": GPU0_UUID, "cuda_index": 0}),))
 
-        def scraped() -> bool:  # 16 s of both ranks, job-labelled, since the device was set
+        def scraped() -> bool:  # 13 s of both ranks, job-labelled, since the device was set
             try:
                 full = prom_query(base, 'count_over_time(starvation_samples_total'
-                                        '{job_id!=""}[16s]) >= 15')
+                                        '{job_id!=""}[13s]) >= 12')
             except OSError:
                 return False
             return {(s["metric"]["rank"], s["metric"].get("gpu", "")) for s in full} >= \
                 {("0", "0"), ("1", "")}
-        assert wait_for(scraped, timeout=120, every=0.5), "Prometheus never had 16 s of both"
+        assert wait_for(scraped, timeout=120, every=0.5), "Prometheus never had 13 s of both"
         at = time.time() - 1.0
         for pid, exprs in panel_queries().items():
             results[pid] = [prom_query(base, e, time=str(at)) for e in exprs]
