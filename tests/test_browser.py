@@ -130,8 +130,10 @@ def _sawtooth_then_flat(url: str) -> tuple[str, str]:
         assert chart["y"] + chart["height"] <= 1000 and kpi["y"] < chart["y"], (chart, kpi)
         expect(page.locator(".js-plotly-plot .main-svg").first).to_be_visible()
         # the before-state for the picture: a full KPI window of the starved loop
-        expect(page.get_by_text(re.compile(r"KPIs over the last 10 s \(\d{2,} steps\)"))
-               .first).to_be_visible(timeout=60_000)
+        # (on a host whose other processes hold the cores a window holds few steps: 8 were
+        # seen beside a busy suite; a verdict needs 3)
+        expect(page.get_by_text(re.compile(r"KPIs over the last 10 s \((?:[3-9]|\d{2,}) "
+                                           r"steps\)")).first).to_be_visible(timeout=60_000)
         SHOTS.mkdir(parents=True, exist_ok=True)
         page.screenshot(path=str(SHOTS / "sawtooth-before.png"))
         before = _banner(page)

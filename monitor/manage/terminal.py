@@ -127,8 +127,9 @@ class LiveView:
                     self.progress = chunk.strip()
                     self._draw()
                 else:
-                    self.console.print(Text(chunk.rstrip("\r\n")), soft_wrap=True,
-                                       highlight=False)
+                    with self._lock:  # one writer at a time: a redraw never cuts a line
+                        self.console.print(Text(chunk.rstrip("\r\n")), soft_wrap=True,
+                                           highlight=False)
         t = threading.Thread(target=copy, name="live-relay", daemon=True)
         t.start()
         self._relays.append(t)
