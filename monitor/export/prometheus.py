@@ -126,10 +126,14 @@ class StoreCollector:
         finally:
             store.close()
 
-    def ranks_of(self, store: Store, run: dict, devices: list) -> list[RankSeries]:
-        """The run's ranks as they reported themselves; a run with none is rank 0 of one."""
+    def ranks_of(self, store: Store, run: dict, devices: list,
+                 stepped: bool = True) -> list[RankSeries]:
+        """The run's ranks as they reported themselves; a run with none is rank 0 of one,
+        except a script whose probe has not said who it is and has no steps: no series yet."""
         rid = str(run["id"])
         df = store.ranks(int(run["id"]))
+        if df.empty and run.get("kind") == "attached" and not stepped:
+            return []
         if df.empty:
             gpu = workload_gpu(devices, run.get("device"))
             return [RankSeries(0, [rid, "", "0", "", "", self.hostname, _text(gpu),
@@ -163,14 +167,15 @@ class StoreCollector:
         devices = store.gpu_inventory()[2]
         for row in runs.itertuples():
             run = store.run(int(row.id)) or {}
-            if not run or (run.get("kind") == "attached" and not any(
-                    k[0] == int(row.id) for k in totals) and store.ranks(int(row.id)).empty):
-                continue  # a script whose probe has not said who it is: no series yet
+            ranks = self.ranks_of(store, run, devices, any(k[0] == int(row.id)
+                                                           for k in totals)) if run else []
+            if not ranks:
+                continue
             end = min(now, run["ended_at"]) if run.get("status") != "running" else now
             steps = store.steps(int(run["id"]), since=end - 15.0, until=end)
             host = run_rows(store.host_samples(end - 15.0, end), int(run["id"]))
             events = store.events(int(run["id"]), kinds=("config",))
-            for rs in self.ranks_of(store, run, devices):
+            for rs in ranks:
                 t = totals.get((int(row.id), rs.rank), {})
                 for key, fam in counters.items():
                     fam.add_metric(rs.labels, float(t.get(key, 0.0)),
