@@ -10,7 +10,7 @@ import types
 import psutil
 import pytest
 
-from monitor.sampling.host import HostSampler
+from monitor.sampling.host import TREE_EVERY, HostSampler
 from tests.conftest import wait_for
 
 TREE = """
@@ -45,6 +45,50 @@ def test_counts_workers_and_their_cpu(tree):
     assert rec.workers_rss_mb > 1 and rec.proc_rss_mb > 1
     cores = json.loads(rec.cpu_per_core)
     assert len(cores) == psutil.cpu_count() and rec.mem_total_mb > rec.mem_used_mb > 0
+
+
+SPAWN = """
+import subprocess, sys
+sys.stdin.readline()
+kid = subprocess.Popen([sys.executable, '-c', 'while True: pass'])
+try:
+    sys.stdin.readline()
+finally:
+    kid.kill()
+"""
+
+
+def test_a_worker_started_between_scans_is_counted_from_its_start():
+    """A worker spawned just after a descendant scan is found only at the next one
+    (TREE_EVERY passes on), and psutil's cpu_percent drops a new process's first interval:
+    its CPU until then would read as other processes' load (a new DataLoader worker's first
+    second, on epochs of a second). Summed over the passes, the workers' CPU holds all of
+    it."""
+    p = subprocess.Popen([sys.executable, "-c", SPAWN], stdin=subprocess.PIPE, text=True)
+    try:
+        s = HostSampler()
+        s.follow(p.pid, run_id=1)
+        s.sample()  # a scan: no workers yet
+        last = time.time()
+        p.stdin.write("\n")
+        p.stdin.flush()
+        wait_for(lambda: psutil.Process(p.pid).children(), timeout=20, every=0.02)
+        kid = psutil.Process(p.pid).children()[0]
+        total = 0.0
+        for _ in range(TREE_EVERY + 2):
+            time.sleep(0.25)  # sleep-ok: the sampler's own cadence between passes
+            rec = s.sample()
+            now = time.time()
+            total += (rec.workers_cpu_pct or 0.0) / 100 * (now - last)
+            last = now
+        used = sum(kid.cpu_times()[:2])
+        assert rec.workers == 1 and used > 0.3
+        assert total == pytest.approx(used, rel=0.2)
+    finally:
+        for c in psutil.Process(p.pid).children(recursive=True):
+            c.kill()
+        p.kill()
+        p.wait()
 
 
 def test_vanished_process_is_missing_not_an_error():

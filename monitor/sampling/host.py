@@ -124,6 +124,8 @@ class HostSampler:
         self._ranks: dict[int, int] = {}  # rank -> PID of a distributed job's processes
         self._passes = 0
         self._uss: dict[int | None, float] = {}
+        self._wcpu: dict[int | None, dict[str, Any]] = {}  # workers' CPU seconds, last pass
+        self._threads: dict[int, int | None] = {}  # thread count by PID, last pass
         psutil.cpu_percent(percpu=True)  # prime: the first call has nothing to compare with
 
     def follow(self, pid: int | None, run_id: int | None) -> None:
@@ -132,6 +134,7 @@ class HostSampler:
             self._procs = {}
             self._kids, self._ranks = {}, {}
             self._passes, self._uss, self._prev = 0, {}, {}
+            self._wcpu, self._threads = {}, {}
 
     def follow_ranks(self, ranks: dict[int, int]) -> None:
         """The rank -> PID map of a distributed job under the followed process: each rank
@@ -151,10 +154,15 @@ class HostSampler:
     def _tree(self, pid: int) -> tuple[Any | None, list[Any]]:
         """A process and its descendants. Finding descendants scans every process on the
         host (psutil reads /proc for each), costly beside a browser's dozens: so the list is
-        refreshed one pass in TREE_EVERY, and between refreshes dead ones drop out."""
+        refreshed one pass in TREE_EVERY, and between refreshes dead ones drop out; at once
+        when the process's thread count changed (a DataLoader starting workers starts its
+        queue feeder and pin-memory threads with them), so new workers are found within a
+        pass."""
         try:
             main = self._proc(pid)
-            if self._passes % TREE_EVERY == 0 or pid not in self._kids:
+            threads = _safe(main.num_threads)
+            moved, self._threads[pid] = threads != self._threads.get(pid), threads
+            if self._passes % TREE_EVERY == 0 or pid not in self._kids or moved:
                 self._kids[pid] = main.children(recursive=True)
             kids = [k for k in self._kids[pid] if k.is_running()]
         except (_psutil.Error, OSError):
@@ -174,19 +182,56 @@ class HostSampler:
         ranks = {r: p for r, p in self._ranks.items() if p != self._pid}
         return sorted(ranks.items()) if ranks else [(None, self._pid)]
 
-    def _process_fields(self, key: int | None, main: Any, workers: list[Any]) -> dict:
+    def _workers_cpu(self, key: int | None, workers: list[Any],
+                     room_pct: float | None) -> float | None:
+        """The workers' CPU since the last pass, in % of one core, from their cumulative CPU
+        times. A worker first seen now started since the scan before, which did not list it
+        (psutil's cpu_percent would drop its first interval): it is owed all the CPU it used
+        since it started, else a new worker's first second, when it works hardest, reads as
+        other processes' load. Workers already there at the first pass are its baseline.
+        What is owed is reported as the host's capacity leaves room for it (`room_pct`:
+        every core's 100% less the main process's), the rest in the next passes, so a
+        window's mean holds all the workers' CPU and no sample more than the host has."""
+        now = time.time()
+        prev = self._wcpu.get(key)
+        cur: dict[int, float] = {}
+        measured, owed = 0.0, prev["owed"] if prev else 0.0
+        for w in workers:
+            t = _safe(w.cpu_times)
+            if t is None:
+                continue
+            cur[w.pid] = c = float(t.user + t.system)
+            if prev is None:
+                continue
+            if w.pid in prev["cpu"]:
+                measured += max(0.0, c - prev["cpu"][w.pid])
+            else:  # started since the scan before: none of its CPU was counted
+                owed += c
+        self._wcpu[key] = {"t": now, "cpu": cur, "owed": owed}
+        if prev is None or now <= prev["t"]:
+            return None
+        dt = now - prev["t"]
+        pct = 100.0 * measured / dt
+        room = owed if room_pct is None else max(0.0, room_pct - pct) / 100.0 * dt
+        paid = min(owed, room)
+        self._wcpu[key]["owed"] = owed - paid
+        return pct + 100.0 * paid / dt
+
+    def _process_fields(self, key: int | None, main: Any, workers: list[Any],
+                        capacity_pct: float | None = None) -> dict:
         if main is None:
             return {}
-        w_cpu = [_safe(lambda w=w: w.cpu_percent(None)) for w in workers]
+        proc_cpu = _safe(lambda: main.cpu_percent(None))
+        room = None if capacity_pct is None else capacity_pct - (proc_cpu or 0.0)
         w_rss = [_safe(lambda w=w: w.memory_info().rss / MB) for w in workers]
         if self._passes % USS_EVERY == 0 or key not in self._uss:  # smaps: 1 pass in 8
             uss = [_safe(lambda w=w: w.memory_full_info().uss / MB) for w in workers]
             self._uss[key] = sum(u for u in uss if u is not None)
         return dict(
-            proc_cpu_pct=_safe(lambda: main.cpu_percent(None)),
+            proc_cpu_pct=proc_cpu,
             proc_rss_mb=_safe(lambda: main.memory_info().rss / MB),
             workers=len(workers),
-            workers_cpu_pct=sum(c for c in w_cpu if c is not None),
+            workers_cpu_pct=self._workers_cpu(key, workers, room),
             workers_rss_mb=sum(r for r in w_rss if r is not None),
             workers_uss_mb=self._uss.get(key),
             **self._time_split(key, main, workers),
@@ -251,7 +296,8 @@ class HostSampler:
             for rank, pid in self._targets() or [(None, None)]:
                 main, workers = self._tree(pid) if pid is not None else (None, [])
                 live |= {pid, *(w.pid for w in workers)}
-                fields = self._process_fields(rank, main, workers)
+                fields = self._process_fields(rank, main, workers,
+                                              100.0 * len(per_core) if per_core else None)
                 rows.append(HostSample(**{**_EMPTY, **host, **fields, "rank": rank}))
             self._procs = {p: o for p, o in self._procs.items() if p in live}
             self._passes += 1
