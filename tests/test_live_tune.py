@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from monitor.thresholds import OTHER_LOAD_CORES
+from monitor.thresholds import OTHER_LOAD_CORES, noise_band, std_error
 from monitor.tuning.policy import Observation, Policy
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -53,6 +53,25 @@ def test_a_promising_gain_confirmed_by_a_second_measurement_is_kept():
     assert p.observe(obs(one.settings, 120.0, se=10.0)).extend
     p.observe(obs(one.settings, 128.0, se=3.0))  # pooled 124 ± 5.2: +24 > 2 x 11.3 = 22.5
     assert p.moves[-1]["kept"] and p.best.throughput == pytest.approx(124.0)
+
+
+def test_a_lucky_first_reading_does_not_stand_against_every_move():
+    """The start read 430 (a fast moment of a shared host), the move 400, so it went back;
+    measured again the start reads 280: the move, which beats that beyond the noise, is
+    gone back to and kept. A re-reading within the noise is pooled with the first."""
+    p = Policy(max_workers=4)
+    m = p.observe(obs(START, 430.0, se=10.0, advised=2, predicted=600.0))
+    back = p.observe(obs(m.settings, 400.0, se=10.0))
+    assert back.revert and back.settings == START and not p.moves[-1]["kept"]
+    again = p.observe(obs(START, 280.0, se=10.0))
+    assert again.revert and again.settings == m.settings and p.moves[-1]["kept"]
+    assert p.best.throughput == 400.0 and p.start.throughput == 280.0
+    q = Policy(max_workers=4)
+    m = q.observe(obs(START, 300.0, se=10.0, advised=2, predicted=600.0))
+    q.observe(obs(m.settings, 250.0, se=10.0))  # worse: back
+    nxt = q.observe(obs(START, 310.0, se=10.0))  # within the noise of 300: pooled
+    assert q.best.throughput == pytest.approx(305.0) and not nxt.revert
+    assert not any(mv["kept"] for mv in q.moves)
 
 
 def test_a_plateau_ends_the_search():
@@ -108,7 +127,8 @@ def test_from_no_workers_without_a_prediction_it_starts_with_a_loader_per_core()
     m = p.observe(Observation(m.settings, 425.0, 3.0, "cpu-bound", 0.9, cores=2))
     assert m.revert and m.settings["num_workers"] == 2
     assert p.observe(Observation(m.settings, 421.0, 3.0, "cpu-bound", 0.9, cores=2)) is None
-    assert p.best.throughput == 420.0 and p.settled  # cores-bound, the last move did not pay
+    # cores-bound, the last move did not pay; 2 workers' two readings pooled
+    assert p.best.throughput == pytest.approx(420.5) and p.settled
 
 
 def monitor_run(db: Path, script: str, *args: str, tune: tuple = ("--autotune",),
@@ -121,14 +141,13 @@ def monitor_run(db: Path, script: str, *args: str, tune: tuple = ("--autotune",)
     return r, json.loads(r.stdout.strip().splitlines()[-1])
 
 
-def bare_rate(nw: int, epochs: int = 2) -> float:
-    """The script run bare (no monitor) at a fixed num_workers: the median of its own
-    per-epoch samples/s, the first epoch left out (its workers' start-up)."""
+def bare_rates(nw: int, epochs: int = 3) -> list[float]:
+    """The script run bare (no monitor) at a fixed num_workers: its own per-epoch samples/s,
+    the first epoch left out (its workers' start-up)."""
     r = subprocess.run([sys.executable, str(ROOT / "tests" / "scripts" / "cpu_loader.py"),
                         "--epochs", str(epochs), "--num-workers", str(nw), *CPU_ARGS],
                        capture_output=True, text=True, timeout=120, check=True)
-    rates = [float(m) for m in re.findall(r"([\d.]+) samples/s", r.stdout)]
-    return statistics.median(rates[1:])
+    return [float(m) for m in re.findall(r"([\d.]+) samples/s", r.stdout)][1:]
 
 
 CPU_ARGS = ("--work", "30")
@@ -142,11 +161,13 @@ def data_of(events) -> list[dict]:
 def test_live_autotune_reaches_the_best_fixed_setting_of_a_grid(tmp_path, no_leaks):
     """A script with CPU-heavy loading at num_workers=0 is tuned live, and its final
     setting, within 5 epochs, runs within 5% of the best of a grid of fresh bare runs
-    (measured head to head). On a machine where other processes take cores the autotuner
-    does not compete for them (the bound model's cores are the ones left), so there it must
-    only end on a setting it measured no slower than where it began."""
-    grid = {nw: bare_rate(nw) for nw in (0, 2, 3)}  # a loader per core and one more
-    best = max(grid, key=grid.get)
+    (measured head to head), or within the noise of those measurements (epochs of a second
+    on a shared host differ by 10-20% run to run: a difference below that is not one the
+    tuner can see either). On a machine where other processes take cores the autotuner does
+    not compete for them (the bound model's cores are the ones left), so there it must only
+    end on a setting it measured no slower than where it began."""
+    grid = {nw: bare_rates(nw) for nw in (0, 2, 3)}  # a loader per core and one more
+    best = max(grid, key=lambda nw: statistics.mean(grid[nw]))
     r, d = monitor_run(tmp_path / "t.db", "cpu_loader.py", "--epochs", "6", *CPU_ARGS)
     tune = d["autotune"]
     final = tune["final"]["num_workers"]
@@ -161,17 +182,22 @@ def test_live_autotune_reaches_the_best_fixed_setting_of_a_grid(tmp_path, no_lea
         assert all(not m["kept"] for m in tune["moves"]), tune["moves"]
     else:
         assert applied and min(applied) <= 4  # in use from the 5th epoch on
-    # head to head: the grid's measurement of each (a final setting outside the grid is
-    # measured now), then one more run of each, interleaved (final, then best: the grid ran
-    # best before the autotune run)
-    pairs = {nw: [grid[nw] if nw in grid else bare_rate(nw)] for nw in {best, final}}
+    # head to head: the grid's epochs of each (a final setting outside the grid is measured
+    # now), then one more run of each, interleaved (final, then best: the grid ran best
+    # before the autotune run)
+    pairs = {nw: list(grid[nw]) if nw in grid else bare_rates(nw) for nw in {best, final}}
     for nw in (final, best) if final != best else ():
-        pairs[nw].append(bare_rate(nw))
-    ratio = statistics.mean(pairs[final]) / statistics.mean(pairs[best])
+        pairs[nw] += bare_rates(nw)
+    f, b = (statistics.mean(pairs[nw]) for nw in (final, best))
+    noise = noise_band([std_error(pairs[final]), std_error(pairs[best])])
     others = d["evidence"]["other_cpu_cores"] or 0.0
-    note = f"grid {grid}, final {final}, head to head {pairs}, other load {others:.2f} cores"
+    moves = [(m["settings"]["num_workers"], round(m["throughput"]), round(m["best_before"]),
+              m["kept"], m["other_cores"], m["other_cores_before"]) for m in tune["moves"]]
+    note = (f"grid {grid}, final {final}, head to head {pairs}: {f:.0f} vs {b:.0f} ± "
+            f"{noise:.0f}, other load {others:.2f} cores, moves (workers, rate, best before, "
+            f"kept, other cores, before) {moves}")
     if others < OTHER_LOAD_CORES:
-        assert ratio >= 0.95, note
+        assert f >= 0.95 * b - noise, note
     elif final != 0:  # a move it kept was measured better than where it began
         assert tune["final_throughput"] >= tune["start_throughput"], note
     # else: back where it began (every move measured worse, asserted above); on a host whose

@@ -107,6 +107,7 @@ class Policy:
     rematch: tuple[Move, Observation] | None = None  # a move measured under another load
     extensions: int = 0  # measurements taken once more
     rematches: int = 0  # the best measured again under a move's host load
+    reverted: list[Observation] = field(default_factory=list)  # moves measured not to pay
     observed: int = 0
     _predicted: dict = field(default_factory=dict)  # settings key -> the model's samples/s
 
@@ -161,7 +162,12 @@ class Policy:
                             revert=True)
                 if len(self.moves) >= self.max_moves:
                     return self._settle(back, f"after {len(self.moves)} moves")
+                self.reverted.append(obs)
                 return back  # measured again (live) before the next candidate
+        elif measured and obs.failed is None and _key(obs.settings) == _key(self.best.settings):
+            back = self._remeasured(obs)  # the best measured again, after a move reverted
+            if back is not None:
+                return back
         if len(self.moves) >= self.max_moves:
             return self._settle(None, f"after {len(self.moves)} moves")
         cand = self._candidate(self.best)
@@ -171,6 +177,41 @@ class Policy:
         self.tried.add(_key(cand.settings))
         self.pending = cand
         return cand
+
+    def _remeasured(self, obs: Observation) -> Move | None:
+        """The best setting measured again (the stretch after going back to it): pooled
+        with its earlier reading, or in its place when the two differ beyond their noise or
+        the host's other load changed between them (the host is slower or faster now, or
+        the first reading was lucky), so one reading does not stand against every move. A
+        move reverted against the old reading that beats the new one is gone back to."""
+        old = self.best
+        changed = self.unfair(obs) or self._beats(old, obs) or self._beats(obs, old)
+        self.best = obs if changed else _pooled(old, obs)
+        if self.start is old:
+            self.start = self.best
+        rivals = [o for o in self.reverted if self._beats(o, self.best)
+                  and not self._unfair_pair(o, self.best)]
+        if not rivals:
+            return None
+        won = max(rivals, key=lambda o: o.throughput)
+        self.reverted.remove(won)
+        self.moves.append({**self.moves[-1], "settings": won.settings,
+                           "reason": "re-judged against the best measured again",
+                           "predicted": self._predicted.get(_key(won.settings)),
+                           "throughput": won.throughput, "best_before": self.best.throughput,
+                           "kept": True, "failed": None,
+                           "noise": noise_band([won.std_error, self.best.std_error])
+                           / self.best.throughput if self.best.throughput else None,
+                           "other_cores": won.other_cores,
+                           "other_cores_before": self.best.other_cores})
+        self.best = won
+        return Move(dict(won.settings), f"{describe_settings(won.settings)} beat the best "
+                    "setting measured again: back to it", revert=True)
+
+    @staticmethod
+    def _unfair_pair(a: Observation, b: Observation) -> bool:
+        return a.other_cores is not None and b.other_cores is not None and \
+            abs(a.other_cores - b.other_cores) >= HOST_BUSIER_CORES
 
     def unfair(self, obs: Observation) -> bool:
         """Whether the best and this move were measured under different host loads (by
