@@ -52,6 +52,21 @@ def test_a_stretch_counts_only_steps_of_the_setting_asked_for():
     assert not t.overridden
 
 
+def test_persistent_workers_first_epoch_is_left_out_once():
+    """Short epochs (Lightning's 12 batches) under a setting that keeps its workers: the
+    first epoch holds their start, paid once, so it is not judged; the ones after are."""
+    t = RankTuner(0, 6, Cadence("epoch"))
+    t.wait_seq = 1  # a move to persistent workers was asked for, and lands at epoch 2
+    t.add(frame([2] * 12 + [3] * 12 + [4], seq=1))
+    assert t.ready(in_flight=4, persistent=True) is None  # epoch 2 out, 12 < MIN_STEPS
+    t.add(frame([4] * 11 + [5], seq=1, t0=20))
+    got = t.ready(in_flight=4, persistent=True)
+    assert got is not None and sorted(got["epoch"].unique()) == [3, 4]
+    t.took()
+    t.add(frame([5] * 11 + [6] * 12 + [7], seq=1, t0=40))  # same setting: nothing more out
+    assert sorted(t.ready(in_flight=4, persistent=True)["epoch"].unique()) == [5, 6]
+
+
 def test_steps_cadence_skips_each_settings_start_up():
     t = RankTuner(0, 6, Cadence("steps", steps=40))
     t.add(frame([0] * 44))

@@ -8,7 +8,9 @@ step boundary with --autotune-every-steps), the managed workload rebuilds its lo
 two steps. A stretch (Cadence) is:
 - "epoch": the completed epochs run entirely under the current setting, pooled until they
   hold AUTOTUNE_MIN_STEPS steps (short epochs), each epoch's start-up included since it is paid
-  every epoch;
+  every epoch; with persistent workers the setting's first epoch is left out (its workers'
+  start, paid once: on Lightning's 12-batch epochs of half a second it was a third of the
+  stretch and made 2 workers read slower than none);
 - "steps": N steps under the current setting, after skipping its start-up transient (the
   new workers' start and first fill: the batches in flight, or a tenth of N), paid once;
 - "window": the managed workload's measurement window, WINDOW_S seconds under the current
@@ -95,6 +97,7 @@ class RankTuner:
         self.expect: dict[str, Any] | None = None  # the settings last asked for
         self.acked: int | None = None  # the last finished epoch told "judged"
         self.stretches = 0
+        self.started: int | None = None  # the generation whose workers' first epoch is out
 
     def add(self, new: pd.DataFrame) -> None:
         """Keep only the newest generation's steps; note epochs it did not run whole."""
@@ -109,18 +112,25 @@ class RankTuner:
             buf = buf[buf["config_seq"] == seq]
         self.seq, self.buf = seq, buf
 
-    def ready(self, in_flight: int = 0, done: int | None = None) -> pd.DataFrame | None:
+    def ready(self, in_flight: int = 0, done: int | None = None,
+              persistent: bool = False) -> pd.DataFrame | None:
         """The next complete stretch of the current setting (taken out of buf), or None.
         `in_flight`: the batches the setting keeps in flight (its start-up transient);
         `done`: the last epoch the job said it finished (else one is complete once a later
-        one has begun)."""
+        one has begun); `persistent`: the setting keeps its workers between epochs."""
         if self.buf.empty or (self.wait_seq is not None and self.seq < self.wait_seq):
             return None
         b, c = self.buf, self.cadence
         if c.kind == "epoch":
             last = int(b["epoch"].max())
             complete = (b["epoch"] < last) | (b["epoch"] <= (done if done is not None else -1))
-            take = b[complete & ~b["epoch"].isin(self.mixed)]
+            whole = complete & ~b["epoch"].isin(self.mixed)
+            if persistent and in_flight and self.started != self.seq and whole.any():
+                first = int(b.loc[whole, "epoch"].min())  # its workers started in it: once
+                self.started = self.seq
+                self.mixed.add(first)
+                whole &= b["epoch"] != first
+            take = b[whole]
             if len(take) < AUTOTUNE_MIN_STEPS:
                 return None
             self.buf = b[~complete]
@@ -293,7 +303,7 @@ class LiveTuner:
                 self.store.meta(control.epoch_done_key(self.run_id, r)))
             chosen = tuner.ready(int(config.get("num_workers") or 0)
                                  * int(config.get("prefetch_factor") or DEFAULT_PREFETCH),
-                                 done_epoch)
+                                 done_epoch, bool(config.get("persistent_workers")))
             if chosen is None:
                 self._ack(r, done_epoch, tuner)
                 continue
