@@ -125,6 +125,19 @@ def test_apply_moves_the_sliders_to_the_advice(app):
     assert not app.exception
     assert manager.config.num_workers == advised >= 1
     assert app.sidebar.slider(key="cfg_num_workers").value == advised
+    # the advice's prediction is kept, and the page sets what the new setting measured
+    # beside it once it has run its steps
+    from monitor.assess import outcomes
+
+    got = wait_for(lambda: [r for r in outcomes.of_run(store, manager.run_id)
+                            if r["measured"] is not None], timeout=60)
+    assert got and got[0]["source"] == "advice" and got[0]["predicted"] > 0, \
+        outcomes.of_run(store, manager.run_id)
+    assert got[0]["error"] == pytest.approx(got[0]["predicted"] / got[0]["measured"] - 1)
+    app.run()
+    assert not app.exception
+    assert any(c.value.startswith("predicted vs measured over 1 applied change")
+               for c in app.caption), [c.value for c in app.caption]
 
 
 def test_sweep_tab_runs_a_sweep_and_applies_the_knee(app, monkeypatch):

@@ -112,3 +112,36 @@ def test_attached_run_before_its_first_epoch_has_no_data_not_an_error(store):
                            {"preset": "custom", "workload": "attached:train.py"})
     a = assess_run(store, run, context())
     assert a.verdict == "no data" and a.features.steps == 0
+
+
+def test_an_applied_prediction_is_set_beside_what_its_setting_measured():
+    """An autotune move to 2 workers predicted 500 samples/s; the config event that applied
+    it, then 20 steps at 16 samples per 20 ms: measured 800 after the batches in flight
+    (4) are left out; a later prediction never applied has no outcome."""
+    import numpy as np
+    import pandas as pd
+
+    from monitor.assess import outcomes
+
+    two = {"num_workers": 2, "prefetch_factor": 2, "pin_memory": False,
+           "persistent_workers": True}
+    ev = pd.DataFrame([
+        {"ts": 0.0, "kind": "config", "label": "start",
+         "data": json.dumps({**two, "num_workers": 0, "prefetch_factor": None})},
+        {"ts": 9.0, "kind": "autotune", "label": "the bound model's knee",
+         "data": json.dumps({**two, "rank": 0, "revert": False, "predicted": 500.0})},
+        {"ts": 10.0, "kind": "config", "label": "num_workers 0→2", "data": json.dumps(two)},
+        {"ts": 30.0, "kind": "autotune", "label": "one worker more",
+         "data": json.dumps({**two, "num_workers": 3, "predicted": 900.0})},
+    ])
+    ts = np.r_[np.arange(20) * 0.5, 10.0 + np.arange(1, 21) * 0.02]
+    steps = pd.DataFrame({"ts": ts, "wait_s": np.r_[np.full(20, 0.05), np.full(20, 0.01)],
+                          "compute_s": 0.01, "samples": 16, "config_seq": [0] * 20 + [1] * 20,
+                          "rank": 0})
+    rows = outcomes.outcomes(ev, steps)
+    assert [(r["change"], r["predicted"], r["steps"]) for r in rows] == [
+        ("the bound model's knee", 500.0, 16), ("one worker more", 900.0, 0)]
+    assert rows[0]["measured"] == pytest.approx(800.0)
+    assert rows[0]["error"] == pytest.approx(-0.375) and rows[1]["measured"] is None
+    assert outcomes.error_line(rows) == ("predicted vs measured over 1 applied change: "
+                                         "mean |error| 38%, 0 high, 1 low")

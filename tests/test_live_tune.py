@@ -31,6 +31,7 @@ def test_jumps_to_the_knee_keeps_what_pays_and_settles():
     p = Policy(max_workers=4)
     m = p.observe(obs(START, 100.0, advised=2, predicted=250.0))
     assert m.settings["num_workers"] == 2 and m.settings["prefetch_factor"] == 2
+    assert m.predicted == 250.0  # kept through the move's persistent workers from 0
     m = p.observe(obs(m.settings, 240.0, share=0.02, verdict="healthy"))  # 2% left: < 3%
     assert p.moves[-1]["kept"] and p.best.throughput == 240.0
     assert m is None and p.settled and "100 → 240 samples/s (+140%)" in p.settled

@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from monitor.assess import outcomes
 from monitor.assess.stall import STALL_KINDS, stuck_at_end
 from monitor.assess.window import Context, assess_run
 from monitor.config import ATTACHED_PREFIX
@@ -147,6 +148,9 @@ def summary_lines(d: dict[str, Any]) -> list[str]:
             out.append(f"  {who}: {t['settled'] or 'still searching when the job ended'}")
         if tune.get("error"):
             out.append(f"  autotune {tune['error']}")
+    line = outcomes.error_line(d.get("outcomes") or [])
+    if line:
+        out.append(f"  {line}")
     return out
 
 
@@ -231,6 +235,7 @@ def run_attached(args: argparse.Namespace) -> int:
         result = summary(store, run_id, rt.context())
         if tuner is not None:
             result["autotune"] = tuner.summary()
+        result["outcomes"] = outcomes.of_run(store, run_id)
         print("\n".join(summary_lines(result)), file=sys.stderr)
         if args.json:
             print(json.dumps(result, default=str))

@@ -260,6 +260,7 @@ class Policy:
     def _candidate(self, b: Observation) -> Move | None:
         s = b.settings
         for change, why in self._options(b):
+            predicted = self._predicted.get(_key(normalise({**s, **change})))
             if not s.get("num_workers") and change.get("num_workers"):
                 # workers from none: kept alive between epochs, or each epoch pays their
                 # start-up, which on short epochs (Lightning's defaults) eats their gain
@@ -270,7 +271,9 @@ class Policy:
             if not 0 <= n <= self.max_workers or _key(new) in self.tried \
                     or not self._fits(b, n):
                 continue
-            return Move(new, why, predicted=self._predicted.get(_key(new)))
+            if predicted is not None:
+                self._predicted[_key(new)] = predicted
+            return Move(new, why, predicted=predicted)
         return None
 
     @staticmethod

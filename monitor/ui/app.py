@@ -6,8 +6,10 @@ import time
 
 import streamlit as st
 
+from monitor.assess import outcomes
 from monitor.assess.devices import workload_gpu
 from monitor.assess.stall import STALL_KINDS, active_stall
+from monitor.config import LIVE_SETTINGS
 from monitor.diagnosis import SIMULATED
 from monitor.ui import panels
 from monitor.ui import view as views
@@ -80,9 +82,16 @@ elif not manager.is_alive():
                   "here by itself.")
 
 
-def apply_advice(param: str, value: object) -> None:
-    """Move the live settings (and so the sliders) to the advice."""
-    manager.reconfigure(manager.config.replace(**{param: value}))
+def apply_advice(param: str, value: object, predicted: float | None = None) -> None:
+    """Move the live settings (and so the sliders) to the advice; its prediction is kept
+    beside the settings asked for, so that the page can show what they measured."""
+    before, new = manager.config, manager.config.replace(**{param: value})
+    if predicted is not None and manager.run_id is not None:
+        asked = {k: new.to_dict().get(k) for k in LIVE_SETTINGS}
+        rt.store.add_event(manager.run_id, outcomes.ADVICE,
+                           f"{param} {getattr(before, param)} → {value} (Apply)",
+                           {**asked, "predicted": predicted})
+    manager.reconfigure(new)
 
 
 def live_region() -> None:
@@ -130,6 +139,7 @@ def live_region() -> None:
     panels.render_verdict(a, changing)
     live_now = run_id == manager.run_id and manager.is_alive() and not rt.jobs.running()
     panels.render_explain(a, apply_advice if live_now else None)
+    panels.render_outcomes(outcomes.of_run(rt.store, run_id))
     if view.run["status"] == "running" and (live_now or view.run["kind"] == "attached"):
         render_autotune(rt, view.run)
     panels.render_other_charts(figs)

@@ -11,6 +11,7 @@ import pandas as pd
 import streamlit as st
 
 from monitor import control
+from monitor.assess import outcomes
 from monitor.assess.devices import workload_gpu
 from monitor.assess.window import Assessment
 from monitor.config import (
@@ -79,7 +80,8 @@ def render_verdict(a: Assessment, changing: str | None = None) -> None:
         st.error(f"{dg.verdict} · {plain(dg.headline)}", icon="⚠️")
 
 
-def render_explain(a: Assessment, on_apply: Callable[[str, Any], None] | None) -> None:
+def render_explain(a: Assessment,
+                   on_apply: Callable[[str, Any, float | None], None] | None) -> None:
     """The bound, the advice (with an Apply button for the first loader change), and the
     evidence numbers behind the verdict."""
     dg = a.diagnosis
@@ -90,11 +92,24 @@ def render_explain(a: Assessment, on_apply: Callable[[str, Any], None] | None) -
     first = next((x for x in dg.advice if x.param in SLIDER_PARAMS), None)
     if first is not None and on_apply is not None and st.button(
             f"Apply: {first.param} = {first.value}", key="apply_advice", type="primary"):
-        on_apply(first.param, first.value)
+        on_apply(first.param, first.value, first.predicted_throughput)
         st.rerun()  # the whole page, so the sidebar's sliders move to the new settings
     with st.expander("Explain: the numbers behind the verdict"):
         rows = evidence_rows(a.features.to_dict())
         st.table(pd.DataFrame(rows, columns=["measure", "value"]).set_index("measure"))
+
+
+def render_outcomes(rows: list[dict[str, Any]]) -> None:
+    """Applied advice and autotune moves: what the model predicted, what was measured."""
+    if not rows:
+        return
+    st.caption(outcomes.error_line(rows) or "applied advice: measuring its outcome")
+    st.table(pd.DataFrame([[r["change"], r["source"], f"{r['predicted']:,.0f}",
+                            "–" if r["measured"] is None else f"{r['measured']:,.0f}",
+                            "–" if r["error"] is None else f"{r['error']:+.0%}"]
+                           for r in rows],
+                          columns=["change", "from", "predicted samples/s",
+                                   "measured samples/s", "error"]))
 
 
 def render_picture(figs: dict) -> None:

@@ -1,0 +1,102 @@
+"""Predictions checked against outcomes: each applied change that came with a predicted
+throughput (the page's Apply of the first advice, a live autotune move from the bound model)
+beside what the setting then measured. Pure: events and steps in, rows out.
+
+A prediction is an event whose data holds `predicted` (samples/s) and the settings asked for.
+Its outcome is the first loader generation (`config_seq`) that ran after a config event with
+those settings: its throughput, samples / Σ(wait + compute), over its steps after its start-up
+(the batches in flight, at least two steps), when at least MIN_STEPS are left.
+"""
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Any
+
+import pandas as pd
+
+from monitor.config import DEFAULT_PREFETCH, LIVE_SETTINGS
+
+if TYPE_CHECKING:
+    from monitor.store import Store
+
+MIN_STEPS = 10  # fewer steps under the setting: no outcome yet
+SPAN_S = 300.0  # how long after the last prediction its setting's steps are read
+ADVICE = "advice"  # the event kind of an advice applied from the page
+
+
+def _data(x: Any) -> dict[str, Any]:
+    if isinstance(x, dict):
+        return x
+    try:
+        d = json.loads(x) if isinstance(x, str) else None
+    except ValueError:
+        return {}
+    return d if isinstance(d, dict) else {}
+
+
+def _matches(config: dict[str, Any], target: dict[str, Any]) -> bool:
+    return all(config.get(k) == v for k, v in target.items())
+
+
+def outcomes(events: pd.DataFrame, steps: pd.DataFrame) -> list[dict[str, Any]]:
+    """[{change, source, predicted, measured, error, steps}] in the order they were applied;
+    `measured` None (and `error` None) while the setting has run fewer than MIN_STEPS."""
+    if events.empty or "data" not in events.columns:
+        return []
+    ev = events.assign(d=events["data"].map(_data)).sort_values("ts")
+    configs = ev[ev["kind"] == "config"]
+    out: list[dict[str, Any]] = []
+    for _, e in ev.iterrows():
+        d = e["d"]
+        if d.get("predicted") is None or d.get("revert"):
+            continue
+        target = {k: d[k] for k in LIVE_SETTINGS if k in d}
+        if not target:
+            continue
+        rank = d.get("rank")
+        row = {"change": str(e["label"]), "source": str(e["kind"]),
+               "predicted": float(d["predicted"]), "measured": None, "error": None,
+               "steps": 0}
+        out.append(row)
+        applied = configs[(configs["ts"] >= e["ts"])
+                          & configs["d"].map(lambda c, t=target: _matches(c, t))]
+        if applied.empty or steps.empty:
+            continue
+        s = steps[steps["ts"] > float(applied["ts"].iloc[0])]
+        if rank is not None and "rank" in s.columns and s["rank"].nunique() > 1:
+            s = s[s["rank"] == rank]
+        if s.empty:
+            continue
+        s = s[s["config_seq"] == s["config_seq"].min()] if "config_seq" in s.columns else s
+        nw = int(target.get("num_workers") or 0)
+        skip = max(2, nw * int(target.get("prefetch_factor") or DEFAULT_PREFETCH))
+        s = s.iloc[skip:]
+        row["steps"] = len(s)
+        loop = float(s["wait_s"].sum() + s["compute_s"].sum())
+        if len(s) >= MIN_STEPS and loop > 0:
+            row["measured"] = float(s["samples"].sum()) / loop
+            row["error"] = row["predicted"] / row["measured"] - 1
+    return out
+
+
+def of_run(store: Store, run_id: int) -> list[dict[str, Any]]:
+    """A run's outcomes, from its events and the steps within SPAN_S of its predictions
+    (none read when no event holds a prediction)."""
+    ev = store.events(run_id, kinds=("config", "autotune", ADVICE))
+    has = ev["data"].fillna("").str.contains('"predicted": [0-9]') if not ev.empty else None
+    if has is None or not has.any():
+        return []
+    return outcomes(ev, store.steps(run_id, since=float(ev.loc[has, "ts"].min()),
+                                    until=float(ev.loc[has, "ts"].max()) + SPAN_S))
+
+
+def error_line(rows: list[dict[str, Any]]) -> str | None:
+    """'predicted vs measured over 3 applied changes: mean |error| 12%, 3 high, 0 low'."""
+    done = [r for r in rows if r["error"] is not None]
+    if not done:
+        return None
+    mean = sum(abs(r["error"]) for r in done) / len(done)
+    high = sum(r["error"] > 0 for r in done)
+    return (f"predicted vs measured over {len(done)} applied change"
+            f"{'s' if len(done) != 1 else ''}: mean |error| {mean:.0%}, {high} high, "
+            f"{len(done) - high} low")
