@@ -4,10 +4,13 @@ predicted samples/s, measure the advised setting; twice, interleaved (before, af
 after), so that the host's drift falls on both alike.
 
     python bench/advice.py [--seconds 8] [--presets starving,io-bound,cpu-bound] [--no-script]
+                           [--passes 2]
 
 Prints per case: verdict, throughput before and after (means of the rounds), the advice,
 its prediction, and the prediction error (predicted / measured - 1); then the mean absolute
-error over the cases. Figures only; nothing is asserted.
+error over the cases. Each case's outcome is learnt as an applied change's would be
+(monitor/assess/outcomes.py), so a second pass predicts with the machine's scale: the error
+before and after the correction. Figures only; nothing is asserted.
 """
 from __future__ import annotations
 
@@ -21,9 +24,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from monitor.assess import outcomes
 from monitor.config import LIVE_SETTINGS, LoaderConfig
 from monitor.manage.measure import measure
 from monitor.manage.runtime import Runtime
+from monitor.store import Store
 from monitor.tuning.experiment import step_time_of
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -57,8 +62,10 @@ def preset_case(rt: Runtime, preset: str, seconds: float, rounds: int) -> float 
                       .summary.throughput)
         if i < rounds - 1:
             befores.append(measure(rt, cfg, seconds).summary.throughput)
+    after = statistics.mean(afters)
+    outcomes.learn(rt.store, [{"predicted": adv.predicted_throughput, "measured": after}])
     return row(preset, dg.verdict, statistics.mean(befores), f"{adv.param} {adv.value}",
-               adv.predicted_throughput, statistics.mean(afters))
+               adv.predicted_throughput, after)
 
 
 def script_run(db: str, nw: int, epochs: int) -> dict:
@@ -82,9 +89,10 @@ def script_case(db: str, epochs: int, rounds: int) -> float | None:
         afters.append(script_run(db, int(adv["value"]), epochs)["throughput"])
         if i < rounds - 1:
             befores.append(script_run(db, 0, epochs)["throughput"])
+    after = statistics.mean(afters)
+    outcomes.learn(Store(db), [{"predicted": adv["predicted_throughput"], "measured": after}])
     return row("train_small", first["verdict"], statistics.mean(befores),
-               f"num_workers {adv['value']}", adv["predicted_throughput"],
-               statistics.mean(afters))
+               f"num_workers {adv['value']}", adv["predicted_throughput"], after)
 
 
 def main() -> None:
@@ -94,20 +102,24 @@ def main() -> None:
     ap.add_argument("--epochs", type=int, default=3, help="the example script's epochs")
     ap.add_argument("--presets", default="starving,io-bound,cpu-bound,healthy")
     ap.add_argument("--no-script", action="store_true")
+    ap.add_argument("--passes", type=int, default=2)
     a = ap.parse_args()
     db = str(Path(tempfile.mkdtemp()) / "advice.db")
-    print(HEAD)
-    errors = []
-    with Runtime(db) as rt:
-        rt.start()
-        for preset in a.presets.split(","):
-            errors.append(preset_case(rt, preset, a.seconds, a.rounds))
-    if not a.no_script:
-        errors.append(script_case(db, a.epochs, a.rounds))
-    known = [e for e in errors if e is not None]
-    if known:
-        print(f"mean |prediction error| over {len(known)} cases: "
-              f"{statistics.mean(abs(e) for e in known):.0%} (worst {max(known, key=abs):+.0%})")
+    for p in range(1, a.passes + 1):
+        with Runtime(db) as rt:
+            print(f"pass {p}: the machine's scale {outcomes.scale_of(rt.store):.2f}")
+            print(HEAD)
+            errors = []
+            rt.start()
+            for preset in a.presets.split(","):
+                errors.append(preset_case(rt, preset, a.seconds, a.rounds))
+        if not a.no_script:
+            errors.append(script_case(db, a.epochs, a.rounds))
+        known = [e for e in errors if e is not None]
+        if known:
+            print(f"mean |prediction error| over {len(known)} cases: "
+                  f"{statistics.mean(abs(e) for e in known):.0%} "
+                  f"(worst {max(known, key=abs):+.0%})")
 
 
 if __name__ == "__main__":

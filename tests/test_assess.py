@@ -145,3 +145,19 @@ def test_an_applied_prediction_is_set_beside_what_its_setting_measured():
     assert rows[0]["error"] == pytest.approx(-0.375) and rows[1]["measured"] is None
     assert outcomes.error_line(rows) == ("predicted vs measured over 1 applied change: "
                                          "mean |error| 38%, 0 high, 1 low")
+
+
+def test_outcomes_teach_the_machine_its_scale(tmp_path):
+    """A first outcome measured 0.75 of its prediction: the scale corrects fully; a second,
+    predicted with that scale, measured on the mark: it stays; an outlier is clipped."""
+    from monitor.assess import outcomes
+    from monitor.store import Store
+
+    store = Store(tmp_path / "s.db")
+    assert outcomes.scale_of(store) == 1.0 and outcomes.learn(store, []) == 1.0
+    assert outcomes.learn(store, [{"predicted": 400.0, "measured": 300.0}]) == 0.75
+    assert outcomes.learn(store, [{"predicted": 300.0, "measured": 300.0},
+                                  {"predicted": 300.0, "measured": None}]) == 0.75
+    assert outcomes.scale_of(Store(tmp_path / "s.db")) == 0.75  # kept in the store
+    low = outcomes.learn(store, [{"predicted": 1000.0, "measured": 10.0}])  # clipped to 0.5
+    assert low == pytest.approx(0.75 * (1 + (0.5 - 1) / 3))

@@ -123,6 +123,20 @@ def test_starving_advises_workers_with_a_prediction():
     assert dg.bound["limit"] == "main process"
 
 
+def test_a_machines_measured_outcomes_scale_its_predictions():
+    """On a machine whose earlier changes measured 0.8 of their predictions, the same window
+    predicts 0.8 of the other settings (its own setting's rate, fitted, stays) and says so."""
+    f = feat()
+    raw, seen = fit_bound(f), fit_bound(f, 0.8)
+    assert seen.predict(0) == raw.predict(0)  # the window's own setting
+    assert seen.predict(2)[0] == pytest.approx(0.8 * raw.predict(2)[0])
+    plain, scaled = diagnose(f).advice[0], diagnose(f, scale=0.8).advice[0]
+    assert scaled.value == plain.value == 2
+    assert scaled.predicted_throughput == pytest.approx(0.8 * plain.predicted_throughput)
+    assert "x0.80, as this machine's earlier outcomes measured" in scaled.reason
+    assert "earlier outcomes" not in plain.reason
+
+
 def test_threshold_boundary():
     from monitor.thresholds import STARVING_SHARE
 

@@ -20,6 +20,9 @@ if TYPE_CHECKING:
     from monitor.store import Store
 
 MIN_STEPS = 10  # fewer steps under the setting: no outcome yet
+SCALE_KEY = "prediction_scale"  # meta: {"scale": s, "n": outcomes learnt from}
+SCALE_RANGE = (0.5, 1.5)  # one outcome's measured / predicted, clipped to this
+SCALE_MEMORY = 10  # the scale is the mean of about the last this many outcomes
 SPAN_S = 300.0  # how long after the last prediction its setting's steps are read
 ADVICE = "advice"  # the event kind of an advice applied from the page
 
@@ -88,6 +91,39 @@ def of_run(store: Store, run_id: int) -> list[dict[str, Any]]:
         return []
     return outcomes(ev, store.steps(run_id, since=float(ev.loc[has, "ts"].min()),
                                     until=float(ev.loc[has, "ts"].max()) + SPAN_S))
+
+
+def scale_of(store: Store) -> float:
+    """This machine's measured / predicted for a change of setting (the bound model's
+    `scale`), from its store; 1 until an outcome has been measured."""
+    try:
+        got = json.loads(store.meta(SCALE_KEY) or "{}")
+        return float(got.get("scale", 1.0))
+    except (ValueError, TypeError, AttributeError):
+        return 1.0
+
+
+def learn(store: Store, rows: list[dict[str, Any]]) -> float:
+    """Fold a run's measured outcomes into the machine's scale and return it. Their
+    predictions were made with the scale of their time, so each outcome's measured /
+    predicted is what is still off: the scale moves by it, a running mean over about
+    SCALE_MEMORY outcomes (the first one corrects fully)."""
+    done = [r for r in rows if r.get("measured") and r.get("predicted")]
+    try:
+        got = json.loads(store.meta(SCALE_KEY) or "{}")
+        scale, n = float(got.get("scale", 1.0)), int(got.get("n", 0))
+    except (ValueError, TypeError, AttributeError):
+        scale, n = 1.0, 0
+    if not done:
+        return scale
+    lo, hi = SCALE_RANGE
+    for r in done:
+        off = min(hi, max(lo, r["measured"] / r["predicted"]))
+        n += 1
+        scale *= 1 + (off - 1) / min(n, SCALE_MEMORY)
+    scale = round(min(hi, max(lo, scale)), 4)
+    store.set_meta(SCALE_KEY, json.dumps({"scale": scale, "n": n}))
+    return scale
 
 
 def error_line(rows: list[dict[str, Any]]) -> str | None:

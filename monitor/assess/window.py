@@ -43,6 +43,7 @@ class Context:
     budget: CpuBudget
     max_workers: int
     memory_budget_mb: float | None = None
+    prediction_scale: float = 1.0  # measured / predicted of this machine's changes so far
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,7 +193,7 @@ def _one(window: Window, ctx: Context, config: dict[str, Any], host: pd.DataFram
          steps: pd.DataFrame) -> tuple[Features, Diagnosis]:
     f = features(steps, host, config, ctx.budget, window.accelerator, ctx.memory_budget_mb,
                  window.warmup)
-    return f, diagnose(f, ctx.max_workers)
+    return f, diagnose(f, ctx.max_workers, ctx.prediction_scale)
 
 
 def assess(window: Window, ctx: Context, parts: int = 1) -> Assessment:
@@ -250,7 +251,7 @@ def _assess_job(window: Window, ctx: Context, ranks: list[int], base: dict) -> A
             siblings = sum(v for k, v in job_cpu.items() if k != r)
             per[r] = f = dataclasses.replace(
                 f, other_cpu_cores=max(0.0, f.other_cpu_cores - siblings))
-            own[r] = diagnose(f, ctx.max_workers)
+            own[r] = diagnose(f, ctx.max_workers, ctx.prediction_scale)
     rep = max(per, key=lambda r: per[r].data_wait_share)
     steps = window.steps
     wait, compute = float(steps["wait_s"].sum()), float(steps["compute_s"].sum())

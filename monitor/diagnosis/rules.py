@@ -114,8 +114,10 @@ class Ctx:
         pred, then = self.model.predict(n)
         if n == nw or pred < MIN_GAIN * f.throughput:
             return
+        seen = "" if self.model.scale == 1.0 else \
+            f"; x{self.model.scale:.2f}, as this machine's earlier outcomes measured"
         self.add("num_workers", n, pred, f"num_workers {nw} → {n}: predicted {pred:,.0f} "
-                 f"samples/s, {gain(pred, f.throughput)} (limit then: {then})")
+                 f"samples/s, {gain(pred, f.throughput)} (limit then: {then}{seen})")
         if then == "cores":
             self.add("dataset", "cheaper transforms", None, f"at {n} workers the {cores} "
                      "usable cores are the limit: more workers will not help; cut per-sample "
@@ -336,14 +338,15 @@ def bound_text(c: Ctx) -> dict[str, Any]:
     return {**out, "limit": limit, "text": text, "predicted_now": pred_now}
 
 
-def diagnose(f: Features, max_workers: int | None = None) -> Diagnosis:
-    """The verdict, the bound, and ordered advice for one window."""
+def diagnose(f: Features, max_workers: int | None = None, scale: float = 1.0) -> Diagnosis:
+    """The verdict, the bound, and ordered advice for one window; `scale`: this machine's
+    measured / predicted for a change of setting (bound.py)."""
     if f.steps < VERDICT_MIN_STEPS or math.isnan(f.data_wait_share):
         return Diagnosis(NO_DATA, f"Judging after {VERDICT_MIN_STEPS} steps: "
                          f"{f.steps} so far in this window.",
                          {"throughput": None, "limit": None, "text": "",
                           "predicted_now": None})
-    c = Ctx(f, fit_bound(f), max_workers if max_workers is not None else
+    c = Ctx(f, fit_bound(f, scale), max_workers if max_workers is not None else
             config_max_workers(f.usable_cores))
     for verdict, rule in RULES:
         headline = rule(c)

@@ -8,6 +8,9 @@ from monitor.config import max_workers
 from monitor.sampling.host import cpu_budget, usable_cores
 
 
-def machine_context(memory_budget_mb: float | None = None) -> Context:
-    """This machine's limits, read now (cgroup throttling changes)."""
-    return Context(cpu_budget(), max_workers(usable_cores()), memory_budget_mb)
+def machine_context(memory_budget_mb: float | None = None,
+                    prediction_scale: float = 1.0) -> Context:
+    """This machine's limits, read now (cgroup throttling changes); `prediction_scale`: what
+    its store's measured outcomes say of the bound model's predictions."""
+    return Context(cpu_budget(), max_workers(usable_cores()), memory_budget_mb,
+                   prediction_scale)

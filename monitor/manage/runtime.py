@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from monitor import control
+from monitor.assess import outcomes
 from monitor.assess.window import Context
 from monitor.config import LoaderConfig, max_workers
 from monitor.manage.collector_process import CollectorProcess
@@ -90,7 +91,7 @@ class Runtime:
 
     def context(self) -> Context:
         """The machine's limits for an assessment, read now (cgroup throttling changes)."""
-        return machine_context(self.memory_budget_mb)
+        return machine_context(self.memory_budget_mb, outcomes.scale_of(self.store))
 
     def autotune(self, run_id: int, on: bool) -> str | None:
         """The page's Auto-tune switch for a running run: the managed workload (through the
