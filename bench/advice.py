@@ -63,7 +63,8 @@ def preset_case(rt: Runtime, preset: str, seconds: float, rounds: int) -> float 
         if i < rounds - 1:
             befores.append(measure(rt, cfg, seconds).summary.throughput)
     after = statistics.mean(afters)
-    outcomes.learn(rt.store, [{"predicted": adv.predicted_throughput, "measured": after}])
+    outcomes.learn(rt.store, [{"predicted": adv.predicted_throughput, "measured": after,
+                               "limit": adv.limit}])
     return row(preset, dg.verdict, statistics.mean(befores), f"{adv.param} {adv.value}",
                adv.predicted_throughput, after)
 
@@ -90,7 +91,8 @@ def script_case(db: str, epochs: int, rounds: int) -> float | None:
         if i < rounds - 1:
             befores.append(script_run(db, 0, epochs)["throughput"])
     after = statistics.mean(afters)
-    outcomes.learn(Store(db), [{"predicted": adv["predicted_throughput"], "measured": after}])
+    outcomes.learn(Store(db), [{"predicted": adv["predicted_throughput"], "measured": after,
+                                "limit": adv.get("limit")}])
     return row("train_small", first["verdict"], statistics.mean(befores),
                f"num_workers {adv['value']}", adv["predicted_throughput"], after)
 
@@ -107,7 +109,7 @@ def main() -> None:
     db = str(Path(tempfile.mkdtemp()) / "advice.db")
     for p in range(1, a.passes + 1):
         with Runtime(db) as rt:
-            print(f"pass {p}: the machine's scale {outcomes.scale_of(rt.store):.2f}")
+            print(f"pass {p}: the machine's scales {outcomes.scale_of(rt.store)}")
             print(HEAD)
             errors = []
             rt.start()

@@ -148,16 +148,21 @@ def test_an_applied_prediction_is_set_beside_what_its_setting_measured():
 
 
 def test_outcomes_teach_the_machine_its_scale(tmp_path):
-    """A first outcome measured 0.75 of its prediction: the scale corrects fully; a second,
-    predicted with that scale, measured on the mark: it stays; an outlier is clipped."""
+    """A first "device"-limited outcome measured 0.75 of its prediction: that limit's scale
+    corrects fully; a second, predicted with it, measured on the mark: it stays; an outlier
+    is clipped; another limit learns apart; an outcome of no known limit teaches nothing."""
     from monitor.assess import outcomes
     from monitor.store import Store
 
     store = Store(tmp_path / "s.db")
-    assert outcomes.scale_of(store) == 1.0 and outcomes.learn(store, []) == 1.0
-    assert outcomes.learn(store, [{"predicted": 400.0, "measured": 300.0}]) == 0.75
-    assert outcomes.learn(store, [{"predicted": 300.0, "measured": 300.0},
-                                  {"predicted": 300.0, "measured": None}]) == 0.75
-    assert outcomes.scale_of(Store(tmp_path / "s.db")) == 0.75  # kept in the store
-    low = outcomes.learn(store, [{"predicted": 1000.0, "measured": 10.0}])  # clipped to 0.5
-    assert low == pytest.approx(0.75 * (1 + (0.5 - 1) / 3))
+    assert outcomes.scale_of(store) == {} and outcomes.learn(store, []) == {}
+    dev = {"predicted": 400.0, "measured": 300.0, "limit": "device"}
+    assert outcomes.learn(store, [dev]) == {"device": 0.75}
+    assert outcomes.learn(store, [{**dev, "predicted": 300.0},
+                                  {**dev, "measured": None},
+                                  {**dev, "limit": None}]) == {"device": 0.75}
+    assert outcomes.scale_of(Store(tmp_path / "s.db")) == {"device": 0.75}  # in the store
+    got = outcomes.learn(store, [{**dev, "predicted": 1000.0, "measured": 10.0},  # to 0.5
+                                 {"predicted": 500.0, "measured": 550.0, "limit": "cores"}])
+    assert got == {"device": pytest.approx(0.75 * (1 + (0.5 - 1) / 3), abs=1e-4),
+                   "cores": 1.1}

@@ -127,11 +127,15 @@ def test_a_machines_measured_outcomes_scale_its_predictions():
     """On a machine whose earlier changes measured 0.8 of their predictions, the same window
     predicts 0.8 of the other settings (its own setting's rate, fitted, stays) and says so."""
     f = feat()
-    raw, seen = fit_bound(f), fit_bound(f, 0.8)
+    raw = fit_bound(f)
+    limit = raw.predict(2)[1]
+    seen = fit_bound(f, {limit: 0.8})
     assert seen.predict(0) == raw.predict(0)  # the window's own setting
     assert seen.predict(2)[0] == pytest.approx(0.8 * raw.predict(2)[0])
-    plain, scaled = diagnose(f).advice[0], diagnose(f, scale=0.8).advice[0]
-    assert scaled.value == plain.value == 2
+    other = fit_bound(f, {x: 0.5 for x in ("device", "workers", "cores") if x != limit})
+    assert other.predict(2) == raw.predict(2)  # another limit's scale is not this one's
+    plain, scaled = diagnose(f).advice[0], diagnose(f, scales={limit: 0.8}).advice[0]
+    assert scaled.value == plain.value == 2 and scaled.limit == plain.limit == limit
     assert scaled.predicted_throughput == pytest.approx(0.8 * plain.predicted_throughput)
     assert "x0.80, as this machine's earlier outcomes measured" in scaled.reason
     assert "earlier outcomes" not in plain.reason

@@ -178,10 +178,11 @@ def test_live_autotune_reaches_the_best_fixed_setting_of_a_grid(tmp_path, no_lea
     from monitor.store import Store
 
     done = [o for o in d["outcomes"] if o["measured"] is not None]
-    assert d["prediction_scale"] == outcomes.scale_of(Store(tmp_path / "t.db"))
-    if len(done) == 1:
+    assert d["prediction_scales"] == outcomes.scale_of(Store(tmp_path / "t.db"))
+    if len(done) == 1 and done[0]["limit"]:
         off = done[0]["measured"] / done[0]["predicted"]
-        assert d["prediction_scale"] == pytest.approx(min(1.5, max(0.5, off)), abs=1e-4)
+        assert d["prediction_scales"] == {
+            done[0]["limit"]: pytest.approx(min(1.5, max(0.5, off)), abs=1e-4)}
     events = Store(tmp_path / "t.db").events(1)
     applied = [e["applied_at_epoch"] for e in data_of(events)
                if e.get("num_workers") == final

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from monitor.store import Store
 
 MIN_STEPS = 10  # fewer steps under the setting: no outcome yet
-SCALE_KEY = "prediction_scale"  # meta: {"scale": s, "n": outcomes learnt from}
+SCALE_KEY = "prediction_scales"  # meta: {limit: {"scale": s, "n": outcomes learnt from}}
 SCALE_RANGE = (0.5, 1.5)  # one outcome's measured / predicted, clipped to this
 SCALE_MEMORY = 10  # the scale is the mean of about the last this many outcomes
 SPAN_S = 300.0  # how long after the last prediction its setting's steps are read
@@ -58,8 +58,8 @@ def outcomes(events: pd.DataFrame, steps: pd.DataFrame) -> list[dict[str, Any]]:
             continue
         rank = d.get("rank")
         row = {"change": str(e["label"]), "source": str(e["kind"]),
-               "predicted": float(d["predicted"]), "measured": None, "error": None,
-               "steps": 0}
+               "predicted": float(d["predicted"]), "limit": d.get("limit"),
+               "measured": None, "error": None, "steps": 0}
         out.append(row)
         applied = configs[(configs["ts"] >= e["ts"])
                           & configs["d"].map(lambda c, t=target: _matches(c, t))]
@@ -93,37 +93,41 @@ def of_run(store: Store, run_id: int) -> list[dict[str, Any]]:
                                     until=float(ev.loc[has, "ts"].max()) + SPAN_S))
 
 
-def scale_of(store: Store) -> float:
-    """This machine's measured / predicted for a change of setting (the bound model's
-    `scale`), from its store; 1 until an outcome has been measured."""
+def _scales(store: Store) -> dict[str, dict[str, float]]:
     try:
         got = json.loads(store.meta(SCALE_KEY) or "{}")
-        return float(got.get("scale", 1.0))
-    except (ValueError, TypeError, AttributeError):
-        return 1.0
+    except (ValueError, TypeError):
+        return {}
+    return {k: v for k, v in got.items() if isinstance(v, dict)} if isinstance(got, dict) \
+        else {}
 
 
-def learn(store: Store, rows: list[dict[str, Any]]) -> float:
-    """Fold a run's measured outcomes into the machine's scale and return it. Their
+def scale_of(store: Store) -> dict[str, float]:
+    """This machine's measured / predicted for a change of setting, by the bound model's
+    limit at the setting predicted ("device", "workers", "cores"), from its store; a limit
+    with no measured outcome is not in it (its scale is 1)."""
+    return {k: float(v.get("scale", 1.0)) for k, v in _scales(store).items()}
+
+
+def learn(store: Store, rows: list[dict[str, Any]]) -> dict[str, float]:
+    """Fold a run's measured outcomes into the machine's scales and return them. Their
     predictions were made with the scale of their time, so each outcome's measured /
-    predicted is what is still off: the scale moves by it, a running mean over about
-    SCALE_MEMORY outcomes (the first one corrects fully)."""
-    done = [r for r in rows if r.get("measured") and r.get("predicted")]
-    try:
-        got = json.loads(store.meta(SCALE_KEY) or "{}")
-        scale, n = float(got.get("scale", 1.0)), int(got.get("n", 0))
-    except (ValueError, TypeError, AttributeError):
-        scale, n = 1.0, 0
+    predicted is what is still off: its limit's scale moves by it, a running mean over
+    about SCALE_MEMORY outcomes (the first one corrects fully). Outcomes whose limit is
+    unknown teach nothing."""
+    done = [r for r in rows if r.get("measured") and r.get("predicted") and r.get("limit")]
+    scales = _scales(store)
     if not done:
-        return scale
+        return scale_of(store)
     lo, hi = SCALE_RANGE
     for r in done:
+        k = scales.setdefault(str(r["limit"]), {"scale": 1.0, "n": 0})
         off = min(hi, max(lo, r["measured"] / r["predicted"]))
-        n += 1
-        scale *= 1 + (off - 1) / min(n, SCALE_MEMORY)
-    scale = round(min(hi, max(lo, scale)), 4)
-    store.set_meta(SCALE_KEY, json.dumps({"scale": scale, "n": n}))
-    return scale
+        k["n"] = n = int(k.get("n", 0)) + 1
+        k["scale"] = round(min(hi, max(lo, float(k.get("scale", 1.0))
+                                       * (1 + (off - 1) / min(n, SCALE_MEMORY)))), 4)
+    store.set_meta(SCALE_KEY, json.dumps(scales, sort_keys=True))
+    return scale_of(store)
 
 
 def error_line(rows: list[dict[str, Any]]) -> str | None:

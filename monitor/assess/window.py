@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import pandas as pd
@@ -43,7 +43,8 @@ class Context:
     budget: CpuBudget
     max_workers: int
     memory_budget_mb: float | None = None
-    prediction_scale: float = 1.0  # measured / predicted of this machine's changes so far
+    # measured / predicted of this machine's changes so far, by the limit predicted
+    prediction_scales: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,7 +194,7 @@ def _one(window: Window, ctx: Context, config: dict[str, Any], host: pd.DataFram
          steps: pd.DataFrame) -> tuple[Features, Diagnosis]:
     f = features(steps, host, config, ctx.budget, window.accelerator, ctx.memory_budget_mb,
                  window.warmup)
-    return f, diagnose(f, ctx.max_workers, ctx.prediction_scale)
+    return f, diagnose(f, ctx.max_workers, ctx.prediction_scales)
 
 
 def assess(window: Window, ctx: Context, parts: int = 1) -> Assessment:
@@ -251,7 +252,7 @@ def _assess_job(window: Window, ctx: Context, ranks: list[int], base: dict) -> A
             siblings = sum(v for k, v in job_cpu.items() if k != r)
             per[r] = f = dataclasses.replace(
                 f, other_cpu_cores=max(0.0, f.other_cpu_cores - siblings))
-            own[r] = diagnose(f, ctx.max_workers, ctx.prediction_scale)
+            own[r] = diagnose(f, ctx.max_workers, ctx.prediction_scales)
     rep = max(per, key=lambda r: per[r].data_wait_share)
     steps = window.steps
     wait, compute = float(steps["wait_s"].sum()), float(steps["compute_s"].sum())

@@ -30,14 +30,14 @@ Throughput in samples/s at N workers and batch size b:
 The limit named is the argmin; "workers" within 5% of "cores" is reported as "cores" (a tie:
 more workers would not get more CPU). The model assumes loaders scale linearly on the cores
 (a 2-vCPU VM gives about 1.5), so predictions past the first core run 10-25% high there. So
-a prediction for a num_workers other than the window's own is multiplied by `scale`: what this
-machine's earlier outcomes measured against their predictions (monitor/assess/outcomes.py
-learns it from each applied change; 1 until one has been measured).
+a prediction for a num_workers other than the window's own is multiplied by its limit's scale:
+what this machine's earlier outcomes of that limit measured against their predictions
+(monitor/assess/outcomes.py learns them from each applied change; 1 until one is measured).
 """
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from monitor.diagnosis.features import Features
 from monitor.thresholds import (
@@ -62,7 +62,7 @@ class BoundModel:
     overhead_s: float
     cores: float
     fit_workers: int = 0  # the window's own num_workers: its prediction is not scaled
-    scale: float = 1.0  # measured / predicted on this machine, for the other settings
+    scales: dict[str, float] = field(default_factory=dict)  # limit -> measured / predicted
 
     def device_time(self, batch_size: int) -> float:
         return self.device_s * (batch_size / self.batch_size if self.device_scales else 1.0)
@@ -71,7 +71,9 @@ class BoundModel:
         """(samples/s, limit) for a setting: limit is 'device', 'workers', 'cores' or
         'main process' (num_workers=0: loading and compute take turns)."""
         rate, limit = self._raw(num_workers, batch_size)
-        return rate * (self.scale if num_workers != self.fit_workers else 1.0), limit
+        if num_workers != self.fit_workers:
+            rate *= self.scales.get(limit, 1.0)
+        return rate, limit
 
     def _raw(self, num_workers: int, batch_size: int | None) -> tuple[float, str]:
         b = batch_size or self.batch_size
@@ -97,10 +99,10 @@ def loading_latency(f: Features) -> float | None:
     return f.blocked_per_sample_s
 
 
-def fit_bound(f: Features, scale: float = 1.0) -> BoundModel | None:
+def fit_bound(f: Features, scales: dict[str, float] | None = None) -> BoundModel | None:
     """The bound model for a window, or None when it cannot be measured (too few steps, or
-    workers fed the device so well that the loading cost is hidden); `scale`: this
-    machine's measured / predicted for other settings."""
+    workers fed the device so well that the loading cost is hidden); `scales`: this
+    machine's measured / predicted for other settings, by limit."""
     if f.steps < 3 or f.cpu_per_sample_s is None or not f.config.get("batch_size"):
         return None
     nw = f.num_workers
@@ -113,7 +115,7 @@ def fit_bound(f: Features, scale: float = 1.0) -> BoundModel | None:
         cpu_s=max(f.cpu_per_sample_s, 1e-7), latency_s=loading_latency(f) or 0.0,
         device_s=max(f.compute_per_step_s, 1e-6), batch_size=int(f.config["batch_size"]),
         device_scales=not f.simulated, overhead_s=overhead, cores=cores, fit_workers=nw,
-        scale=scale,
+        scales=dict(scales or {}),
     )
 
 

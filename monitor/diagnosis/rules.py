@@ -58,6 +58,7 @@ class Advice:
     value: Any
     predicted_throughput: float | None
     reason: str
+    limit: str | None = None  # the bound model's limit at the advised setting
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -102,8 +103,9 @@ class Ctx:
         kb = self.f.read_per_sample_kb
         return kb is not None and kb >= STORAGE_READ_KB
 
-    def add(self, param: str, value: Any, pred: float | None, reason: str) -> None:
-        self.advice.append(Advice(param, value, pred, reason))
+    def add(self, param: str, value: Any, pred: float | None, reason: str,
+            limit: str | None = None) -> None:
+        self.advice.append(Advice(param, value, pred, reason, limit))
 
     def worker_advice(self) -> None:
         """The knee of the bound model's num_workers curve, if it gains MIN_GAIN."""
@@ -114,10 +116,10 @@ class Ctx:
         pred, then = self.model.predict(n)
         if n == nw or pred < MIN_GAIN * f.throughput:
             return
-        seen = "" if self.model.scale == 1.0 else \
-            f"; x{self.model.scale:.2f}, as this machine's earlier outcomes measured"
+        k = self.model.scales.get(then, 1.0)
+        seen = "" if k == 1.0 else f"; x{k:.2f}, as this machine's earlier outcomes measured"
         self.add("num_workers", n, pred, f"num_workers {nw} → {n}: predicted {pred:,.0f} "
-                 f"samples/s, {gain(pred, f.throughput)} (limit then: {then}{seen})")
+                 f"samples/s, {gain(pred, f.throughput)} (limit then: {then}{seen})", then)
         if then == "cores":
             self.add("dataset", "cheaper transforms", None, f"at {n} workers the {cores} "
                      "usable cores are the limit: more workers will not help; cut per-sample "
@@ -141,9 +143,10 @@ def memory_pressure(c: Ctx) -> str | None:
               "batches held in memory at once")
     if nw > 1:
         per, fewer = f.worker_uss_mb or f.worker_rss_mb, max(1, nw // 2)
-        c.add("num_workers", fewer, c.model.predict(fewer)[0] if c.model else None,
+        pred, then = c.model.predict(fewer) if c.model else (None, None)
+        c.add("num_workers", fewer, pred,
               f"num_workers {nw} → {fewer}: frees about {(nw - fewer) * per:,.0f} MB"
-              if per else f"num_workers {nw} → {fewer}")
+              if per else f"num_workers {nw} → {fewer}", then)
     if f.config.get("pin_memory"):
         c.add("pin_memory", False, None, "pinned pages cannot be swapped or reclaimed")
     if f.memory_budget_mb:
@@ -214,8 +217,9 @@ def healthy(c: Ctx) -> str | None:
     if nw > 1 and c.model is not None:
         n = best_workers(c.model, nw)
         if n < nw:
-            c.add("num_workers", n, c.model.predict(n)[0], f"num_workers {nw} → {n} keeps "
-                  f"the device fed with {nw - n} fewer processes (less memory and start-up)")
+            pred, then = c.model.predict(n)
+            c.add("num_workers", n, pred, f"num_workers {nw} → {n} keeps the device fed with "
+                  f"{nw - n} fewer processes (less memory and start-up)", then)
     if f.device_idle_share is not None:
         return (f"Healthy: the device is idle {f.device_idle_share:.0%} of the time between "
                 f"steps (CUDA events; below {STARVING_SHARE:.0%}); it is fed.")
@@ -241,9 +245,10 @@ def oversubscribed(c: Ctx) -> str | None:
     f, nw, cores = c.f, c.f.num_workers, c.f.usable_cores
     if not (nw > cores and c.saturated and not c.blocked):
         return None
-    pred = c.model.predict(cores)[0] if c.model else None
+    pred, then = c.model.predict(cores) if c.model else (None, None)
     c.add("num_workers", cores, pred, f"num_workers {nw} → {cores}: as fast with less "
-          "memory and contention" + (f" (predicted {pred:,.0f} samples/s)" if pred else ""))
+          "memory and contention" + (f" (predicted {pred:,.0f} samples/s)" if pred else ""),
+          then)
     return (f"Oversubscribed: {nw} workers on {cores} usable cores, CPU "
             f"{f.cpu_busy_fraction:.0%} busy; the extra processes only compete.")
 
@@ -338,15 +343,16 @@ def bound_text(c: Ctx) -> dict[str, Any]:
     return {**out, "limit": limit, "text": text, "predicted_now": pred_now}
 
 
-def diagnose(f: Features, max_workers: int | None = None, scale: float = 1.0) -> Diagnosis:
-    """The verdict, the bound, and ordered advice for one window; `scale`: this machine's
-    measured / predicted for a change of setting (bound.py)."""
+def diagnose(f: Features, max_workers: int | None = None,
+             scales: dict[str, float] | None = None) -> Diagnosis:
+    """The verdict, the bound, and ordered advice for one window; `scales`: this machine's
+    measured / predicted for a change of setting, by the limit predicted (bound.py)."""
     if f.steps < VERDICT_MIN_STEPS or math.isnan(f.data_wait_share):
         return Diagnosis(NO_DATA, f"Judging after {VERDICT_MIN_STEPS} steps: "
                          f"{f.steps} so far in this window.",
                          {"throughput": None, "limit": None, "text": "",
                           "predicted_now": None})
-    c = Ctx(f, fit_bound(f, scale), max_workers if max_workers is not None else
+    c = Ctx(f, fit_bound(f, scales), max_workers if max_workers is not None else
             config_max_workers(f.usable_cores))
     for verdict, rule in RULES:
         headline = rule(c)

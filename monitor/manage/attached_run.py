@@ -236,7 +236,7 @@ def run_attached(args: argparse.Namespace) -> int:
         if tuner is not None:
             result["autotune"] = tuner.summary()
         result["outcomes"] = outcomes.of_run(store, run_id)
-        result["prediction_scale"] = outcomes.learn(store, result["outcomes"])
+        result["prediction_scales"] = outcomes.learn(store, result["outcomes"])
         print("\n".join(summary_lines(result)), file=sys.stderr)
         if args.json:
             print(json.dumps(result, default=str))

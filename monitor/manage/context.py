@@ -9,8 +9,8 @@ from monitor.sampling.host import cpu_budget, usable_cores
 
 
 def machine_context(memory_budget_mb: float | None = None,
-                    prediction_scale: float = 1.0) -> Context:
-    """This machine's limits, read now (cgroup throttling changes); `prediction_scale`: what
-    its store's measured outcomes say of the bound model's predictions."""
+                    prediction_scales: dict[str, float] | None = None) -> Context:
+    """This machine's limits, read now (cgroup throttling changes); `prediction_scales`: what
+    its store's measured outcomes say of the bound model's predictions, by limit."""
     return Context(cpu_budget(), max_workers(usable_cores()), memory_budget_mb,
-                   prediction_scale)
+                   dict(prediction_scales or {}))

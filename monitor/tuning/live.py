@@ -192,7 +192,8 @@ def observation(window: Window, ctx: Context, settings: dict[str, Any]) -> Obser
                        f.worker_uss_mb or f.worker_rss_mb,
                        memory_left_mb(f.mem_available_mb, f.workload_peak_mb,
                                       memory_budget_mb(ctx.memory_budget_mb)),
-                       None, f.accelerator == "cuda", f.usable_cores, f.other_cpu_cores)
+                       None, f.accelerator == "cuda", f.usable_cores, f.other_cpu_cores,
+                       advice.limit if advice else None)
 
 
 class LiveTuner:
@@ -371,7 +372,7 @@ class LiveTuner:
                 control.config_payload({**(run.get("config") or {}), **settings}, source))
         self.store.add_event(self.run_id, control.AUTOTUNE, move.reason,
                              {**settings, "rank": tuner.rank, "revert": move.revert,
-                              "predicted": move.predicted})
+                              "predicted": move.predicted, "limit": move.limit})
         tuner.wait_seq = (tuner.seq or 0) + 1
         tuner.expect = settings
 

@@ -69,6 +69,7 @@ class Observation:
     cuda: bool = False
     cores: int | None = None  # usable cores (affinity, cgroup quota)
     other_cores: float | None = None  # other processes' CPU while it was measured
+    advised_limit: str | None = None  # the bound model's limit at the advised setting
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +80,7 @@ class Move:
     extend: bool = False  # the same setting measured once more (nothing to apply)
     remeasure: bool = False  # back to the best, to be measured again (not a known result)
     predicted: float | None = None  # the bound model's samples/s for it, when it has one
+    limit: str | None = None  # the bound model's limit at it, with the prediction
 
 
 def memory_left_mb(available_mb: float | None, used_mb: float | None,
@@ -109,7 +111,7 @@ class Policy:
     rematches: int = 0  # the best measured again under a move's host load
     reverted: list[Observation] = field(default_factory=list)  # moves measured not to pay
     observed: int = 0
-    _predicted: dict = field(default_factory=dict)  # settings key -> the model's samples/s
+    _predicted: dict = field(default_factory=dict)  # settings key -> (samples/s, limit)
 
     def observe(self, obs: Observation, measured: bool = True) -> Move | None:
         """Judge the stretch just measured, then say what to try next (None: stay).
@@ -197,7 +199,8 @@ class Policy:
         self.reverted.remove(won)
         self.moves.append({**self.moves[-1], "settings": won.settings,
                            "reason": "re-judged against the best measured again",
-                           "predicted": self._predicted.get(_key(won.settings)),
+                           "predicted": self._predicted.get(_key(won.settings),
+                                                            (None, None))[0],
                            "throughput": won.throughput, "best_before": self.best.throughput,
                            "kept": True, "failed": None,
                            "noise": noise_band([won.std_error, self.best.std_error])
@@ -236,7 +239,7 @@ class Policy:
             out.append(({"num_workers": b.advised_workers}, "the bound model's knee: "
                          f"predicted {b.predicted:,.0f} samples/s"))
             self._predicted[_key(normalise({**s, "num_workers": b.advised_workers}))] = \
-                b.predicted
+                (b.predicted, b.advised_limit)
         # what removing the whole data wait would give: share / (1 - share)
         room = b.data_wait_share / max(1e-9, 1 - b.data_wait_share)
         if room >= MIN_STEP_GAIN and nw == 0:
@@ -260,7 +263,8 @@ class Policy:
     def _candidate(self, b: Observation) -> Move | None:
         s = b.settings
         for change, why in self._options(b):
-            predicted = self._predicted.get(_key(normalise({**s, **change})))
+            predicted, limit = self._predicted.get(_key(normalise({**s, **change})),
+                                                   (None, None))
             if not s.get("num_workers") and change.get("num_workers"):
                 # workers from none: kept alive between epochs, or each epoch pays their
                 # start-up, which on short epochs (Lightning's defaults) eats their gain
@@ -272,8 +276,8 @@ class Policy:
                     or not self._fits(b, n):
                 continue
             if predicted is not None:
-                self._predicted[_key(new)] = predicted
-            return Move(new, why, predicted=predicted)
+                self._predicted[_key(new)] = (predicted, limit)
+            return Move(new, why, predicted=predicted, limit=limit)
         return None
 
     @staticmethod

@@ -82,7 +82,8 @@ elif not manager.is_alive():
                   "here by itself.")
 
 
-def apply_advice(param: str, value: object, predicted: float | None = None) -> None:
+def apply_advice(param: str, value: object, predicted: float | None = None,
+                 limit: str | None = None) -> None:
     """Move the live settings (and so the sliders) to the advice; its prediction is kept
     beside the settings asked for, so that the page can show what they measured."""
     before, new = manager.config, manager.config.replace(**{param: value})
@@ -90,7 +91,7 @@ def apply_advice(param: str, value: object, predicted: float | None = None) -> N
         asked = {k: new.to_dict().get(k) for k in LIVE_SETTINGS}
         rt.store.add_event(manager.run_id, outcomes.ADVICE,
                            f"{param} {getattr(before, param)} → {value} (Apply)",
-                           {**asked, "predicted": predicted})
+                           {**asked, "predicted": predicted, "limit": limit})
     manager.reconfigure(new)
 
 

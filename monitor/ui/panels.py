@@ -81,7 +81,8 @@ def render_verdict(a: Assessment, changing: str | None = None) -> None:
 
 
 def render_explain(a: Assessment,
-                   on_apply: Callable[[str, Any, float | None], None] | None) -> None:
+                   on_apply: Callable[[str, Any, float | None, str | None], None] | None,
+                   ) -> None:
     """The bound, the advice (with an Apply button for the first loader change), and the
     evidence numbers behind the verdict."""
     dg = a.diagnosis
@@ -92,7 +93,7 @@ def render_explain(a: Assessment,
     first = next((x for x in dg.advice if x.param in SLIDER_PARAMS), None)
     if first is not None and on_apply is not None and st.button(
             f"Apply: {first.param} = {first.value}", key="apply_advice", type="primary"):
-        on_apply(first.param, first.value, first.predicted_throughput)
+        on_apply(first.param, first.value, first.predicted_throughput, first.limit)
         st.rerun()  # the whole page, so the sidebar's sliders move to the new settings
     with st.expander("Explain: the numbers behind the verdict"):
         rows = evidence_rows(a.features.to_dict())
