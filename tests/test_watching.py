@@ -75,6 +75,14 @@ def test_the_page_watches_a_live_job_and_follows_a_new_one(server):  # noqa: F81
             # 2 s asked (the discovery fragment ticks each second: 1.0-1.6 s on a quiet
             # box); beside a busy suite a rerun waits for a core: 2.8 s was seen there
             assert took <= 3.5, took
+            # its first verdict: 5 s asked from its first steps (the verdict needs a few
+            # steps, then a tick of the page); beside a busy suite a rerun waits for a core
+            verdict = page.get_by_text(re.compile(r"^(healthy|starving|cpu-bound) · ")).first
+            expect(verdict).to_be_visible(timeout=30_000)
+            shown = time.time()
+            first_step = float(store.steps(2)["ts"].min())
+            print(f"run 2's first verdict {shown - first_step:.1f} s after its first step")
+            assert shown - first_step <= 7.0, shown - first_step
             browser.close()
     finally:
         for job in (first, second):
