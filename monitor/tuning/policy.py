@@ -197,16 +197,9 @@ class Policy:
             return None
         won = max(rivals, key=lambda o: o.throughput)
         self.reverted.remove(won)
-        self.moves.append({**self.moves[-1], "settings": won.settings,
-                           "reason": "re-judged against the best measured again",
-                           "predicted": self._predicted.get(_key(won.settings),
-                                                            (None, None))[0],
-                           "throughput": won.throughput, "best_before": self.best.throughput,
-                           "kept": True, "failed": None,
-                           "noise": noise_band([won.std_error, self.best.std_error])
-                           / self.best.throughput if self.best.throughput else None,
-                           "other_cores": won.other_cores,
-                           "other_cores_before": self.best.other_cores})
+        predicted, limit = self._predicted.get(_key(won.settings), (None, None))
+        self._record(Move(dict(won.settings), "re-judged against the best measured again",
+                          predicted=predicted, limit=limit), won, True)
         self.best = won
         return Move(dict(won.settings), f"{describe_settings(won.settings)} beat the best "
                     "setting measured again: back to it", revert=True)
@@ -219,9 +212,8 @@ class Policy:
     def unfair(self, obs: Observation) -> bool:
         """Whether the best and this move were measured under different host loads (by
         HOST_BUSIER_CORES of other processes' CPU): their throughputs do not compare."""
-        a, b = obs.other_cores, self.best.other_cores if self.best else None
-        return obs.failed is None and a is not None and b is not None and \
-            abs(a - b) >= HOST_BUSIER_CORES
+        return obs.failed is None and self.best is not None and \
+            self._unfair_pair(obs, self.best)
 
     def _beats(self, new: Observation, old: Observation) -> bool:
         noise = noise_band([new.std_error, old.std_error])
