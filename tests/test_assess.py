@@ -143,6 +143,9 @@ def test_an_applied_prediction_is_set_beside_what_its_setting_measured():
         ("the bound model's knee", 500.0, 16), ("one worker more", 900.0, 0)]
     assert rows[0]["measured"] == pytest.approx(800.0)
     assert rows[0]["error"] == pytest.approx(-0.375) and rows[1]["measured"] is None
+    assert not rows[0]["final"]  # its setting still runs: more steps may count
+    later = steps.iloc[-1:].assign(ts=11.0, config_seq=2)  # the next move landed
+    assert outcomes.outcomes(ev, pd.concat([steps, later]))[0]["final"]
     assert outcomes.error_line(rows) == ("predicted vs measured over 1 applied change: "
                                          "mean |error| 38%, 0 high, 1 low")
 

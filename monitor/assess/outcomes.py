@@ -5,11 +5,14 @@ beside what the setting then measured. Pure: events and steps in, rows out.
 A prediction is an event whose data holds `predicted` (samples/s) and the settings asked for.
 Its outcome is the first loader generation (`config_seq`) that ran after a config event with
 those settings: its throughput, samples / Σ(wait + compute), over its steps after its start-up
-(the batches in flight, at least two steps), when at least MIN_STEPS are left.
+(the batches in flight, at least two steps), when at least MIN_STEPS are left, at most
+MAX_STEPS. An outcome is final once it has MAX_STEPS or its generation has ended; the page
+reads each prediction's steps until then, and never again.
 """
 from __future__ import annotations
 
 import json
+import time
 from typing import TYPE_CHECKING, Any
 
 import pandas as pd
@@ -20,6 +23,7 @@ if TYPE_CHECKING:
     from monitor.store import Store
 
 MIN_STEPS = 10  # fewer steps under the setting: no outcome yet
+MAX_STEPS = 200  # an outcome measures at most this many steps of its setting
 SCALE_KEY = "prediction_scales"  # meta: {limit: {"scale": s, "n": outcomes learnt from}}
 SCALE_RANGE = (0.5, 1.5)  # one outcome's measured / predicted, clipped to this
 SCALE_MEMORY = 10  # the scale is the mean of about the last this many outcomes
@@ -59,7 +63,7 @@ def outcomes(events: pd.DataFrame, steps: pd.DataFrame) -> list[dict[str, Any]]:
         rank = d.get("rank")
         row = {"change": str(e["label"]), "source": str(e["kind"]),
                "predicted": float(d["predicted"]), "limit": d.get("limit"),
-               "measured": None, "error": None, "steps": 0}
+               "measured": None, "error": None, "steps": 0, "final": False}
         out.append(row)
         applied = configs[(configs["ts"] >= e["ts"])
                           & configs["d"].map(lambda c, t=target: _matches(c, t))]
@@ -70,11 +74,16 @@ def outcomes(events: pd.DataFrame, steps: pd.DataFrame) -> list[dict[str, Any]]:
             s = s[s["rank"] == rank]
         if s.empty:
             continue
-        s = s[s["config_seq"] == s["config_seq"].min()] if "config_seq" in s.columns else s
+        ended = False
+        if "config_seq" in s.columns:
+            first = s["config_seq"].min()
+            ended = bool((s["config_seq"] > first).any())
+            s = s[s["config_seq"] == first]
         nw = int(target.get("num_workers") or 0)
         skip = max(2, nw * int(target.get("prefetch_factor") or DEFAULT_PREFETCH))
-        s = s.iloc[skip:]
+        s = s.iloc[skip:skip + MAX_STEPS]
         row["steps"] = len(s)
+        row["final"] = ended or len(s) == MAX_STEPS
         loop = float(s["wait_s"].sum() + s["compute_s"].sum())
         if len(s) >= MIN_STEPS and loop > 0:
             row["measured"] = float(s["samples"].sum()) / loop
@@ -82,15 +91,33 @@ def outcomes(events: pd.DataFrame, steps: pd.DataFrame) -> list[dict[str, Any]]:
     return out
 
 
+_FINAL: dict[tuple[str, int, int], dict[str, Any]] = {}  # (store, run, event id) -> outcome
+
+
 def of_run(store: Store, run_id: int) -> list[dict[str, Any]]:
-    """A run's outcomes, from its events and the steps within SPAN_S of its predictions
-    (none read when no event holds a prediction)."""
+    """A run's outcomes, from its events and, for each prediction, its steps within SPAN_S
+    (the page asks every second: a final outcome is kept, not read again)."""
     ev = store.events(run_id, kinds=("config", "autotune", ADVICE))
     has = ev["data"].fillna("").str.contains('"predicted": [0-9]') if not ev.empty else None
     if has is None or not has.any():
         return []
-    return outcomes(ev, store.steps(run_id, since=float(ev.loc[has, "ts"].min()),
-                                    until=float(ev.loc[has, "ts"].max()) + SPAN_S))
+    configs, out = ev[ev["kind"] == "config"], []
+    for i in ev.index[has]:
+        key = (str(store.path), run_id, int(ev.at[i, "id"]) if "id" in ev.columns else i)
+        row = _FINAL.get(key)
+        if row is None:
+            t = float(ev.at[i, "ts"])
+            got = outcomes(pd.concat([ev.loc[[i]], configs]),
+                           store.steps(run_id, since=t, until=t + SPAN_S))
+            if not got:
+                continue
+            row = got[0]
+            if row["final"] or time.time() > t + SPAN_S:  # no more steps can count
+                if len(_FINAL) > 10_000:
+                    _FINAL.clear()
+                _FINAL[key] = row
+        out.append(row)
+    return out
 
 
 def _scales(store: Store) -> dict[str, dict[str, float]]:
