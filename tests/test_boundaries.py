@@ -225,14 +225,20 @@ FOLDER_RULES = [
 
 
 @pytest.mark.parametrize(("folder", "line"), FOLDER_RULES)
-def test_ruff_enforces_each_folder_rule(folder, line):
-    bad = ROOT / folder / "_boundary_probe.py"
+def test_ruff_enforces_each_folder_rule(folder, line, tmp_path):
+    """The probe file goes into a copy of the tree's ruff configuration (pyproject.toml and
+    every folder's ruff.toml, at their paths), never into the source tree, where another
+    test walking monitor/ at the same moment would meet it."""
+    for cfg in [ROOT / "pyproject.toml", *ROOT.glob("monitor/**/ruff.toml"),
+                *ROOT.glob("workloads/**/ruff.toml")]:
+        dest = tmp_path / cfg.relative_to(ROOT)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        dest.write_text(cfg.read_text())
+    bad = tmp_path / folder / "_boundary_probe.py"
+    bad.parent.mkdir(parents=True, exist_ok=True)
     bad.write_text(f"from __future__ import annotations\n\n{line}\n\n__all__ = [\"x\"]\n")
-    try:
-        r = subprocess.run([sys.executable, "-m", "ruff", "check", "--no-cache", str(bad)],
-                           cwd=ROOT, capture_output=True, text=True, timeout=60)
-    finally:
-        bad.unlink()
+    r = subprocess.run([sys.executable, "-m", "ruff", "check", "--no-cache", str(bad)],
+                       cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert r.returncode == 1 and "TID251" in r.stdout, r.stdout
 
 
