@@ -26,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from monitor.assess import outcomes
 from monitor.config import LIVE_SETTINGS, LoaderConfig
+from monitor.manage.context import learn
 from monitor.manage.measure import measure
 from monitor.manage.runtime import Runtime
 from monitor.store import Store
@@ -63,7 +64,7 @@ def preset_case(rt: Runtime, preset: str, seconds: float, rounds: int) -> float 
         if i < rounds - 1:
             befores.append(measure(rt, cfg, seconds).summary.throughput)
     after = statistics.mean(afters)
-    outcomes.learn(rt.store, [{"predicted": adv.predicted_throughput, "measured": after,
+    learn(rt.store, [{"predicted": adv.predicted_throughput, "measured": after,
                                "limit": adv.limit}])
     return row(preset, dg.verdict, statistics.mean(befores), f"{adv.param} {adv.value}",
                adv.predicted_throughput, after)
@@ -91,7 +92,7 @@ def script_case(db: str, epochs: int, rounds: int) -> float | None:
         if i < rounds - 1:
             befores.append(script_run(db, 0, epochs)["throughput"])
     after = statistics.mean(afters)
-    outcomes.learn(Store(db), [{"predicted": adv["predicted_throughput"], "measured": after,
+    learn(Store(db), [{"predicted": adv["predicted_throughput"], "measured": after,
                                 "limit": adv.get("limit")}])
     return row("train_small", first["verdict"], statistics.mean(befores),
                f"num_workers {adv['value']}", adv["predicted_throughput"], after)

@@ -155,17 +155,18 @@ def test_outcomes_teach_the_machine_its_scale(tmp_path):
     corrects fully; a second, predicted with it, measured on the mark: it stays; an outlier
     is clipped; another limit learns apart; an outcome of no known limit teaches nothing."""
     from monitor.assess import outcomes
+    from monitor.manage.context import learn
     from monitor.store import Store
 
     store = Store(tmp_path / "s.db")
-    assert outcomes.scale_of(store) == {} and outcomes.learn(store, []) == {}
+    assert outcomes.scale_of(store) == {} and learn(store, []) == {}
     dev = {"predicted": 400.0, "measured": 300.0, "limit": "device"}
-    assert outcomes.learn(store, [dev]) == {"device": 0.75}
-    assert outcomes.learn(store, [{**dev, "predicted": 300.0},
+    assert learn(store, [dev]) == {"device": 0.75}
+    assert learn(store, [{**dev, "predicted": 300.0},
                                   {**dev, "measured": None},
                                   {**dev, "limit": None}]) == {"device": 0.75}
     assert outcomes.scale_of(Store(tmp_path / "s.db")) == {"device": 0.75}  # in the store
-    got = outcomes.learn(store, [{**dev, "predicted": 1000.0, "measured": 10.0},  # to 0.5
+    got = learn(store, [{**dev, "predicted": 1000.0, "measured": 10.0},  # to 0.5
                                  {"predicted": 500.0, "measured": 550.0, "limit": "cores"}])
     assert got == {"device": pytest.approx(0.75 * (1 + (0.5 - 1) / 3), abs=1e-4),
                    "cores": 1.1}

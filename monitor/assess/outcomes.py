@@ -1,6 +1,8 @@
 """Predictions checked against outcomes: each applied change that came with a predicted
 throughput (the page's Apply of the first advice, a live autotune move from the bound model)
-beside what the setting then measured. Pure: events and steps in, rows out.
+beside what the setting then measured. `outcomes()` and `fold()` are pure; `of_run` and
+`state_of` read the store (of_run keeps final outcomes for the page's ticks); the one writer
+of the learnt scales is monitor/manage/context.py's `learn`.
 
 A prediction is an event whose data holds `predicted` (samples/s) and the settings asked for.
 Its outcome is the first loader generation (`config_seq`) that ran after a config event with
@@ -120,7 +122,8 @@ def of_run(store: Store, run_id: int) -> list[dict[str, Any]]:
     return out
 
 
-def _scales(store: Store) -> dict[str, dict[str, float]]:
+def state_of(store: Store) -> dict[str, dict[str, float]]:
+    """The store's scales as kept: limit -> {"scale": s, "n": outcomes learnt from}."""
     try:
         got = json.loads(store.meta(SCALE_KEY) or "{}")
     except (ValueError, TypeError):
@@ -133,28 +136,27 @@ def scale_of(store: Store) -> dict[str, float]:
     """This machine's measured / predicted for a change of setting, by the bound model's
     limit at the setting predicted ("device", "workers", "cores"), from its store; a limit
     with no measured outcome is not in it (its scale is 1)."""
-    return {k: float(v.get("scale", 1.0)) for k, v in _scales(store).items()}
+    return {k: float(v.get("scale", 1.0)) for k, v in state_of(store).items()}
 
 
-def learn(store: Store, rows: list[dict[str, Any]]) -> dict[str, float]:
-    """Fold a run's measured outcomes into the machine's scales and return them. Their
-    predictions were made with the scale of their time, so each outcome's measured /
-    predicted is what is still off: its limit's scale moves by it, a running mean over
-    about SCALE_MEMORY outcomes (the first one corrects fully). Outcomes whose limit is
-    unknown teach nothing."""
-    done = [r for r in rows if r.get("measured") and r.get("predicted") and r.get("limit")]
-    scales = _scales(store)
-    if not done:
-        return scale_of(store)
+def fold(state: dict[str, dict[str, float]],
+         rows: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """The machine's scales (`state`: limit -> {scale, n}, as `state_of` reads them) with a
+    run's measured outcomes folded in. Their predictions were made with the scale of their
+    time, so each outcome's measured / predicted is what is still off: its limit's scale
+    moves by it, a running mean over about SCALE_MEMORY outcomes (the first one corrects
+    fully). Outcomes whose limit is unknown teach nothing."""
+    scales = {k: dict(v) for k, v in state.items()}
     lo, hi = SCALE_RANGE
-    for r in done:
+    for r in rows:
+        if not (r.get("measured") and r.get("predicted") and r.get("limit")):
+            continue
         k = scales.setdefault(str(r["limit"]), {"scale": 1.0, "n": 0})
         off = min(hi, max(lo, r["measured"] / r["predicted"]))
         k["n"] = n = int(k.get("n", 0)) + 1
         k["scale"] = round(min(hi, max(lo, float(k.get("scale", 1.0))
                                        * (1 + (off - 1) / min(n, SCALE_MEMORY)))), 4)
-    store.set_meta(SCALE_KEY, json.dumps(scales, sort_keys=True))
-    return scale_of(store)
+    return scales
 
 
 def error_line(rows: list[dict[str, Any]]) -> str | None:

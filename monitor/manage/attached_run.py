@@ -21,6 +21,7 @@ from monitor.assess.window import Context, assess_run
 from monitor.config import ATTACHED_PREFIX
 from monitor.export.prometheus import ExporterError
 from monitor.manage import spawn, terminal
+from monitor.manage.context import learn
 from monitor.manage.runtime import Runtime
 from monitor.probe.epoch_plan import EVERY_ENV
 from monitor.probe.patch import DB_ENV, RUN_ENV
@@ -236,7 +237,7 @@ def run_attached(args: argparse.Namespace) -> int:
         if tuner is not None:
             result["autotune"] = tuner.summary()
         result["outcomes"] = outcomes.of_run(store, run_id)
-        result["prediction_scales"] = outcomes.learn(store, result["outcomes"])
+        result["prediction_scales"] = learn(store, result["outcomes"])
         print("\n".join(summary_lines(result)), file=sys.stderr)
         if args.json:
             print(json.dumps(result, default=str))
