@@ -90,3 +90,21 @@ def test_gpu_figure_shows_util_beside_sm_activity_and_process_share():
     util_trace = next(t for t in fig.data if t.name == "utilization (NVML)")
     assert list(util_trace.y) == [100.0, 100.0]  # only GPU 0
     assert _all_scatter_svg(fig)
+
+
+def test_a_watched_jobs_secondary_charts_are_held_and_redrawn_on_time():
+    """The main picture is new at every refresh; the secondary charts are sent again as
+    drawn (no redraw in the browser) until they are SECONDARY_HOLD_S old or the view
+    changes (a settings change, another window or rank)."""
+    from monitor.ui.view import SECONDARY_CHARTS, SECONDARY_HOLD_S, held_figures
+
+    def figs(n: int) -> dict:
+        return {k: f"{k}@{n}" for k in ("chart_util", *SECONDARY_CHARTS)}
+
+    state: dict = {}
+    assert held_figures(state, "seq1", figs(0), 100.0) == figs(0)
+    later = held_figures(state, "seq1", figs(1), 100.0 + SECONDARY_HOLD_S - 0.1)
+    assert later["chart_util"] == "chart_util@1"  # the picture is always new
+    assert all(later[k] == f"{k}@0" for k in SECONDARY_CHARTS)
+    assert held_figures(state, "seq1", figs(2), 100.0 + SECONDARY_HOLD_S) == figs(2)
+    assert held_figures(state, "seq2", figs(3), 100.0 + SECONDARY_HOLD_S + 0.1) == figs(3)

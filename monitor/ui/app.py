@@ -21,6 +21,7 @@ from monitor.ui.sweep_panel import render_sweep_controls, render_sweep_progress
 from monitor.ui.text import plain
 
 st.set_page_config(page_title="Starvation Monitor", page_icon="📉", layout="wide")
+WATCH_REFRESH_S = 2.0  # a watched job's page: see watched()
 
 rt = get_runtime()
 manager = rt.manager
@@ -133,8 +134,11 @@ def live_region() -> None:
         f" / {int(workers_live)} live" if workers_live is not None else "")
     panels.render_kpis(a, workers, r.caption)
     default_gpu = workload_gpu(devices, view.run.get("device"))
-    panels.render_picture(figs)
     seq = (run_id, int(view.steps["config_seq"].max()) if not view.steps.empty else -1)
+    if view.run["status"] == "running" and run_id != manager.run_id:  # a watched job
+        figs = views.held_figures(st.session_state.setdefault("_held", {}),
+                                  (seq, window_name, pick, gpu_pick), figs, time.monotonic())
+    panels.render_picture(figs)
     a, changing = views.steady_verdict(st.session_state.setdefault("_verdicts", {}),
                                        str(run_id), a, seq, time.monotonic())
     panels.render_verdict(a, changing)
@@ -167,7 +171,17 @@ def live_region() -> None:
 
 @st.fragment(run_every=1.0)
 def live() -> None:
-    """A running run: refreshes about once a second; reads the store only."""
+    """The page's own running workload: refreshes about once a second (the sliders' effect
+    shows at once); reads the store only."""
+    st.session_state["_live_fragment"] = True
+    live_region()
+
+
+@st.fragment(run_every=WATCH_REFRESH_S)
+def watched() -> None:
+    """A running job the page did not start (an attached script, another page's workload):
+    refreshes every WATCH_REFRESH_S, so that the browser's redraws take less of the cores the
+    job runs on (bench/page_cost.py)."""
     st.session_state["_live_fragment"] = True
     live_region()
 
@@ -194,7 +208,10 @@ def discover() -> None:
 
 shown_run = rt.store.run(selected) if selected is not None else None
 with live_tab:
-    (live if shown_run is not None and shown_run["status"] == "running" else still)()
+    if shown_run is None or shown_run["status"] != "running":
+        still()
+    else:
+        (live if selected == manager.run_id else watched)()
     if selected is not None:
         panels.render_downloads(rt, selected)
         if st.button("Compare with the previous run", key="compare_previous"):

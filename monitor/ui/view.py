@@ -140,6 +140,24 @@ def steady_verdict(state: dict[str, Any], key: str, a: Assessment, seq: Any,
     return shown, f"changing: {shown.verdict} → {a.verdict}"
 
 
+SECONDARY_CHARTS = ("chart_thr", "chart_wait", "chart_host")
+SECONDARY_HOLD_S = 6.0  # a watched job's secondary charts are redrawn this often
+
+
+def held_figures(state: dict[str, Any], key: Any, figs: dict, now: float,
+                 hold_s: float = SECONDARY_HOLD_S) -> dict:
+    """The figures to draw for a watched job: the main picture always new; the secondary
+    charts as drawn last unless they are `hold_s` old or the view changed (`key`: run,
+    window, rank, settings). A figure sent again unchanged costs the browser no redraw; each
+    redrawn secondary chart cost about 0.07 core-s in Chromium (bench/page_cost.py)."""
+    held = state.get("held")
+    if held is None or held["key"] != key or now - held["at"] >= hold_s:
+        state["held"] = {"key": key, "at": now,
+                         "figs": {k: figs[k] for k in SECONDARY_CHARTS if k in figs}}
+        return figs
+    return {**figs, **held["figs"]}
+
+
 def load_view(
     store: Store, run_id: int, window_s: float | None, now: float | None = None,
     gpus: bool = True,
