@@ -91,7 +91,7 @@ def _sweep(sub: argparse._SubParsersAction, common: argparse.ArgumentParser,
             "state assessed as measure does, its throughput over the whole window and the "
             "spread over its parts, with data-wait share, device busy and peak memory. "
             "Configurations predicted not to fit in memory are skipped with the reason. The "
-            "knee is the cheapest configuration within 3%% of the best. Ctrl-C stops after "
+            "knee is the cheapest configuration within 3% of the best. Ctrl-C stops after "
             "cleaning up; finished results are kept."
         ),
     )
@@ -114,7 +114,7 @@ def _tune(sub: argparse._SubParsersAction, common: argparse.ArgumentParser,
         help="adaptive search: near the grid's best in a fraction of its time",
         description=(
             "Measure the starting settings, jump to the bound model's predicted knee, then "
-            "step num_workers (and prefetch_factor once) until no step gains 3%%. Each "
+            "step num_workers (and prefetch_factor once) until no step gains 3%. Each "
             "configuration is a run in the store."
         ),
     )
@@ -132,8 +132,10 @@ def _run(sub: argparse._SubParsersAction) -> None:
         "run", help="run your own training script with the probe injected",
         description=(
             "Run a training script unmodified (python -m monitor run -- python train.py "
-            "ARGS): the probe times next() on the first DataLoader it iterates, records "
-            "epochs and worker PIDs, and applies loader changes requested from the page at "
+            "ARGS): the probe times next() on the training loader (the one Lightning's fit "
+            "loop or the HF Trainer iterates; in a plain loop the first DataLoader iterated; "
+            "the run's events say which it follows and why), records epochs and worker PIDs, and "
+            "applies loader changes requested from the page at "
             "the next epoch. The script's output, exit code and signals pass through."
         ),
     )
