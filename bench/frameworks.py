@@ -51,7 +51,8 @@ def monitor_run(db: Path, python: str, script: str, *args: str, flags=()) -> dic
 
 
 def epoch_rates(text: str) -> list[float]:
-    return [float(x) for x in re.findall(r"([\d.]+) samples/s", text)]
+    """The script's own per-epoch samples/s (its "epoch N: ... samples/s" lines only)."""
+    return [float(x) for x in re.findall(r"epoch \d+: \d+ samples, ([\d.]+) samples/s", text)]
 
 
 def stored(db: Path, run_id: int) -> tuple[int, dict, list]:
@@ -94,16 +95,33 @@ def main() -> None:
         n, per, bs = stored(tmp / "h.db", c["json"]["run_id"])
         print(f"hf trainer: stored {n} steps (2 x 20 = 40), batch sizes {bs}, config batch "
               f"{c['json']['config'].get('batch_size')}, verdict {c['json']['verdict']}")
-        t = monitor_run(tmp / "t.db", py, "lightning_fit.py", "--epochs", "6", "--samples",
-                        "384", "--work", "60", flags=("--autotune",))
+        # --autotune from num_workers=0 on epochs of 96 batches (3,072 samples): the bare
+        # runs at 0 and 2 workers first, then the tuned run; its own epoch rates, the
+        # epochs it ran at the start setting against its last
+        tf = ("--samples", "3072", "--work", "60")
+        bare = {nw: epoch_rates(subprocess.run(
+            [py, str(SCRIPTS / "lightning_fit.py"), "--epochs", "4", *tf, "--num-workers",
+             str(nw)], capture_output=True, text=True, timeout=900).stdout) for nw in (0, 2)}
+        print(f"lightning bare, 96 batches an epoch: num_workers=0 "
+              f"{[round(x) for x in bare[0]]}, num_workers=2 {[round(x) for x in bare[2]]}")
+        t = monitor_run(tmp / "t.db", py, "lightning_fit.py", "--epochs", "8", *tf,
+                        flags=("--autotune",))
         er = epoch_rates(t["out"])
         tune = t["json"].get("autotune") or {}
+        moves = tune.get("moves") or []
+        from monitor.store import Store
+
+        steps = Store(tmp / "t.db").steps(t["json"]["run_id"])
+        first = steps[steps["config_seq"] == steps["config_seq"].min()]
+        whole = [int(e) for e, g in first.groupby("epoch") if len(g) == 96]
+        start = [er[e] for e in whole if e < len(er)] or er[:1]  # at num_workers=0
         print(f"lightning --autotune from num_workers=0: epoch samples/s {[round(x) for x in er]}"
               f"; final {tune.get('final')}; {tune.get('settled')}")
-        for m in tune.get("moves") or []:
+        print(f"  last epoch {er[-1]:.0f} against {statistics.mean(start):.0f} at the start "
+              f"setting (epochs {whole}: {er[-1] / statistics.mean(start) - 1:+.0%})")
+        for m in moves:
             print(f"  move: {m['settings']} {m['throughput']:.0f} vs {m['best_before']:.0f}, "
                   f"kept {m['kept']}")
-
 
 if __name__ == "__main__":
     main()

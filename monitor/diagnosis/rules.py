@@ -120,6 +120,13 @@ class Ctx:
         seen = "" if k == 1.0 else f"; x{k:.2f}, as this machine's earlier outcomes measured"
         self.add("num_workers", n, pred, f"num_workers {nw} → {n}: predicted {pred:,.0f} "
                  f"samples/s, {gain(pred, f.throughput)} (limit then: {then}{seen})", then)
+        if nw == 0 and f.epoch_starts >= 1 and not f.config.get("persistent_workers"):
+            # epochs shorter than the window (Lightning's defaults): without it each epoch
+            # pays the new workers' start-up, which can eat their gain (the tuner's knee move
+            # from none sets it too)
+            self.add("persistent_workers", True, None, "with the workers above: keeps them "
+                     f"alive between epochs; {f.epoch_starts} epoch(s) began in this window, "
+                     "and each would pay their start-up again")
         if then == "cores":
             self.add("dataset", "cheaper transforms", None, f"at {n} workers the {cores} "
                      "usable cores are the limit: more workers will not help; cut per-sample "
