@@ -55,6 +55,19 @@ def epoch_rates(text: str) -> list[float]:
     return [float(x) for x in re.findall(r"epoch \d+: \d+ samples, ([\d.]+) samples/s", text)]
 
 
+def bare_pair(py: str, script: str, args: tuple) -> str:
+    """The script alone (no monitor) at num_workers 0 and 2: its own median epoch rate
+    (every rank's epochs; epoch 0 left out when there are more)."""
+    out = []
+    for nw in (0, 2):
+        text = subprocess.run([py, str(SCRIPTS / script), *args, "--num-workers", str(nw)],
+                              capture_output=True, text=True, timeout=900).stdout
+        lines = re.findall(r"epoch (\d+): \d+ samples, ([\d.]+) samples/s", text)
+        r = [float(v) for e, v in lines if e != "0"] or [float(v) for _, v in lines]
+        out.append(f"num_workers={nw} {statistics.median(r):.0f} samples/s")
+    return ", ".join(out)
+
+
 def stored(db: Path, run_id: int) -> tuple[int, dict, list]:
     sys.path.insert(0, str(ROOT))
     from monitor.store import Store
@@ -85,16 +98,21 @@ def main() -> None:
               f"verdict {a['json']['verdict']}: {a['json']['verdict_text'][:160]}")
         adv = (a["json"].get("advice") or [{}])[0]
         print(f"  advice 1: {adv.get('reason')}")
-        b = monitor_run(tmp / "d.db", py, "lightning_fit.py", "--epochs", "3", "--samples",
-                        "384", "--devices", "2", "--work", "60", "--no-val")
+        df = ("--epochs", "3", "--samples", "384", "--devices", "2", "--work", "60",
+              "--no-val")
+        print(f"lightning ddp bare: {bare_pair(py, 'lightning_fit.py', df)}")
+        b = monitor_run(tmp / "d.db", py, "lightning_fit.py", *df)
         n, per, bs = stored(tmp / "d.db", b["json"]["run_id"])
         print(f"lightning ddp devices=2: world_size {b['json'].get('world_size')}, steps per "
-              f"rank {per} (3 x 6 each), verdict {b['json']['verdict']}")
-        c = monitor_run(tmp / "h.db", py, "hf_trainer.py", "--epochs", "2", "--samples",
-                        "320", "--work", "100")
+              f"rank {per} (3 x 6 each), verdict {b['json']['verdict']}: "
+              f"{b['json']['verdict_text'][:120]}")
+        hf = ("--epochs", "2", "--samples", "320", "--work", "100")
+        print(f"hf trainer bare: {bare_pair(py, 'hf_trainer.py', hf)}")
+        c = monitor_run(tmp / "h.db", py, "hf_trainer.py", *hf)
         n, per, bs = stored(tmp / "h.db", c["json"]["run_id"])
         print(f"hf trainer: stored {n} steps (2 x 20 = 40), batch sizes {bs}, config batch "
-              f"{c['json']['config'].get('batch_size')}, verdict {c['json']['verdict']}")
+              f"{c['json']['config'].get('batch_size')}, verdict {c['json']['verdict']}: "
+              f"{c['json']['verdict_text'][:120]}")
         # --autotune from num_workers=0 on epochs of 96 batches (3,072 samples): the bare
         # runs at 0 and 2 workers first, then the tuned run; its own epoch rates, the
         # epochs it ran at the start setting against its last
