@@ -64,13 +64,15 @@ def main() -> None:
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--val-batch-size", type=int, default=64)
     p.add_argument("--num-workers", type=int, default=0)
+    p.add_argument("--persistent-workers", action="store_true")
     p.add_argument("--work", type=int, default=20)
     p.add_argument("--devices", type=int, default=1)
     p.add_argument("--no-val", action="store_true")
     a = p.parse_args()
     torch.set_num_threads(1)
     train = DataLoader(Images(a.samples, a.work), batch_size=a.batch_size, shuffle=True,
-                       num_workers=a.num_workers)
+                       num_workers=a.num_workers,
+                       persistent_workers=a.persistent_workers and a.num_workers > 0)
     val = None if a.no_val else DataLoader(Images(a.samples // 4, a.work),
                                            batch_size=a.val_batch_size)
     trainer = L.Trainer(max_epochs=a.epochs, accelerator="cpu", devices=a.devices,
