@@ -179,9 +179,9 @@ def live() -> None:
 
 @st.fragment(run_every=WATCH_REFRESH_S)
 def watched() -> None:
-    """A running job the page did not start (an attached script, another page's workload):
-    refreshes every WATCH_REFRESH_S, so that the browser's redraws take less of the cores the
-    job runs on (bench/page_cost.py)."""
+    """A running job this dashboard did not start (an attached script, a workload another
+    dashboard started): refreshes every WATCH_REFRESH_S, so that the browser's redraws take
+    less of the cores the job runs on (bench/page_cost.py)."""
     st.session_state["_live_fragment"] = True
     live_region()
 
