@@ -98,13 +98,14 @@ def main() -> None:
               f"verdict {a['json']['verdict']}: {a['json']['verdict_text'][:160]}")
         adv = (a["json"].get("advice") or [{}])[0]
         print(f"  advice 1: {adv.get('reason')}")
-        df = ("--epochs", "3", "--samples", "384", "--devices", "2", "--work", "60",
+        # 48 batches a rank an epoch: long enough for the host sampler to see both ranks
+        df = ("--epochs", "3", "--samples", "3072", "--devices", "2", "--work", "60",
               "--no-val")
         print(f"lightning ddp bare: {bare_pair(py, 'lightning_fit.py', df)}")
         b = monitor_run(tmp / "d.db", py, "lightning_fit.py", *df)
         n, per, bs = stored(tmp / "d.db", b["json"]["run_id"])
         print(f"lightning ddp devices=2: world_size {b['json'].get('world_size')}, steps per "
-              f"rank {per} (3 x 6 each), verdict {b['json']['verdict']}: "
+              f"rank {per} (3 x 48 each), verdict {b['json']['verdict']}: "
               f"{b['json']['verdict_text'][:120]}")
         hf = ("--epochs", "2", "--samples", "320", "--work", "100")
         print(f"hf trainer bare: {bare_pair(py, 'hf_trainer.py', hf)}")

@@ -17,6 +17,7 @@ from monitor.diagnosis import (
     fit_bound,
 )
 from monitor.records import CpuBudget
+from monitor.thresholds import MAIN_IDLE_CORES
 from tests.test_analysis import steps_frame
 
 BUDGET = CpuBudget(affinity=2, quota=None, usable=2, throttled=None, throttled_s=None)
@@ -131,6 +132,16 @@ def test_workers_from_none_on_short_epochs_come_with_persistent_workers():
     short = [a.param for a in diagnose(feat(epoch_starts=3)).advice]
     assert short[:2] == ["num_workers", "persistent_workers"], short
     assert "persistent_workers" not in [a.param for a in diagnose(feat()).advice]
+
+
+def test_ranks_on_one_host_share_its_cores_in_the_bound_model():
+    """Two ranks of a job on a 2-core host (Lightning DDP, devices=2): each rank's workers
+    get its share of the cores, not the host's (before: each rank was predicted +129% at 2
+    workers, where a bare run at 2 workers measured 590 -> 378 samples/s)."""
+    alone, shared = fit_bound(feat()), fit_bound(feat(local_ranks=2))
+    assert shared.cores == pytest.approx((2 - 0.05) / 2 - MAIN_IDLE_CORES)
+    assert alone.cores == pytest.approx(2 - 0.05 - MAIN_IDLE_CORES)
+    assert shared.predict(2)[0] < alone.predict(2)[0]
 
 
 def test_a_machines_measured_outcomes_scale_its_predictions():

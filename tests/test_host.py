@@ -162,3 +162,46 @@ def test_cpu_budget_without_cgroup_files_uses_affinity(tmp_path):
 
     b = cpu_budget(str(tmp_path / "none"), affinity=3)
     assert (b.usable, b.quota, b.throttled, b.throttled_s) == (3, None, None, None)
+
+
+RANK = """
+import subprocess, sys
+worker = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])  # sleep-ok
+kids = [worker]
+if sys.argv[1] == '0':  # rank 0 starts rank 1, as Lightning's DDP launcher does
+    kids.append(subprocess.Popen([sys.executable, __file__, '1'], stdout=sys.stdout))
+print(sys.argv[1], __import__('os').getpid(), worker.pid, flush=True)
+try:
+    sys.stdin.readline() if sys.argv[1] == '0' else __import__('time').sleep(60)  # sleep-ok
+finally:
+    for k in kids: k.kill()
+"""
+
+
+def test_a_rank_that_is_the_followed_process_gets_its_row_and_only_its_workers(tmp_path):
+    """Lightning's DDP launcher: rank 0 is the script's own process and rank 1 its child.
+    Each rank gets its own row with its own worker; rank 1 and its worker are never rank
+    0's workers (before: rank 0 had no row, its CPU read as other processes' load)."""
+    script = tmp_path / "rank.py"
+    script.write_text(RANK)
+    p = subprocess.Popen([sys.executable, str(script), "0"], stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, text=True)
+    try:
+        lines = [p.stdout.readline().split() for _ in range(2)]
+        seen = {int(a[0]): (int(a[1]), int(a[2])) for a in lines}  # rank: (pid, worker)
+        s = HostSampler()
+        s.follow(p.pid, run_id=3)
+        s.follow_ranks({0: seen[0][0], 1: seen[1][0]})
+        assert seen[0][0] == p.pid  # rank 0 is the followed process
+        s.sample_all()
+        def rows():  # the tree is rescanned at a pass: poll until each rank has its worker
+            r = s.sample_all()
+            return r if [(x.rank, x.workers) for x in r] == [(0, 1), (1, 1)] else None
+
+        got = wait_for(rows, timeout=10, every=0.25)
+        assert got, [(x.rank, x.workers) for x in s.sample_all()]
+    finally:
+        for c in psutil.Process(p.pid).children(recursive=True):
+            c.kill()
+        p.kill()
+        p.wait()

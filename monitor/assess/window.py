@@ -216,6 +216,16 @@ def assess(window: Window, ctx: Context, parts: int = 1) -> Assessment:
     return _assess_job(window, ctx, ranks, base)
 
 
+def _local_ranks(window: Window, ranks: list[int]) -> dict[int, set[int]]:
+    """Each rank's job ranks on its own host (itself included), by the hostname its probe
+    reported; ranks with no hostname on record are taken to share one host."""
+    r = window.ranks
+    host: dict[int, Any] = {}
+    if r is not None and not r.empty and "hostname" in r.columns:
+        host = {int(k): v for k, v in zip(r["rank"], r["hostname"], strict=True)}
+    return {k: {j for j in ranks if host.get(j) == host.get(k)} for k in ranks}
+
+
 def _rank_config(window: Window, rank: int) -> dict[str, Any]:
     r = window.ranks
     if r is not None and not r.empty and (r["rank"] == rank).any():
@@ -247,12 +257,13 @@ def _assess_job(window: Window, ctx: Context, ranks: list[int], base: dict) -> A
     # a rank's "other processes" are not its sibling ranks: they are the same job
     job_cpu = {r: (f.main_cpu_cores or 0.0) + (f.workers_cpu_cores or 0.0)
                for r, f in per.items()}
+    local = _local_ranks(window, ranks)
     for r, f in per.items():
         if f.other_cpu_cores is not None:
-            siblings = sum(v for k, v in job_cpu.items() if k != r)
-            per[r] = f = dataclasses.replace(
-                f, other_cpu_cores=max(0.0, f.other_cpu_cores - siblings))
-            own[r] = diagnose(f, ctx.max_workers, ctx.prediction_scales)
+            siblings = sum(v for k, v in job_cpu.items() if k != r and k in local[r])
+            f = dataclasses.replace(f, other_cpu_cores=max(0.0, f.other_cpu_cores - siblings))
+        per[r] = f = dataclasses.replace(f, local_ranks=len(local[r]))
+        own[r] = diagnose(f, ctx.max_workers, ctx.prediction_scales)
     rep = max(per, key=lambda r: per[r].data_wait_share)
     steps = window.steps
     wait, compute = float(steps["wait_s"].sum()), float(steps["compute_s"].sum())

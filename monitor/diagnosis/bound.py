@@ -107,7 +107,10 @@ def fit_bound(f: Features, scales: dict[str, float] | None = None) -> BoundModel
         return None
     nw = f.num_workers
     main = f.main_cpu_cores if nw > 0 and f.main_cpu_cores is not None else MAIN_IDLE_CORES
-    cores = max(MIN_LOADER_CORES, f.usable_cores - main - (f.other_cpu_cores or 0.0))
+    # the cores other processes leave, shared alike by this job's ranks on this host (a
+    # request goes to every rank, so each rank's workers get its share, not the host)
+    share = (f.usable_cores - (f.other_cpu_cores or 0.0)) / max(1, f.local_ranks)
+    cores = max(MIN_LOADER_CORES, share - main)
     overhead = DEFAULT_OVERHEAD_S
     if nw > 0 and f.data_wait_share < STARVING_SHARE:
         overhead = max(overhead, f.wait_per_step_s)

@@ -66,6 +66,7 @@ class Features:
     workers_cpu_cores: float | None = ev("workers CPU (cores)", "{:.2f}")
     workers_live: float | None = ev()
     other_cpu_cores: float | None = ev("other processes' CPU (cores)", "{:.2f}")
+    local_ranks: int = ev(default=1)  # this job's ranks on this host, sharing its cores
     cpu_per_sample_s: float | None = ev("loading CPU per sample (ms)", "ms")
     wall_per_sample_s: float | None = ev("loading wall per sample, one loader (ms)", "ms")
     runq_per_sample_s: float | None = ev("loading CPU wait per sample (ms)", "ms")

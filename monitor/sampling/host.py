@@ -142,6 +142,7 @@ class HostSampler:
         are never counted as workers)."""
         with self._lock:
             self._ranks = dict(ranks)
+            self._kids = {}  # rescanned at the next pass, the other ranks left out
 
     def _proc(self, pid: int) -> Any:
         p = self._procs.get(pid)
@@ -163,7 +164,7 @@ class HostSampler:
             threads = _safe(main.num_threads)
             moved, self._threads[pid] = threads != self._threads.get(pid), threads
             if self._passes % TREE_EVERY == 0 or pid not in self._kids or moved:
-                self._kids[pid] = main.children(recursive=True)
+                self._kids[pid] = self._own(pid, main.children(recursive=True))
             kids = [k for k in self._kids[pid] if k.is_running()]
         except (_psutil.Error, OSError):
             return None, []
@@ -175,12 +176,27 @@ class HostSampler:
                 pass
         return main, workers
 
+    def _own(self, pid: int, kids: list[Any]) -> list[Any]:
+        """A rank's descendants less the other ranks and theirs: under Lightning's DDP
+        launcher rank 0 is the script's process and the other ranks are its children."""
+        others = {p for p in self._ranks.values() if p != pid}
+        if not others & {k.pid for k in kids}:
+            return kids
+        drop = set(others)
+        for k in kids:
+            if k.pid in others:
+                drop |= {c.pid for c in _safe(lambda k=k: k.children(recursive=True)) or []}
+        return [k for k in kids if k.pid not in drop]
+
     def _targets(self) -> list[tuple[int | None, int]]:
-        """(rank, pid) to sample: each rank of a job, else the followed process (rank None)."""
+        """(rank, pid) to sample: each rank of a job (the followed process too when it is
+        one: Lightning's launcher runs rank 0 in it; torchrun's agent is none), else the
+        followed process (rank None)."""
         if self._pid is None:
             return []
-        ranks = {r: p for r, p in self._ranks.items() if p != self._pid}
-        return sorted(ranks.items()) if ranks else [(None, self._pid)]
+        if set(self._ranks.values()) <= {self._pid}:  # one process: no ranks to tell apart
+            return [(None, self._pid)]
+        return sorted(self._ranks.items())
 
     def _workers_cpu(self, key: int | None, workers: list[Any],
                      room_pct: float | None) -> float | None:
