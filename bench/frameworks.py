@@ -107,11 +107,11 @@ def main() -> None:
         print(f"lightning ddp devices=2: world_size {b['json'].get('world_size')}, steps per "
               f"rank {per} (3 x 48 each), verdict {b['json']['verdict']}: "
               f"{b['json']['verdict_text'][:120]}")
-        hf = ("--epochs", "2", "--samples", "320", "--work", "100")
+        hf = ("--epochs", "4", "--samples", "320", "--work", "100")
         print(f"hf trainer bare: {bare_pair(py, 'hf_trainer.py', hf)}")
         c = monitor_run(tmp / "h.db", py, "hf_trainer.py", *hf)
         n, per, bs = stored(tmp / "h.db", c["json"]["run_id"])
-        print(f"hf trainer: stored {n} steps (2 x 20 = 40), batch sizes {bs}, config batch "
+        print(f"hf trainer: stored {n} steps (4 x 20 = 80), batch sizes {bs}, config batch "
               f"{c['json']['config'].get('batch_size')}, verdict {c['json']['verdict']}: "
               f"{c['json']['verdict_text'][:120]}")
         # --autotune from num_workers=0 on epochs of 96 batches (3,072 samples): the bare

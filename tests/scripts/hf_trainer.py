@@ -58,6 +58,7 @@ def main() -> None:
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--num-workers", type=int, default=0)
     p.add_argument("--work", type=int, default=100)
+    p.add_argument("--persistent-workers", action="store_true")
     a = p.parse_args()
     torch.manual_seed(0)
     torch.set_num_threads(1)
@@ -68,7 +69,9 @@ def main() -> None:
         args = TrainingArguments(
             output_dir=out, per_device_train_batch_size=a.batch_size,
             per_device_eval_batch_size=2 * a.batch_size, num_train_epochs=a.epochs,
-            dataloader_num_workers=a.num_workers, eval_strategy="epoch", save_strategy="no",
+            dataloader_num_workers=a.num_workers,
+            dataloader_persistent_workers=a.persistent_workers and a.num_workers > 0,
+            eval_strategy="epoch", save_strategy="no",
             logging_strategy="no", report_to=[], use_cpu=True, disable_tqdm=True)
         Trainer(model=BertForSequenceClassification(cfg), args=args,
                 train_dataset=Tokens(a.samples, a.work),
