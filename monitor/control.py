@@ -128,5 +128,23 @@ def acked(value: str | None, epoch: int) -> bool:
     return not value.lstrip("-").isdigit() or int(value) >= epoch
 
 
+def epoch_done_value(epoch: int, at: float) -> str:
+    """What a probe writes at an epoch start: the epoch it finished, and when (wall
+    seconds): the tuner's stretch ends there, the loop's time between epochs (Lightning's
+    validation, a plain loop's evaluation) included."""
+    return f"{epoch}@{at:.6f}"
+
+
 def epoch_number(value: str | None) -> int | None:
-    return int(value) if value is not None and value.lstrip("-").isdigit() else None
+    head = value.split("@", 1)[0] if value is not None else None
+    return int(head) if head is not None and head.lstrip("-").isdigit() else None
+
+
+def epoch_done_at(value: str | None) -> float | None:
+    """When the finished epoch's loop asked for the next one (None: not said)."""
+    if value is None or "@" not in value:
+        return None
+    try:
+        return float(value.split("@", 1)[1])
+    except ValueError:
+        return None

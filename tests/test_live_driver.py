@@ -8,12 +8,13 @@ import json
 
 import numpy as np
 import pandas as pd
+import pytest
 
-from monitor.assess.window import Context
+from monitor.assess.window import Context, Window
 from monitor.records import HostSample, StepRecord
 from monitor.sampling.host import cpu_budget
 from monitor.thresholds import AUTOTUNE_MIN_STEPS as MIN_STEPS
-from monitor.tuning.live import Cadence, LiveTuner, RankTuner, std_error
+from monitor.tuning.live import Cadence, LiveTuner, RankTuner, observation, std_error
 
 START = {"preset": "custom", "num_workers": 0, "batch_size": 16, "prefetch_factor": None,
          "pin_memory": False, "persistent_workers": False}
@@ -36,6 +37,27 @@ def test_short_epochs_are_pooled_and_an_epoch_is_judged_only_once_complete():
     got = t.ready()
     assert got is not None and sorted(got["epoch"].unique()) == [0, 1, 2]
     assert len(got) >= MIN_STEPS and t.ready() is None  # the running epoch 3 waits
+
+
+def test_an_epoch_stretch_ends_where_the_loop_asked_for_the_next_epoch():
+    """What the job does between epochs (Lightning's validation) counts against the
+    setting, as in the job's own epoch rate: the stretch ends at the probe's epoch-done
+    mark, else at the next epoch's first batch asked for."""
+    t = RankTuner(0, 6, Cadence("epoch"))
+    steps = frame([0] * 30)  # 30 steps of 60 ms: 0.01 .. 1.81 s
+    t.add(pd.concat([steps, frame([1], t0=2.7)]))  # then 0.9 s of validation
+    got = t.ready()
+    assert got is not None and t.end == pytest.approx(2.71)  # epoch 1's first wait start
+    t.took()
+    t.add(frame([1] * 29, t0=2.76))
+    assert t.ready(done=1, done_at=5.2) is not None and t.end == 5.2  # the probe's mark
+    steps = got.assign(config_seq=0)
+    window = Window({"config": START, "status": "running"}, steps, pd.DataFrame())
+    ctx = Context(budget=cpu_budget(), max_workers=4)
+    with_gap = observation(window, ctx, {"num_workers": 0}, end=2.71)
+    alone = observation(window, ctx, {"num_workers": 0})
+    assert with_gap.throughput == pytest.approx(30 * 16 / 2.7)
+    assert alone.throughput == pytest.approx(30 * 16 / 1.8)
 
 
 def test_a_stretch_counts_only_steps_of_the_setting_asked_for():

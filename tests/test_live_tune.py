@@ -37,6 +37,22 @@ def test_jumps_to_the_knee_keeps_what_pays_and_settles():
     assert m is None and p.settled and "100 → 240 samples/s (+140%)" in p.settled
 
 
+def test_workers_kept_between_epochs_that_do_not_pay_are_tried_restarted():
+    """From none the knee keeps its workers between epochs; measured not to pay (Lightning
+    with validation on 96-batch epochs: 2 kept workers 950-1,270 samples/s, 2 restarted
+    1,250-1,500), the same workers restarted each epoch are tried next."""
+    p = Policy(max_workers=4)
+    kept = p.observe(obs(START, 100.0, advised=2, predicted=200.0))
+    assert kept.settings["persistent_workers"] is True
+    back = p.observe(obs(kept.settings, 95.0))
+    assert back.revert and back.settings == START
+    plain = p.observe(obs(START, 100.0, advised=2, predicted=200.0))
+    assert plain.settings["num_workers"] == 2 and not plain.settings["persistent_workers"]
+    assert "restarted each epoch" in plain.reason and plain.predicted == 200.0
+    p.observe(obs(plain.settings, 150.0))
+    assert p.moves[-1]["kept"] and p.best.settings == plain.settings
+
+
 def test_a_gain_within_the_noise_is_reverted():
     p = Policy(max_workers=4)
     one = p.observe(obs(START, 100.0, se=10.0, advised=1, predicted=150.0))

@@ -199,7 +199,8 @@ class Recorder:
         if self.store.meta(control.autotune_key(self.run_id)) != control.ON:
             return
         done = self.epoch - 1
-        self.store.set_meta(control.epoch_done_key(self.run_id, self.rank), str(done))
+        self.store.set_meta(control.epoch_done_key(self.run_id, self.rank),
+                            control.epoch_done_value(done, time.time()))
         deadline = time.monotonic() + AWAIT_TUNER_S
         pause = threading.Event()
         while time.monotonic() < deadline:

@@ -98,6 +98,7 @@ class RankTuner:
         self.acked: int | None = None  # the last finished epoch told "judged"
         self.stretches = 0
         self.started: int | None = None  # the generation whose workers' first epoch is out
+        self.end: float | None = None  # where the last epoch stretch ended (None: its step)
 
     def add(self, new: pd.DataFrame) -> None:
         """Keep only the newest generation's steps; note epochs it did not run whole."""
@@ -113,11 +114,14 @@ class RankTuner:
         self.seq, self.buf = seq, buf
 
     def ready(self, in_flight: int = 0, done: int | None = None,
-              persistent: bool = False) -> pd.DataFrame | None:
-        """The next complete stretch of the current setting (taken out of buf), or None.
+              persistent: bool = False, done_at: float | None = None) -> pd.DataFrame | None:
+        """The next complete stretch of the current setting (taken out of buf), or None;
+        where an epoch stretch ends is left in `self.end` (_epoch_end).
         `in_flight`: the batches the setting keeps in flight (its start-up transient);
         `done`: the last epoch the job said it finished (else one is complete once a later
-        one has begun); `persistent`: the setting keeps its workers between epochs."""
+        one has begun), `done_at` when it said so; `persistent`: the setting keeps its
+        workers between epochs."""
+        self.end = None
         if self.buf.empty or (self.wait_seq is not None and self.seq < self.wait_seq):
             return None
         b, c = self.buf, self.cadence
@@ -134,6 +138,7 @@ class RankTuner:
             if len(take) < AUTOTUNE_MIN_STEPS:
                 return None
             self.buf = b[~complete]
+            self.end = _epoch_end(take, self.buf, done, done_at)
             return take
         if c.kind == "steps":
             skip = 0 if self.stretches and self.wait_seq is None else \
@@ -152,6 +157,23 @@ class RankTuner:
     def took(self) -> None:
         self.stretches += 1
         self.wait_seq = None
+
+
+def _epoch_end(take: pd.DataFrame, rest: pd.DataFrame, done: int | None,
+               done_at: float | None) -> float | None:
+    """Where an epoch stretch ends: when its loop asked for the next epoch (the probe's
+    epoch-done mark, written before it waits for the tuner; else the next epoch's first
+    batch asked for), so that what the job does between epochs (Lightning's validation)
+    counts against the setting as it does in the job's own epoch rate. None when neither
+    is known."""
+    last = int(take["epoch"].max())
+    if done_at is not None and done == last:
+        return done_at
+    nxt = rest[rest["epoch"] > last] if not rest.empty else rest
+    if nxt.empty:
+        return None
+    first = nxt.sort_values("ts").iloc[0]
+    return float(first["ts"] - first["wait_s"])
 
 
 def std_error(steps: pd.DataFrame, in_flight: int) -> float | None:
@@ -179,14 +201,22 @@ def std_error(steps: pd.DataFrame, in_flight: int) -> float | None:
     return thresholds.std_error(rates)
 
 
-def observation(window: Window, ctx: Context, settings: dict[str, Any]) -> Observation:
-    """The policy's view of a stretch: its assessment, and the noise of its throughput."""
+def observation(window: Window, ctx: Context, settings: dict[str, Any],
+                end: float | None = None) -> Observation:
+    """The policy's view of a stretch: its assessment, and the noise of its throughput;
+    `end`: where an epoch stretch ended (_epoch_end), its throughput then the job's epoch
+    rate, the time between its epochs and after the last included."""
     a = assess(window, ctx)
     nw = int(settings.get("num_workers") or 0)
     se = std_error(window.steps, nw * int(settings.get("prefetch_factor") or DEFAULT_PREFETCH))
     f = a.features
     advice = next((x for x in a.diagnosis.advice if x.param == "num_workers"), None)
-    return Observation(settings, f.throughput, se, a.verdict, f.data_wait_share,
+    thr = f.throughput
+    if end is not None and not window.steps.empty:
+        start, last = span(window.steps)
+        if end > last:
+            thr = float(window.steps["samples"].sum()) / (end - start)
+    return Observation(settings, thr, se, a.verdict, f.data_wait_share,
                        advice.value if advice else None,
                        advice.predicted_throughput if advice else None,
                        f.worker_uss_mb or f.worker_rss_mb,
@@ -300,11 +330,12 @@ class LiveTuner:
             if tuner.overridden:
                 return self._taken_over(r)
             self._refused(tuner)
-            done_epoch = control.epoch_number(
-                self.store.meta(control.epoch_done_key(self.run_id, r)))
+            mark = self.store.meta(control.epoch_done_key(self.run_id, r))
+            done_epoch = control.epoch_number(mark)
             chosen = tuner.ready(int(config.get("num_workers") or 0)
                                  * int(config.get("prefetch_factor") or DEFAULT_PREFETCH),
-                                 done_epoch, bool(config.get("persistent_workers")))
+                                 done_epoch, bool(config.get("persistent_workers")),
+                                 control.epoch_done_at(mark))
             if chosen is None:
                 self._ack(r, done_epoch, tuner)
                 continue
@@ -319,7 +350,7 @@ class LiveTuner:
                 return self._taken_over(r)
             tuner.expect = None
             judged = len(tuner.policy.moves)
-            move = tuner.policy.observe(observation(window, self.ctx, settings))
+            move = tuner.policy.observe(observation(window, self.ctx, settings, tuner.end))
             if len(tuner.policy.moves) > judged:  # the last move's measured effect
                 self._record_effect(r, tuner.policy.moves[-1])
             if move is not None and move.extend:  # the same setting, one more stretch

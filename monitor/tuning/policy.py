@@ -259,9 +259,14 @@ class Policy:
                                                    (None, None))
             if not s.get("num_workers") and change.get("num_workers"):
                 # workers from none: kept alive between epochs, or each epoch pays their
-                # start-up, which on short epochs (Lightning's defaults) eats their gain
-                change, why = {**change, "persistent_workers": True}, \
-                    f"{why}; kept between epochs"
+                # start-up, which on short epochs (Lightning's defaults) eats their gain;
+                # once that was measured not to pay, the same workers restarted each epoch
+                # (with Lightning's validation, kept workers cost a 96-batch epoch ~15%)
+                kept = {**change, "persistent_workers": True}
+                if _key(normalise({**s, **kept})) not in self.tried:
+                    change, why = kept, f"{why}; kept between epochs"
+                else:
+                    why = f"{why}; restarted each epoch (kept between epochs did not pay)"
             new = normalise({**s, **change})
             n = int(new.get("num_workers") or 0)
             if not 0 <= n <= self.max_workers or _key(new) in self.tried \
