@@ -10,8 +10,9 @@ Who writes and who reads:
   ENDED_FIRST. A request with a later one that sets every key it sets is superseded.
 - The autotune handshake (monitor/tuning/live.py with monitor/probe/recorder.py), through the
   store's meta table: the tuner sets `autotune_key(run)` to ON while it searches; a probe at
-  an epoch start writes `epoch_done_key(run, rank)` and waits briefly for
-  `ack_key(run, rank)` to reach that epoch (or SETTLED) so the next setting lands at once.
+  an epoch start writes `epoch_done_key(run, rank)` (the epoch finished and when:
+  `epoch_done_value`) and waits briefly for `ack_key(run, rank)` to reach that epoch (or
+  SETTLED) so the next setting lands at once.
 
 Standard library only: the probe imports this in the user's training process.
 """
