@@ -182,10 +182,12 @@ class HostSampler:
         others = {p for p in self._ranks.values() if p != pid}
         if not others & {k.pid for k in kids}:
             return kids
-        drop = set(others)
-        for k in kids:
-            if k.pid in others:
-                drop |= {c.pid for c in _safe(lambda k=k: k.children(recursive=True)) or []}
+        parent = {k.pid: _safe(k.ppid) for k in kids}  # one /proc stat read each, no scan
+        drop, grew = set(others), True
+        while grew:  # a rank's descendants: whatever has a dropped parent
+            new = {c for c, pp in parent.items() if pp in drop and c not in drop}
+            drop |= new
+            grew = bool(new)
         return [k for k in kids if k.pid not in drop]
 
     def _targets(self) -> list[tuple[int | None, int]]:
