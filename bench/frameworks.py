@@ -15,6 +15,7 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
 SCRIPTS = ROOT / "tests" / "scripts"
 OURS = {"pandas", "psutil", "streamlit", "plotly", "pyarrow", "pynvml", "prometheus_client",
         "tsdownsample", "monitor", "workloads"}
@@ -69,7 +70,6 @@ def bare_pair(py: str, script: str, args: tuple) -> str:
 
 
 def stored(db: Path, run_id: int) -> tuple[int, dict, list]:
-    sys.path.insert(0, str(ROOT))
     from monitor.store import Store
 
     s = Store(db)
