@@ -136,16 +136,12 @@ def epoch_done_value(epoch: int, at: float) -> str:
     return f"{epoch}@{at:.6f}"
 
 
-def epoch_number(value: str | None) -> int | None:
-    head = value.split("@", 1)[0] if value is not None else None
-    return int(head) if head is not None and head.lstrip("-").isdigit() else None
-
-
-def epoch_done_at(value: str | None) -> float | None:
-    """When the finished epoch's loop asked for the next one (None: not said)."""
-    if value is None or "@" not in value:
-        return None
+def epoch_done(value: str | None) -> tuple[int | None, float | None]:
+    """An epoch-done mark read back: (the epoch finished, when its loop asked for the next
+    one); (None, None) when there is none, a None time when it did not say."""
+    head, _, at = (value or "").partition("@")
+    epoch = int(head) if head.lstrip("-").isdigit() else None
     try:
-        return float(value.split("@", 1)[1])
+        return epoch, float(at) if at else None
     except ValueError:
-        return None
+        return epoch, None

@@ -134,9 +134,9 @@ def _run(sub: argparse._SubParsersAction) -> None:
             "Run a training script unmodified (python -m monitor run -- python train.py "
             "ARGS): the probe times next() on the training loader (the one Lightning's fit "
             "loop or the HF Trainer iterates; in a plain loop the first DataLoader iterated; "
-            "the run's events say which it follows and why), records epochs and worker PIDs, and "
-            "applies loader changes requested from the page at "
-            "the next epoch. The script's output, exit code and signals pass through."
+            "the run's events say which it follows and why), records epochs and worker "
+            "PIDs, and applies loader changes requested from the page at the next epoch. "
+            "The script's output, exit code and signals pass through."
         ),
     )
     r.add_argument("--name", default=None, help="run name (default: the script's file name)")

@@ -169,7 +169,7 @@ def _epoch_end(take: pd.DataFrame, rest: pd.DataFrame, done: int | None,
     last = int(take["epoch"].max())
     if done_at is not None and done == last:
         return done_at
-    nxt = rest[rest["epoch"] > last] if not rest.empty else rest
+    nxt = rest[rest["epoch"] > last]
     if nxt.empty:
         return None
     first = nxt.sort_values("ts").iloc[0]
@@ -330,12 +330,11 @@ class LiveTuner:
             if tuner.overridden:
                 return self._taken_over(r)
             self._refused(tuner)
-            mark = self.store.meta(control.epoch_done_key(self.run_id, r))
-            done_epoch = control.epoch_number(mark)
+            done_epoch, done_at = control.epoch_done(
+                self.store.meta(control.epoch_done_key(self.run_id, r)))
             chosen = tuner.ready(int(config.get("num_workers") or 0)
                                  * int(config.get("prefetch_factor") or DEFAULT_PREFETCH),
-                                 done_epoch, bool(config.get("persistent_workers")),
-                                 control.epoch_done_at(mark))
+                                 done_epoch, bool(config.get("persistent_workers")), done_at)
             if chosen is None:
                 self._ack(r, done_epoch, tuner)
                 continue

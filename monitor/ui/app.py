@@ -96,9 +96,11 @@ def apply_advice(param: str, value: object, predicted: float | None = None,
     manager.reconfigure(new)
 
 
-def live_region() -> None:
+def live_region(watching: bool = False) -> None:
     """The Live tab's content: the picture first (KPIs and the utilization chart), the
-    verdict right under it, then advice, the other charts, ranks and the GPU panel."""
+    verdict right under it, then advice, the other charts, ranks and the GPU panel.
+    `watching`: a running job this dashboard did not start (watched()): its secondary
+    charts are redrawn less often."""
     run_id = selected
     if run_id is None:
         st.info("No run yet: press Start in the sidebar.")
@@ -135,7 +137,7 @@ def live_region() -> None:
     panels.render_kpis(a, workers, r.caption)
     default_gpu = workload_gpu(devices, view.run.get("device"))
     seq = (run_id, int(view.steps["config_seq"].max()) if not view.steps.empty else -1)
-    if view.run["status"] == "running" and run_id != manager.run_id:  # a watched job
+    if watching:
         figs = views.held_figures(st.session_state.setdefault("_held", {}),
                                   (seq, window_name, pick, gpu_pick), figs, time.monotonic())
     panels.render_picture(figs)
@@ -183,7 +185,7 @@ def watched() -> None:
     dashboard started): refreshes every WATCH_REFRESH_S, so that the browser's redraws take
     less of the cores the job runs on (bench/page_cost.py)."""
     st.session_state["_live_fragment"] = True
-    live_region()
+    live_region(watching=True)
 
 
 @st.fragment
