@@ -1,5 +1,7 @@
 """Three browser tabs on one dashboard: one workload, one sampler, and the sampler holds its
-rate (it runs in a process of its own, not beside page rendering)."""
+rate (it runs in a process of its own, not beside page rendering). On a saturated host the
+sampler may wait for a CPU like any process: a shortfall is accepted only as far as its own
+run-queue wait (/proc schedstat) over the period explains it."""
 from __future__ import annotations
 
 import time
@@ -8,10 +10,18 @@ import numpy as np
 import psutil
 import pytest
 
+from monitor.sampling.procfs import schedstat
 from tests.test_browser import CHROMIUM, server  # noqa: F401  (the served dashboard)
 
 pytestmark = [pytest.mark.faults, pytest.mark.browser, pytest.mark.slow]
 SECONDS = 8.0  # 32 passes at 4 Hz: a gap or a slow rate shows within it
+INTERVAL = 0.25
+SLACK_S = 0.4  # what a rate of 3.8/s over SECONDS leaves: a pass's own time, timer slack
+
+
+def runq_s(pid: int) -> float:
+    t = schedstat(pid)
+    return t.runq_ns / 1e9 if t is not None else 0.0
 
 
 def test_three_tabs_share_one_workload_and_sampling_holds_its_rate(server):  # noqa: F811
@@ -31,19 +41,25 @@ def test_three_tabs_share_one_workload_and_sampling_holds_its_rate(server):  # n
         for t in tabs:
             expect(t.locator(".js-plotly-plot").first).to_be_visible(timeout=90_000)
         store = Store(db)
-        t0 = time.time()
+        kids = psutil.Process(proc.pid).children(recursive=False)
+        cmds = [" ".join(k.cmdline()) for k in kids]
+        sampler = [k.pid for k, c in zip(kids, cmds, strict=True)
+                   if "monitor.sampling.collector" in c]
+        assert len(sampler) == 1, cmds
+        t0, waited0 = time.time(), runq_s(sampler[0])
         # every tab keeps rendering its 1 s fragment while we sample for SECONDS
         time.sleep(SECONDS)  # sleep-ok: the measured period itself
+        waited = runq_s(sampler[0]) - waited0
         runs = store.runs()
-        kids = psutil.Process(proc.pid).children(recursive=False)
         browser.close()
     assert len(runs) == 1, runs  # the three tabs share one workload
-    cmds = [" ".join(k.cmdline()) for k in kids]
     assert sum("workloads.runner" in c for c in cmds) == 1, cmds
-    assert sum("monitor.sampling.collector" in c for c in cmds) == 1, cmds
     host = store.host_samples(t0, t0 + SECONDS)
     ts = np.sort(host["ts"].to_numpy())
     rate = (len(ts) - 1) / (ts[-1] - ts[0])
     gap = float(np.diff(ts).max())
-    print(f"host samples: {rate:.2f}/s over {ts[-1] - ts[0]:.1f} s, largest gap {gap:.2f} s")
-    assert rate >= 3.8 and gap <= 1.0, (rate, gap)
+    short = SECONDS * (1 - rate * INTERVAL)  # sampling time lost over the period
+    print(f"host samples: {rate:.2f}/s over {ts[-1] - ts[0]:.1f} s, largest gap {gap:.2f} s, "
+          f"sampler waited {waited:.2f} s for a CPU")
+    assert short <= SLACK_S or short <= waited + SLACK_S, (rate, short, waited)
+    assert gap <= 1.0 or gap - INTERVAL <= waited + SLACK_S, (gap, waited)
