@@ -100,9 +100,25 @@ def busy_cores(request):
         p.wait()
 
 
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory):
+    """One Runtime for the cells, as one dashboard or one `monitor sweep` keeps one: each
+    cell's workload is forked from a server that imported torch once, and a calibrated
+    preset meets the calibration an earlier cell stored, as a user's later runs do."""
+    from monitor.manage.runtime import Runtime
+    from monitor.store import Store
+
+    store = Store(tmp_path_factory.mktemp("scenarios") / "monitor.db")
+    with Runtime(store=store) as rt:
+        rt.manager.warm()
+        yield rt
+    store.close()
+
+
 @pytest.mark.parametrize(("name", "settings", "budget", "busy_cores", "accepted"), SCENARIOS,
                          ids=[s[0] for s in SCENARIOS], indirect=["busy_cores"])
-def test_scenario_verdict(no_leaks, runtime, name, settings, budget, busy_cores, accepted):
+def test_scenario_verdict(no_leaks, lab, name, settings, budget, busy_cores, accepted):
+    runtime = lab
     cfg = LoaderConfig.build(**settings)
     runtime.memory_budget_mb = budget
     m = measure(runtime, cfg, 3.5)

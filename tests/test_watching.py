@@ -49,7 +49,8 @@ def test_the_page_watches_a_live_job_and_follows_a_new_one(server):  # noqa: F81
             expect(banner).to_be_visible(timeout=30_000)
             # the page started nothing of its own: no managed workload beside the job
             kids = [" ".join(k.cmdline()) for k in psutil.Process(proc.pid).children(True)]
-            assert not any("workloads.runner" in c for c in kids), kids
+            assert not any("workloads.runner" in c or "workloads.forkserver" in c
+                           for c in kids), kids
             assert store.runs()["name"].tolist() == ["job-a"]
             # a steady run: the banner holds its verdict while it is watched; a new verdict
             # must hold a whole KPI window (10 s) before it shows, so in 12 s at most one

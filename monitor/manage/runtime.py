@@ -7,8 +7,10 @@ cite it.
   1. Stop request: SessionManager.stop writes a `stop` control row; the workload polls
      control between steps (every 0.25 s), shuts its DataLoader workers down, flushes, marks
      the run `stopped` and exits 0.
-  2. Parent gone: the workload watches its parent's PID; when it changes it stops as in 1,
-     with the reason.
+  2. Parent gone: the workload watches its parent's PID (the fork server that forked it, or
+     the manager that spawned it); when it changes it stops as in 1, with the reason. The
+     fork server ends when the manager closes its stdin or dies (workloads/forkserver.py),
+     so a dead manager's workload stops either way.
   3. SIGTERM: turned into SystemExit in the workload, so the same `finally` shuts workers
      down, flushes and marks the run `stopped`. The manager sends it when a stop request is
      not honoured within its timeout (a step stuck in the dataset), then SIGKILL.
@@ -23,7 +25,8 @@ cite it.
   6. Runtime.close (CLI commands, benches, the dashboard at interpreter exit): stop the
      page's autotuners (they only request; the job keeps its last applied setting), cancel a
      running sweep or tune (it owns the manager's workload), then close the manager
-     (1, then 3), then stop the collector (it flushes its last samples).
+     (1, then 3, then its fork server), then stop the collector (it flushes its last
+     samples).
   7. The CLI turns SIGTERM into KeyboardInterrupt so 6 runs from its `finally`; exit 130.
   8. Attached runs (`monitor run`): the script is not ours to stop. Signals sent to the
      wrapper are forwarded to the script; the wrapper waits for it and ends the run with the

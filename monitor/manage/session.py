@@ -29,11 +29,13 @@ from monitor.manage import spawn
 from monitor.store import Store, explain
 
 
-def workload_args(store_path: str, run_id: int, config: dict[str, Any]) -> list[str]:
+def workload_args(store_path: str, run_id: int, config: dict[str, Any],
+                  parent_pid: int | None = None) -> list[str]:
     """The workload's arguments to `python -m workloads.runner` (the dashboard process
-    itself never imports torch)."""
+    itself never imports torch); `parent_pid`: the process that starts it (we, or the fork
+    server)."""
     return ["--db", store_path, "--run-id", str(run_id), "--config", json.dumps(config),
-            "--parent-pid", str(os.getpid())]
+            "--parent-pid", str(parent_pid or os.getpid())]
 
 
 def _kill_tree(procs: list[psutil.Process], timeout: float = 3.0) -> None:
@@ -65,7 +67,7 @@ def exit_text(code: int) -> str:
     return f"workload process exited with code {code}"
 
 
-def _wait(proc: subprocess.Popen, timeout: float) -> None:
+def _wait(proc: subprocess.Popen | spawn.Forked, timeout: float) -> None:
     try:
         proc.wait(timeout)
     except subprocess.TimeoutExpired:
@@ -90,8 +92,12 @@ class SessionManager:
         self.run_id: int | None = None
         self.started_once = False
         self.last_error: str | None = None
-        self._proc: subprocess.Popen | None = None
+        self._proc: subprocess.Popen | spawn.Forked | None = None
         self._children: dict[int, psutil.Process] = {}
+        # workloads are forked from a server that has imported torch once (spawn.ForkServer);
+        # STARVATION_MONITOR_FORKSERVER=0 spawns each in a fresh interpreter instead
+        self._forks = spawn.ForkServer() \
+            if os.environ.get("STARVATION_MONITOR_FORKSERVER", "1") != "0" else None
         self._lock = threading.RLock()
         self._closed = threading.Event()
         self._reaper = threading.Thread(
@@ -108,14 +114,29 @@ class SessionManager:
             cfg = config or self.config
             self.config = cfg
             run_id = self.store.create_run(name or f"{cfg.preset}", "managed", cfg.to_dict())
-            proc = spawn.start("workloads.runner",
-                               *workload_args(str(self.store.path), run_id, cfg.to_dict()))
+            proc = self._spawn(run_id, cfg)
             self._proc, self.run_id, self.started_once = proc, run_id, True
             self._children = {}
             self.store.update_run(run_id, pid=proc.pid)
             if self.on_start is not None:
                 self.on_start(proc.pid, run_id)
             return run_id
+
+    def _spawn(self, run_id: int, cfg: LoaderConfig) -> subprocess.Popen | spawn.Forked:
+        """The workload process: forked by the fork server, or spawned where it is not
+        available (it could not start, or died)."""
+        path, config = str(self.store.path), cfg.to_dict()
+        server = self._forks.ensure() if self._forks is not None else None
+        if server is not None:
+            proc = self._forks.start(workload_args(path, run_id, config, server))
+            if proc is not None:
+                return proc
+        return spawn.start("workloads.runner", *workload_args(path, run_id, config))
+
+    def warm(self) -> bool:
+        """Start the fork server now rather than at the first workload (a caller about to run
+        several: a sweep, a test module); True when it is up."""
+        return self._forks is not None and self._forks.ensure() is not None
 
     def ensure_started(self) -> int | None:
         """Start the default run once per manager (the page's first open); a user who
@@ -180,6 +201,8 @@ class SessionManager:
         try:
             self.stop()
         finally:
+            if self._forks is not None:
+                self._forks.close()
             atexit.unregister(self.close)
 
     # -- state -------------------------------------------------------------------------
@@ -205,7 +228,8 @@ class SessionManager:
         except psutil.NoSuchProcess:
             pass
 
-    def _finish_dead(self, proc: subprocess.Popen, run_id: int, status: str) -> None:
+    def _finish_dead(self, proc: subprocess.Popen | spawn.Forked, run_id: int,
+                     status: str) -> None:
         """After the workload process ended: kill leftovers, record the end if the workload
         could not (NOTE [shutdown protocol] in monitor/manage/runtime.py, 5)."""
         leftovers = [c for c in self._children.values() if c.is_running()]

@@ -13,11 +13,14 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -101,3 +104,164 @@ def start_script(cmd: Sequence[str], env: dict[str, str],
                                 process_group=0, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE)
     return subprocess.Popen(list(cmd), env=env, process_group=0)
+
+
+class Forked:
+    """A workload process forked by the fork server: the part of subprocess.Popen that the
+    session manager uses (pid, poll, wait, terminate, kill, returncode). Its exit status
+    comes from the server, which is its parent and reaps it."""
+
+    def __init__(self, server: ForkServer, pid: int) -> None:
+        self._server, self.pid = server, pid
+        self.args = ["workloads.runner"]
+
+    @property
+    def returncode(self) -> int | None:
+        return self._server.exit_code(self.pid)
+
+    def poll(self) -> int | None:
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        code = self._server.wait_exit(self.pid, timeout)
+        if code is None:
+            raise subprocess.TimeoutExpired(self.args, timeout or 0.0)
+        return code
+
+    def send_signal(self, sig: int) -> None:
+        if self.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, sig)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+class ForkServer:
+    """`python -m workloads.forkserver`, started on the first workload and kept until
+    `close()`: it forks each workload from an interpreter that has imported torch once
+    (workloads/forkserver.py says why that is safe). When it cannot start or has died,
+    `start()` says so with None and the caller spawns the workload as before."""
+
+    READY_TIMEOUT_S = 60.0  # the server's own start: an interpreter and `import torch`
+
+    def __init__(self) -> None:
+        self._proc: subprocess.Popen | None = None
+        self._lock = threading.Lock()  # one request at a time
+        self._cond = threading.Condition()
+        self._pids: list[int] = []
+        self._exits: dict[int, int] = {}
+        self._ready = False
+        self._failed = False
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    def ensure(self) -> int | None:
+        """The running server's pid (started now if need be), None if it is not available."""
+        with self._lock:
+            return self.pid if self._ensure() else None
+
+    def _ensure(self) -> bool:
+        if self._failed:
+            return False
+        if self._proc is not None and self._proc.poll() is None:
+            return True
+        if self._proc is not None:  # it died: its workloads' exits are no longer known
+            self._failed = True
+            return False
+        self._proc = subprocess.Popen(module_command("workloads.forkserver"),
+                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                      stderr=sys.stderr, env=child_env(), cwd=str(ROOT))
+        threading.Thread(target=self._read, args=(self._proc,), name="fork-server-reader",
+                         daemon=True).start()
+        with self._cond:
+            self._cond.wait_for(lambda: self._ready or self._proc.poll() is not None,
+                                timeout=self.READY_TIMEOUT_S)
+            if not self._ready:
+                self._failed = True
+        return self._ready
+
+    def _read(self, proc: subprocess.Popen) -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            try:
+                msg = json.loads(line)
+            except ValueError:
+                continue
+            with self._cond:
+                if "ready" in msg:
+                    self._ready = True
+                elif "pid" in msg:
+                    self._pids.append(int(msg["pid"]))
+                elif "exit" in msg:
+                    self._exits[int(msg["exit"])] = int(msg["code"])
+                self._cond.notify_all()
+        with self._cond:  # the server ended: nothing more will come
+            self._cond.notify_all()
+
+    def start(self, args: Sequence[str], env: dict[str, str] | None = None) -> Forked | None:
+        """Fork a `workloads.runner` with `args`; None when the server is not available."""
+        with self._lock:
+            if not self._ensure():
+                return None
+            assert self._proc is not None and self._proc.stdin is not None
+            try:
+                self._proc.stdin.write((json.dumps(
+                    {"args": list(args), "env": env if env is not None else child_env()})
+                    + "\n").encode())
+                self._proc.stdin.flush()
+            except (BrokenPipeError, OSError):
+                self._failed = True
+                return None
+            with self._cond:
+                if not self._cond.wait_for(lambda: self._pids or self._proc.poll() is not None,
+                                           timeout=self.READY_TIMEOUT_S) or not self._pids:
+                    self._failed = True
+                    return None
+                return Forked(self, self._pids.pop(0))
+
+    def exit_code(self, pid: int) -> int | None:
+        with self._cond:
+            if pid in self._exits:
+                return self._exits[pid]
+        if self._proc is not None and self._proc.poll() is not None and not _alive(pid):
+            return -signal.SIGKILL  # the server died first: the end is not known, only that
+        return None
+
+    def wait_exit(self, pid: int, timeout: float | None) -> int | None:
+        with self._cond:
+            self._cond.wait_for(lambda: pid in self._exits or (
+                self._proc is not None and self._proc.poll() is not None), timeout=timeout)
+        return self.exit_code(pid)
+
+    def close(self, timeout: float = 5.0) -> None:
+        """End the server (its stdin closed); its workloads were stopped before."""
+        proc, self._proc = self._proc, None
+        self._failed = True
+        if proc is None:
+            return
+        with contextlib.suppress(OSError):
+            assert proc.stdin is not None
+            proc.stdin.close()
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout)
+        if proc.stdout is not None:
+            proc.stdout.close()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
