@@ -73,37 +73,47 @@ def test_gate_fails_a_slower_run_and_knows_a_busier_host(tmp_path, no_leaks):
     settings twice, the second while a process of ours keeps a core busy: slower, but the
     host explains it: not a regression (3, inconclusive, saying why; or 0 within the noise).
     Two runs of the healthy preset (a device-bound step): exit 0."""
+    from monitor.config import LoaderConfig
+    from monitor.manage.measure import measure as measured
+    from monitor.manage.runtime import Runtime
+
     db = str(tmp_path / "c.db")
+    # the five runs come from one Runtime, as `monitor measure` makes each (test_cli.py runs
+    # that command itself): later workloads fork from its server, no interpreter each
+    rt = Runtime(db).start()
 
-    def measure(preset: str, nw: str) -> None:
-        r = cli("measure", "--preset", preset, "--num-workers", nw, "--seconds", "2",
-                "--step-time-ms", "60" if preset == "starving" else "100", "--db", db)
-        assert r.returncode == 0, r.stderr
+    def measure(preset: str, nw: int) -> None:
+        cfg = LoaderConfig.build(preset=preset, num_workers=nw,
+                                 step_time_ms=60.0 if preset == "starving" else 100.0)
+        m = measured(rt, cfg, 2.0)
+        assert m.status == "stopped", m.error
 
-    for preset, nw in [("starving", "2"), ("starving", "0"), ("healthy", "0"),
-                       ("healthy", "0")]:
-        measure(preset, nw)
-    slower = cli("compare", "1", "2", "--db", db, "--json")
-    out = json.loads(slower.stdout)
-    if slower.returncode == 3:  # another process took cores meanwhile: said, with figures
-        assert out["gate"]["text"].startswith("inconclusive: run 2's host was busier ("), out
-    elif slower.returncode == 0:  # a host so loaded that 2 s runs cannot tell: it says so
-        m = re.search(r"\(([-+][\d.]+)%\): within the runs' noise ±([\d.]+)%",
-                      out["gate"]["text"])
-        assert m and abs(float(m.group(1))) <= float(m.group(2)), out["gate"]
-    else:
-        assert slower.returncode == 1, slower.stderr
-        assert out["gate"]["failed"] and "regression" in out["gate"]["text"]
-    assert out["settings_diff"]["num_workers"] == [2, 0]
-    same = cli("compare", "latest~1", "latest", "--db", db)
-    assert same.returncode == 0, same.stdout + same.stderr
-    assert "ok: " in same.stdout and "throughput (samples/s)" in same.stdout
-    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     try:
-        measure("starving", "0")
+        for preset, nw in [("starving", 2), ("starving", 0), ("healthy", 0), ("healthy", 0)]:
+            measure(preset, nw)
+        slower = cli("compare", "1", "2", "--db", db, "--json")
+        out = json.loads(slower.stdout)
+        if slower.returncode == 3:  # another process took cores meanwhile: said, with figures
+            assert out["gate"]["text"].startswith("inconclusive: run 2's host was busier ("), out
+        elif slower.returncode == 0:  # a host so loaded that 2 s runs cannot tell: it says so
+            m = re.search(r"\(([-+][\d.]+)%\): within the runs' noise ±([\d.]+)%",
+                          out["gate"]["text"])
+            assert m and abs(float(m.group(1))) <= float(m.group(2)), out["gate"]
+        else:
+            assert slower.returncode == 1, slower.stderr
+            assert out["gate"]["failed"] and "regression" in out["gate"]["text"]
+        assert out["settings_diff"]["num_workers"] == [2, 0]
+        same = cli("compare", "latest~1", "latest", "--db", db)
+        assert same.returncode == 0, same.stdout + same.stderr
+        assert "ok: " in same.stdout and "throughput (samples/s)" in same.stdout
+        busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+        try:
+            measure("starving", 0)
+        finally:
+            busy.kill()
+            busy.wait()
     finally:
-        busy.kill()
-        busy.wait()
+        rt.close()
     host = cli("compare", "2", "latest", "--db", db, "--json")
     out = json.loads(host.stdout)
     a, b = out["host"]
