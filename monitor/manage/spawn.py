@@ -25,6 +25,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 ROOT = Path(__file__).resolve().parents[2]  # the folder that holds monitor/ and workloads/
 PACKAGE = ROOT / "monitor"
 INJECT = PACKAGE / "probe" / "_inject"
@@ -229,7 +231,7 @@ class ForkServer:
         with self._cond:
             if pid in self._exits:
                 return self._exits[pid]
-        if self._proc is not None and self._proc.poll() is not None and not _alive(pid):
+        if self._proc is not None and self._proc.poll() is not None and not psutil.pid_exists(pid):
             return -signal.SIGKILL  # the server died first: the end is not known, only that
         return None
 
@@ -255,13 +257,3 @@ class ForkServer:
             proc.wait(timeout)
         if proc.stdout is not None:
             proc.stdout.close()
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
