@@ -163,26 +163,32 @@ def test_calibrated_preset_meets_the_same_device_in_later_runs(store, no_leaks):
 
 
 def test_later_workloads_are_forked_from_one_server_and_its_death_falls_back(manager, store):
-    """Each workload after the first is forked by the manager's fork server (torch imported
-    once): its parent is the server, it runs and is reaped with its real exit status. A
-    server that died leaves the next start to a fresh interpreter, as before."""
+    """The first workload is spawned (a manager that runs one never starts the server); each
+    later one is forked by the manager's fork server (torch imported once): its parent is
+    the server, it runs and is reaped with its real exit status. A server that died leaves
+    the next start to a fresh interpreter, as before."""
     first = manager.start()
     assert manager.wait_for_steps(3, timeout=90)
+    assert psutil.Process(manager.pid).parent().pid == os.getpid()
+    t0 = time.monotonic()
+    manager.start()
+    assert manager.wait_for_steps(3, timeout=90)
+    print(f"second workload's first 3 steps {time.monotonic() - t0:.2f} s after its start")
+    assert store.run(first)["status"] == "stopped"
     server = psutil.Process(manager.pid).parent()
     assert "workloads.forkserver" in " ".join(server.cmdline())
     assert server.parent().pid == os.getpid()
     t0 = time.monotonic()
-    second = manager.start()
+    third = manager.start()
     assert manager.wait_for_steps(3, timeout=90)
-    print(f"second workload's first 3 steps {time.monotonic() - t0:.2f} s after its start")
-    assert store.run(first)["status"] == "stopped"
+    print(f"third workload's first 3 steps {time.monotonic() - t0:.2f} s after its start")
     assert psutil.Process(manager.pid).parent().pid == server.pid
     psutil.Process(manager.pid).send_signal(signal.SIGKILL)
-    assert wait_for(lambda: store.run(second)["status"] == "failed", timeout=30)
-    assert "killed by signal 9 (SIGKILL)" in store.run(second)["error"]
+    assert wait_for(lambda: store.run(third)["status"] == "failed", timeout=30)
+    assert "killed by signal 9 (SIGKILL)" in store.run(third)["error"]
     server.kill()
     server.wait(10)
-    third = manager.start()
-    assert manager.wait_for_steps(3, timeout=90), store.run(third)
+    fourth = manager.start()
+    assert manager.wait_for_steps(3, timeout=90), store.run(fourth)
     assert psutil.Process(manager.pid).parent().pid == os.getpid()  # spawned by us
     assert "workloads.runner" in " ".join(psutil.Process(manager.pid).cmdline())

@@ -94,8 +94,9 @@ class SessionManager:
         self.last_error: str | None = None
         self._proc: subprocess.Popen | spawn.Forked | None = None
         self._children: dict[int, psutil.Process] = {}
-        # workloads are forked from a server that has imported torch once (spawn.ForkServer);
-        # STARVATION_MONITOR_FORKSERVER=0 spawns each in a fresh interpreter instead
+        # later workloads are forked from a server that imported torch once
+        # (spawn.ForkServer); STARVATION_MONITOR_FORKSERVER=0 spawns each in a fresh
+        # interpreter instead
         self._forks = spawn.ForkServer() \
             if os.environ.get("STARVATION_MONITOR_FORKSERVER", "1") != "0" else None
         self._lock = threading.RLock()
@@ -123,10 +124,13 @@ class SessionManager:
             return run_id
 
     def _spawn(self, run_id: int, cfg: LoaderConfig) -> subprocess.Popen | spawn.Forked:
-        """The workload process: forked by the fork server, or spawned where it is not
-        available (it could not start, or died)."""
+        """The workload process: forked by the fork server from the second run on (or from
+        the first after `warm()`), else spawned. A manager that runs one workload (`monitor
+        measure`, a page opened once) never starts the server, and the first start never
+        waits for it."""
         path, config = str(self.store.path), cfg.to_dict()
-        server = self._forks.ensure() if self._forks is not None else None
+        server = self._forks.ensure() \
+            if self._forks is not None and (self.started_once or self._forks.pid) else None
         if server is not None:
             proc = self._forks.start(workload_args(path, run_id, config, server))
             if proc is not None:

@@ -82,10 +82,13 @@ class Experiments:
         return psutil.virtual_memory().available / (1024 * 1024)
 
     def sweep(self, configs: list[LoaderConfig], state: SweepState | None = None) -> SweepState:
+        if len(configs) > 1:
+            self.rt.manager.warm()  # every configuration forked from one server
         return run_sweep(configs, self.measure, state or SweepState("sweep", len(configs)),
                          self.cancel, self.available_mb())
 
     def tune(self, base: LoaderConfig, max_workers: int, budget_s: float | None = None,
              state: SweepState | None = None) -> SweepState:
+        self.rt.manager.warm()
         return autotune(base, self.measure, max_workers, budget_s, state, self.cancel,
                         memory_budget=memory_budget_mb(self.rt.memory_budget_mb))
