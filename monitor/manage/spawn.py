@@ -206,15 +206,16 @@ class ForkServer:
         with self._cond:  # the server ended: nothing more will come
             self._cond.notify_all()
 
-    def start(self, args: Sequence[str], env: dict[str, str] | None = None) -> Forked | None:
-        """Fork a `workloads.runner` with `args`; None when the server is not available."""
+    def start(self, args: Sequence[str]) -> Forked | None:
+        """Fork a `workloads.runner` with `args` and our children's environment now (as
+        `start` gives a spawned one); None when the server is not available."""
         with self._lock:
             if not self._ensure():
                 return None
             assert self._proc is not None and self._proc.stdin is not None
             try:
                 self._proc.stdin.write((json.dumps(
-                    {"args": list(args), "env": env if env is not None else child_env()})
+                    {"args": list(args), "env": child_env()})
                     + "\n").encode())
                 self._proc.stdin.flush()
             except (BrokenPipeError, OSError):
