@@ -17,6 +17,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from monitor.diagnosis import NO_DATA, VERDICTS
 from tests.conftest import wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -24,6 +25,9 @@ CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
 ARTIFACTS = ROOT / "artifacts"
 # UPDATE_SCREENSHOTS=1 writes the README's pictures (docs/img/) instead of artifacts/
 SHOTS = ROOT / "docs" / "img" if os.environ.get("UPDATE_SCREENSHOTS") else ARTIFACTS
+# the banner of any verdict ("no data" shows its sentence alone, with no verdict before it)
+VERDICT_BANNER = re.compile(
+    "^(" + "|".join(re.escape(v) for v in VERDICTS if v != NO_DATA) + ") · ")
 
 
 def console_errors(page) -> list[str]:
@@ -100,9 +104,7 @@ def test_page_shows_sawtooth_and_reacts_to_num_workers(server):
 
 
 def _banner(page) -> str:
-    return page.get_by_text(re.compile(
-        r"^(healthy|starving|cpu-bound|io-bound|oversubscribed|epoch-stall) · ")).first \
-        .inner_text()
+    return page.get_by_text(VERDICT_BANNER).first.inner_text()
 
 
 def _sawtooth_then_flat(url: str) -> tuple[str, str]:

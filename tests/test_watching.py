@@ -14,7 +14,7 @@ import pytest
 
 from monitor.store import Store
 from tests.conftest import wait_for
-from tests.test_browser import launch, server  # noqa: F401  (the served dashboard)
+from tests.test_browser import VERDICT_BANNER, launch, server  # noqa: F401  (the served dashboard)
 
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
@@ -45,7 +45,7 @@ def test_the_page_watches_a_live_job_and_follows_a_new_one(server):  # noqa: F81
             page.goto(url)
             expect(page.get_by_text("live: run 1 · job-a · running").first).to_be_visible(
                 timeout=60_000)
-            banner = page.get_by_text(re.compile(r"^(healthy|starving|cpu-bound) · ")).first
+            banner = page.get_by_text(VERDICT_BANNER).first
             expect(banner).to_be_visible(timeout=30_000)
             # the page started nothing of its own: no managed workload beside the job
             kids = [" ".join(k.cmdline()) for k in psutil.Process(proc.pid).children(True)]
@@ -81,14 +81,18 @@ def test_the_page_watches_a_live_job_and_follows_a_new_one(server):  # noqa: F81
             # a shared machine's busy core) the browser's redraw waits for a CPU: 2.8 and
             # 4.1 s were seen there, so a saturated host gets the larger bound
             assert took <= (6.0 if cpu >= SATURATED_PCT else 3.5), (took, cpu)
-            # its first verdict: 5 s asked from its first steps (the verdict needs a few
-            # steps, then a tick of the page); beside a busy suite a rerun waits for a core
-            verdict = page.get_by_text(re.compile(r"^(healthy|starving|cpu-bound) · ")).first
+            # its first verdict, whichever the evidence supports (on a saturated host it may
+            # be warm-up or oversubscribed first; a later one holds 10 s before it shows, so
+            # waiting for a particular one timed the hold: 14 s once in CI): 5 s asked from
+            # its first steps (a few steps, then a tick of the page); beside a busy suite a
+            # rerun waits for a core
+            verdict = page.get_by_text(VERDICT_BANNER).first
             expect(verdict).to_be_visible(timeout=30_000)
-            shown = time.time()
+            shown, said = time.time(), verdict.inner_text()
             first_step = float(store.steps(2)["ts"].min())
-            print(f"run 2's first verdict {shown - first_step:.1f} s after its first step")
-            assert shown - first_step <= 7.0, shown - first_step
+            print(f"run 2's first verdict {shown - first_step:.1f} s after its first step: "
+                  f"{said[:80]}")
+            assert shown - first_step <= 7.0, (shown - first_step, said)
             browser.close()
     finally:
         for job in (first, second):
