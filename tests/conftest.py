@@ -142,6 +142,7 @@ def fake_torch(**cuda: object):
             sys.modules["torch"] = old
 
 
+@pytest.hookimpl(tryfirst=True)  # the group marks must be there before xdist reads them
 def pytest_collection_modifyitems(config, items):
     """Browser tests run one after another on one xdist worker (`--dist loadgroup`: two
     Chromiums and their pages side by side starve each other on two cores). `gpu` tests run
