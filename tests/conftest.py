@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import signal
 import sys
 import threading
 import time
@@ -140,6 +141,16 @@ def fake_torch(**cuda: object):
             sys.modules.pop("torch", None)
         else:
             sys.modules["torch"] = old
+
+
+def pytest_configure(config):
+    """A suite started from a shell without job control (`(make test &)`, a script's
+    background job) inherits SIGINT ignored, and an ignored signal stays ignored across exec:
+    every process the tests start would shrug off the Ctrl-C they send it (seen: the SIGINT
+    tests timed out, a sweep exited 0 instead of 130). Python's own handler is restored here,
+    in the controller and in each xdist worker, so the children start with the default."""
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.hookimpl(tryfirst=True)  # the group marks must be there before xdist reads them
