@@ -83,9 +83,9 @@ def test_the_page_watches_a_live_job_and_follows_a_new_one(server):  # noqa: F81
             assert took <= (6.0 if cpu >= SATURATED_PCT else 3.5), (took, cpu)
             # its first verdict, whichever the evidence supports (on a saturated host it may
             # be warm-up or oversubscribed first; a later one holds 10 s before it shows, so
-            # waiting for a particular one timed the hold: 14 s once in CI): 5 s asked from
-            # its first steps (a few steps, then a tick of the page); beside a busy suite a
-            # rerun waits for a core
+            # waiting for a particular one times the hold: likely the 14 s seen once in CI):
+            # 5 s asked from its first steps (a few steps, then a tick of the page); beside a
+            # busy suite a rerun waits for a core
             verdict = page.get_by_text(VERDICT_BANNER).first
             expect(verdict).to_be_visible(timeout=30_000)
             shown, said = time.time(), verdict.inner_text()
