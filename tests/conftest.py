@@ -145,12 +145,16 @@ def fake_torch(**cuda: object):
 
 def pytest_configure(config):
     """A suite started from a shell without job control (`(make test &)`, a script's
-    background job) inherits SIGINT ignored, and an ignored signal stays ignored across exec:
-    every process the tests start would shrug off the Ctrl-C they send it (seen: the SIGINT
-    tests timed out, a sweep exited 0 instead of 130). Python's own handler is restored here,
-    in the controller and in each xdist worker, so the children start with the default."""
+    background job) inherits SIGINT ignored, and one started under `nohup` SIGHUP; an
+    ignored signal stays ignored across exec, so every process the tests start would shrug
+    off the signals they send it (seen: the SIGINT and SIGHUP tests timed out, a sweep
+    exited 0 instead of 130). The defaults are restored here, in the controller and in each
+    xdist worker, so the children start with them."""
     if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
+    for sig in (signal.SIGHUP, signal.SIGTERM):
+        if signal.getsignal(sig) is signal.SIG_IGN:
+            signal.signal(sig, signal.SIG_DFL)
 
 
 @pytest.hookimpl(tryfirst=True)  # the group marks must be there before xdist reads them
