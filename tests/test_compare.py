@@ -95,6 +95,13 @@ def test_gate_fails_a_slower_run_and_knows_a_busier_host(tmp_path, no_leaks):
         out = json.loads(slower.stdout)
         if slower.returncode == 3:  # another process took cores meanwhile: said, with figures
             assert out["gate"]["text"].startswith("inconclusive: run 2's host was busier ("), out
+        elif slower.returncode == 0 and "faster" in out["gate"]["text"]:
+            # 0 workers measured faster: only where run 1's two loaders were measured waiting
+            # for a CPU (a saturated host: seen once, 211 against 138 samples/s)
+            from monitor.thresholds import RUNQ_CONTENTION_SHARE
+            runq = out["host"][0]["loaders_runq_share"] or 0.0
+            print(f"run 1's loaders waited {runq:.0%} of their time for a CPU")
+            assert runq >= RUNQ_CONTENTION_SHARE, out
         elif slower.returncode == 0:  # a host so loaded that 2 s runs cannot tell: it says so
             m = re.search(r"\(([-+][\d.]+)%\): within the runs' noise ±([\d.]+)%",
                           out["gate"]["text"])
