@@ -65,8 +65,16 @@ def calibrate(dataset: Any, n: int = 64) -> float:
     return (time.perf_counter() - t) / n
 
 
-def shutdown_iterator(it: Any) -> None:
-    """Stop a DataLoader iterator's worker processes now rather than at garbage collection."""
+def shutdown_iterator(it: Any, stuck: bool = False) -> None:
+    """Stop a DataLoader iterator's worker processes now rather than at garbage collection.
+    `stuck`: the watchdog found the loader stuck, so its workers may never read the shutdown
+    signal; they are terminated first (torch would wait MP_STATUS_CHECK_INTERVAL, 5 s, for
+    each before terminating it)."""
+    if stuck:
+        for w in getattr(it, "_workers", None) or ():
+            with contextlib.suppress(Exception):
+                if w.is_alive():
+                    w.terminate()
     shutdown = getattr(it, "_shutdown_workers", None)
     if shutdown is not None:
         shutdown()
@@ -144,10 +152,10 @@ class ManagedWorkload:
             raise WorkloadError(f"{u.spec}: the dataset is empty (len() is 0)")
         return DataLoader(self.dataset, shuffle=not u.iterable, collate_fn=u.collate_fn, **kw)
 
-    def _close_loader(self) -> None:
-        shutdown_iterator(self.probe.current_iterator)
-        if self.loader is not None:
-            shutdown_iterator(getattr(self.loader, "_iterator", None))  # persistent workers
+    def _close_loader(self, stuck: bool = False) -> None:
+        shutdown_iterator(self.probe.current_iterator, stuck)
+        if self.loader is not None:  # persistent workers
+            shutdown_iterator(getattr(self.loader, "_iterator", None), stuck)
         self.probe.current_iterator = None
         self.loader = None
 
@@ -251,8 +259,9 @@ class ManagedWorkload:
                     self._apply(self.pending)
                     self.loader = self._build_loader()
         finally:
+            stuck = self.watchdog.stalled  # (stop() closes the stall)
             self.watchdog.stop()
-            self._close_loader()
+            self._close_loader(stuck)
             self.probe.flush_final()
             self._close_requests()
         return self.stop_reason or "stopped"

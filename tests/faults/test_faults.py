@@ -113,6 +113,44 @@ def test_a_hung_dataset_is_named_and_measure_ends(tmp_path, no_leaks, workers):
     intact(db)
 
 
+class _Hangs:
+    """A dataset whose every read hangs; each worker leaves a mark once it is inside one."""
+
+    def __init__(self, marks: Path) -> None:
+        self.marks = marks
+
+    def __len__(self) -> int:
+        return 100
+
+    def __getitem__(self, i: int):
+        (self.marks / str(os.getpid())).touch()
+        while True:
+            time.sleep(3600)  # sleep-ok: the hang is the fault under test
+
+
+def test_a_stuck_loaders_workers_are_terminated_not_waited_for(tmp_path, monkeypatch, no_leaks):
+    """When the watchdog has found the loader stuck, closing it terminates its workers at
+    once: torch's own shutdown first waits MP_STATUS_CHECK_INTERVAL for each worker to read
+    the stop signal, which a worker asleep in __getitem__ never does (seen: measure took
+    7 s to end a hung 2-worker run after failing it). The interval is made 30 s here, so a
+    shutdown that waits on it cannot pass."""
+    import torch.utils.data._utils as data_utils
+    from torch.utils.data import DataLoader
+
+    from workloads.runner import shutdown_iterator
+
+    monkeypatch.setattr(data_utils, "MP_STATUS_CHECK_INTERVAL", 30.0)
+    it = iter(DataLoader(_Hangs(tmp_path), batch_size=2, num_workers=2))
+    workers = list(it._workers)
+    assert wait_for(lambda: len(list(tmp_path.iterdir())) == 2, timeout=60), \
+        "the workers never reached __getitem__"
+    t = time.monotonic()
+    shutdown_iterator(it, stuck=True)
+    took = time.monotonic() - t
+    assert not any(w.is_alive() for w in workers)
+    assert took < 15, f"the shutdown waited {took:.1f} s for hung workers"
+
+
 def test_no_first_batch_is_named_within_the_startup_allowance(tmp_path, no_leaks):
     """A dataset that hangs in its first __getitem__: no batch ever, no history; the start-up
     allowance (4 s here, 30 s by default) names it, and measure fails the run."""
