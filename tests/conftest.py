@@ -51,22 +51,41 @@ def descendants() -> set[int]:
 
 
 class PidTracker:
-    """Every descendant PID seen while a test runs (sampled every 50 ms in a daemon thread),
+    """Every descendant PID seen while a test runs (polled every 50 ms in a daemon thread),
     so that /dev/shm segments can be traced to this test's processes: torch and Intel's
-    OpenMP name theirs by the creating PID."""
+    OpenMP name theirs by the creating PID. Each poll lists /proc and reads the parent of
+    new PIDs only (a full process-tree walk every 50 ms cost more CPU than many tests)."""
 
     def __init__(self) -> None:
-        self.seen: set[int] = {os.getpid()}
+        self.seen: set[int] = {os.getpid()} | descendants()
+        self._parent: dict[int, int | None] = {}  # PIDs listed at the last poll -> parent
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="pid-tracker", daemon=True)
         self._thread.start()
 
+    @staticmethod
+    def _ppid(pid: int) -> int | None:
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                raw = f.read()
+            return int(raw[raw.rfind(b")") + 2:].split()[1])
+        except (OSError, ValueError, IndexError):
+            return None
+
+    def poll(self) -> None:
+        listed = {int(n) for n in os.listdir("/proc") if n.isdigit()}
+        parent = {pid: self._parent[pid] if pid in self._parent else self._ppid(pid)
+                  for pid in listed}  # a PID gone and reused between two polls is missed
+        self._parent = parent
+        grew = True
+        while grew:  # a new child of a new child: until nothing more joins
+            new = {pid for pid, pp in parent.items() if pp in self.seen} - self.seen
+            self.seen |= new
+            grew = bool(new)
+
     def _loop(self) -> None:
         while not self._stop.wait(0.05):
-            try:
-                self.seen |= descendants()
-            except psutil.Error:
-                pass
+            self.poll()
 
     def stop(self) -> set[int]:
         self._stop.set()
