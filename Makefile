@@ -33,11 +33,14 @@ run: $(VENV)/.runtime
 		$(if $(or $(WORKLOAD),$(METRICS_PORT)),--) $(if $(WORKLOAD),--workload $(WORKLOAD)) \
 		$(if $(METRICS_PORT),--metrics-port $(METRICS_PORT))
 
-# Two pytest workers: most of a test's time is a child process starting (python, torch); the
-# timing-sensitive tests check the measured evidence, neighbours included. Browser tests
-# share one worker (loadgroup: conftest.py). Three workers were slower on 2 cores (673 s
-# against 642 s) and starved the browser tests.
-TEST_WORKERS ?= 2
+# Three pytest workers on 2 cores: the suite is CPU-bound (children starting: python,
+# torch) and beside another busy process a third worker's runnable processes take a larger
+# share of the cores. Measured with a busy core, pairs run one after the other: 495 s with
+# two workers, 453 s with three (an earlier pair: 517 and 493); the machine's idle time went
+# from 25 s to 2 s. The timing-sensitive tests check the measured evidence, neighbours
+# included. Browser tests share one worker (loadgroup: conftest.py); before they did, three
+# workers were slower (673 s against 642 s) with two Chromiums side by side.
+TEST_WORKERS ?= 3
 
 test: $(VENV)/.dev
 	$(PY) -m ruff check .
