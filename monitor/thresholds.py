@@ -96,6 +96,15 @@ MIN_STEP_GAIN = 0.03
 # below 20 steps the batch-means noise of a stretch is mostly worker start-up.
 AUTOTUNE_MIN_STEPS = 20
 
+# -- predictions checked against outcomes (monitor/assess/outcomes.py) ----------------------
+# An outcome needs this many steps of its setting (after its start-up) and reads at most
+# OUTCOME_MAX_STEPS; one outcome's measured / predicted is clipped to OUTCOME_SCALE_RANGE,
+# and a limit's learnt scale is the mean of about the last OUTCOME_SCALE_MEMORY outcomes.
+OUTCOME_MIN_STEPS = 10
+OUTCOME_MAX_STEPS = 200
+OUTCOME_SCALE_RANGE = (0.5, 1.5)
+OUTCOME_SCALE_MEMORY = 10
+
 # -- noise (compare, the tune search, live autotune) ---------------------------------------------
 # A measurement's noise is the standard error of its parts' throughputs (batch means): the
 # steady window cut into NOISE_PARTS consecutive parts, SE = stdev(parts) / sqrt(parts). Two

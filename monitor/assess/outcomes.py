@@ -7,9 +7,10 @@ of the learnt scales is monitor/manage/context.py's `learn`.
 A prediction is an event whose data holds `predicted` (samples/s) and the settings asked for.
 Its outcome is the first loader generation (`config_seq`) that ran after a config event with
 those settings: its throughput, samples / Σ(wait + compute), over its steps after its start-up
-(the batches in flight, at least two steps), when at least MIN_STEPS are left, at most
-MAX_STEPS. An outcome is final once it has MAX_STEPS or its generation has ended; the page
-reads each prediction's steps until then, and never again.
+(the batches in flight, at least two steps), when at least OUTCOME_MIN_STEPS are left, at
+most OUTCOME_MAX_STEPS (both in monitor/thresholds.py). An outcome is final once it has
+OUTCOME_MAX_STEPS or its generation has ended; the page reads each prediction's steps until
+then, and never again.
 """
 from __future__ import annotations
 
@@ -20,15 +21,17 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 
 from monitor.config import DEFAULT_PREFETCH, LIVE_SETTINGS
+from monitor.thresholds import (
+    OUTCOME_MAX_STEPS,
+    OUTCOME_MIN_STEPS,
+    OUTCOME_SCALE_MEMORY,
+    OUTCOME_SCALE_RANGE,
+)
 
 if TYPE_CHECKING:
     from monitor.store import Store
 
-MIN_STEPS = 10  # fewer steps under the setting: no outcome yet
-MAX_STEPS = 200  # an outcome measures at most this many steps of its setting
 SCALE_KEY = "prediction_scales"  # meta: {limit: {"scale": s, "n": outcomes learnt from}}
-SCALE_RANGE = (0.5, 1.5)  # one outcome's measured / predicted, clipped to this
-SCALE_MEMORY = 10  # the scale is the mean of about the last this many outcomes
 SPAN_S = 300.0  # how long after the last prediction its setting's steps are read
 ADVICE = "advice"  # the event kind of an advice applied from the page
 
@@ -49,7 +52,7 @@ def _matches(config: dict[str, Any], target: dict[str, Any]) -> bool:
 
 def outcomes(events: pd.DataFrame, steps: pd.DataFrame) -> list[dict[str, Any]]:
     """[{change, source, predicted, measured, error, steps}] in the order they were applied;
-    `measured` None (and `error` None) while the setting has run fewer than MIN_STEPS."""
+    `measured` None (and `error` None) while the setting has run fewer than OUTCOME_MIN_STEPS."""
     if events.empty or "data" not in events.columns:
         return []
     ev = events.assign(d=events["data"].map(_data)).sort_values("ts")
@@ -83,11 +86,11 @@ def outcomes(events: pd.DataFrame, steps: pd.DataFrame) -> list[dict[str, Any]]:
             s = s[s["config_seq"] == first]
         nw = int(target.get("num_workers") or 0)
         skip = max(2, nw * int(target.get("prefetch_factor") or DEFAULT_PREFETCH))
-        s = s.iloc[skip:skip + MAX_STEPS]
+        s = s.iloc[skip:skip + OUTCOME_MAX_STEPS]
         row["steps"] = len(s)
-        row["final"] = ended or len(s) == MAX_STEPS
+        row["final"] = ended or len(s) == OUTCOME_MAX_STEPS
         loop = float(s["wait_s"].sum() + s["compute_s"].sum())
-        if len(s) >= MIN_STEPS and loop > 0:
+        if len(s) >= OUTCOME_MIN_STEPS and loop > 0:
             row["measured"] = float(s["samples"].sum()) / loop
             row["error"] = row["predicted"] / row["measured"] - 1
     return out
@@ -144,10 +147,10 @@ def fold(state: dict[str, dict[str, float]],
     """The machine's scales (`state`: limit -> {scale, n}, as `state_of` reads them) with a
     run's measured outcomes folded in. Their predictions were made with the scale of their
     time, so each outcome's measured / predicted is what is still off: its limit's scale
-    moves by it, a running mean over about SCALE_MEMORY outcomes (the first one corrects
+    moves by it, a running mean over about OUTCOME_SCALE_MEMORY outcomes (the first one corrects
     fully). Outcomes whose limit is unknown teach nothing."""
     scales = {k: dict(v) for k, v in state.items()}
-    lo, hi = SCALE_RANGE
+    lo, hi = OUTCOME_SCALE_RANGE
     for r in rows:
         if not (r.get("measured") and r.get("predicted") and r.get("limit")):
             continue
@@ -155,7 +158,7 @@ def fold(state: dict[str, dict[str, float]],
         off = min(hi, max(lo, r["measured"] / r["predicted"]))
         k["n"] = n = int(k.get("n", 0)) + 1
         k["scale"] = round(min(hi, max(lo, float(k.get("scale", 1.0))
-                                       * (1 + (off - 1) / min(n, SCALE_MEMORY)))), 4)
+                                       * (1 + (off - 1) / min(n, OUTCOME_SCALE_MEMORY)))), 4)
     return scales
 
 
