@@ -33,9 +33,15 @@ def data_wait_share(steps: pd.DataFrame) -> float:
     return wait / total if total > 0 else float("nan")
 
 
+def starts(steps: pd.DataFrame) -> pd.Series:
+    """When each step began: when it asked for its batch (a step's data wait is
+    [ts - wait_s, ts], monitor/records.py)."""
+    return steps["ts"] - steps["wait_s"]
+
+
 def span(steps: pd.DataFrame) -> tuple[float, float]:
     """(start, end) of the steps: first wait start to last compute end."""
-    start = float((steps["ts"] - steps["wait_s"]).min())
+    start = float(starts(steps).min())
     end = float((steps["ts"] + steps["compute_s"]).max())
     return start, end
 
@@ -281,7 +287,7 @@ def steady_state(steps: pd.DataFrame, warmup_s: float) -> pd.DataFrame:
     """Steps after the first `warmup_s` seconds of the run (worker start-up, first batches)."""
     if steps.empty:
         return steps
-    return steps[steps["ts"] - steps["wait_s"] >= span(steps)[0] + warmup_s]
+    return steps[starts(steps) >= span(steps)[0] + warmup_s]
 
 
 def downsample(df: pd.DataFrame, max_points: int, time_col: str = "t",

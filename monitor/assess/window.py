@@ -154,7 +154,7 @@ def _warmup(store: Store, run_id: int, steady: pd.DataFrame, last: float,
         first, steady = first[first["rank"] == low], steady[steady["rank"] == low]
     steady_step = float((steady["wait_s"] + steady["compute_s"]).median()) \
         if not steady.empty else math.nan
-    run_s = last - float(first["ts"].iloc[0] - first["wait_s"].iloc[0])
+    run_s = last - float(analysis.starts(first).iloc[0])
     return analysis.warmup(first, steady_step, run_s)
 
 
@@ -169,7 +169,7 @@ def recent_window(run: dict[str, Any], steps: pd.DataFrame, host: pd.DataFrame,
         since = float(cfg["ts"].iloc[-1])
         if since > end - KPI_WINDOW_S:
             settle = warmup_seconds(KPI_WINDOW_S)
-            steps = steps[steps["ts"] - steps["wait_s"] >= since + settle]
+            steps = steps[analysis.starts(steps) >= since + settle]
             caption = (f"{end - since:.0f} s since the last change"
                        if len(steps) >= VERDICT_MIN_STEPS else "settling after the last change")
     if not host.empty and not steps.empty:

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 
 from monitor import control, thresholds
-from monitor.assess.analysis import span
+from monitor.assess.analysis import span, starts
 from monitor.assess.window import Context, Window, assess
 from monitor.config import DEFAULT_PREFETCH, LIVE_SETTINGS
 from monitor.thresholds import (
@@ -172,8 +172,7 @@ def _epoch_end(take: pd.DataFrame, rest: pd.DataFrame, done: int | None,
     nxt = rest[rest["epoch"] > last]
     if nxt.empty:
         return None
-    first = nxt.sort_values("ts").iloc[0]
-    return float(first["ts"] - first["wait_s"])
+    return float(starts(nxt.sort_values("ts").iloc[:1]).iloc[0])
 
 
 def std_error(steps: pd.DataFrame, in_flight: int) -> float | None:
