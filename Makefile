@@ -11,7 +11,9 @@ PORT   ?= 8501
 # installs skip it, and modules are compiled when first imported: WARM (what the dashboard
 # and the workload import) at install, whatever PYTHONDONTWRITEBYTECODE says, and the suite
 # runs with bytecode writing on, so each module is compiled once, not in every process.
-PIP  := $(PY) -m pip install -q --no-compile
+# constraints.txt pins this machine's torch for this venv only (see that file): the package's
+# own dependencies leave an installed torch alone.
+PIP  := $(PY) -m pip install -q --no-compile -c constraints.txt
 WARM := torch torch.utils.data numpy pandas pyarrow streamlit streamlit.web.bootstrap \
 	plotly.graph_objects plotly.io psutil pynvml prometheus_client rich.live tsdownsample
 
@@ -19,7 +21,7 @@ $(PY):
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 
-$(VENV)/.runtime: requirements.txt | $(PY)
+$(VENV)/.runtime: requirements.txt constraints.txt | $(PY)
 	$(PIP) -r requirements.txt
 	PYTHONDONTWRITEBYTECODE= $(PY) -c "import importlib, sys; [importlib.import_module(m) for m in sys.argv[1:]]" $(WARM)
 	touch $@

@@ -46,6 +46,25 @@ def test_wheel_holds_the_packages_the_dependencies_and_the_console_script(wheel)
     assert "starvation-monitor = monitor.cli.main:console" in entry
 
 
+def test_the_package_never_asks_to_replace_an_installed_torch(wheel):
+    """A user's `pip install` keeps the torch (and torchvision) of their training venv: the
+    package declares torch with no upper bound, so a newer release satisfies it as it is;
+    this checkout's own venv is pinned through constraints.txt, which make passes to pip."""
+    from packaging.requirements import Requirement
+
+    with zipfile.ZipFile(wheel) as z:
+        meta = z.read(next(n for n in z.namelist() if n.endswith("METADATA"))).decode()
+    reqs = [Requirement(ln[len("Requires-Dist: "):]) for ln in meta.splitlines()
+            if ln.startswith("Requires-Dist: ")]
+    torch = [r for r in reqs if r.name == "torch"]
+    assert len(torch) == 1 and not [r for r in reqs if r.name == "torchvision"]
+    for installed in ("2.13.0+cpu", "2.14.1", "2.14.1+cu128", "3.0.0"):
+        assert torch[0].specifier.contains(installed, prereleases=True), installed
+    makefile = (ROOT / "Makefile").read_text()
+    assert "-c constraints.txt" in makefile
+    assert "torch" in (ROOT / "constraints.txt").read_text()
+
+
 def test_installed_elsewhere_it_runs_from_any_folder(wheel, tmp_path):
     site = tmp_path / "site"
     r = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps",
