@@ -60,3 +60,21 @@ def test_doctor_runs_here_and_names_the_cpu_torch(tmp_path):
     assert r.returncode in (0, 1), r.stderr
     assert "torch 2." in r.stdout and "/dev/shm" in r.stdout and "schedstat" in r.stdout
     assert r.stdout.strip().splitlines()[-1].endswith("failing")
+
+
+def test_torchvision_built_for_another_torch_is_named_with_the_pair_to_install():
+    """pip replaced torch 2.14.1 with 2.13.0 under a torchvision 0.29.1 (its wheel pins
+    torch==2.14.1): the import fails and timm with it; doctor names both versions."""
+    bad = doctor.vision_check({"v": "2.13.0+cpu", "tv": "0.29.1",
+                               "tv_needs": ["torch==2.14.1"],
+                               "tv_error": "RuntimeError: operator torchvision::nms does "
+                                           "not exist"})
+    assert bad.status == doctor.FAIL
+    assert "built for torch 2.14.1" in bad.what and "2.13.0+cpu" in bad.what
+    assert "torch==2.14.1 torchvision==0.29.1" in bad.todo
+    ok = doctor.vision_check({"v": "2.14.1+cu128", "tv": "0.29.1",
+                              "tv_needs": ["torch==2.14.1"]})
+    assert ok.status == doctor.OK
+    broken = doctor.vision_check({"v": "2.14.1", "tv": "0.29.1", "tv_needs": [],
+                                  "tv_error": "ImportError: libcudart.so.12"})
+    assert broken.status == doctor.FAIL and "does not import" in broken.what

@@ -31,22 +31,62 @@ class Check:
         return f"{self.status:>4}  {self.what}" + (f"\n      → {self.todo}" if self.todo else "")
 
 
-def torch_check(python: str = sys.executable) -> Check:
-    code = ("import json, torch; c = torch.cuda; print(json.dumps({'v': torch.__version__, "
-            "'cuda': torch.version.cuda, 'ok': c.is_available(), "
-            "'n': c.device_count() if c.is_available() else 0}))")
+# Asked in the training interpreter: torch's build, and torchvision's version, the torch it
+# was built for (its wheel pins one release) and whether it imports beside this torch.
+TORCH_PROBE = """
+import json, importlib.metadata as md, torch
+c = torch.cuda
+out = {'v': torch.__version__, 'cuda': torch.version.cuda, 'ok': c.is_available(),
+       'n': c.device_count() if c.is_available() else 0}
+try:
+    out['tv'] = md.version('torchvision')
+    out['tv_needs'] = [r for r in (md.requires('torchvision') or [])
+                       if r.replace(' ', '').startswith('torch==')]
     try:
-        r = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=120)
+        import torchvision
+    except Exception as exc:
+        out['tv_error'] = f'{type(exc).__name__}: {exc}'
+except md.PackageNotFoundError:
+    pass
+print(json.dumps(out))
+"""
+
+
+def torch_check(python: str = sys.executable) -> list[Check]:
+    try:
+        r = subprocess.run([python, "-c", TORCH_PROBE], capture_output=True, text=True,
+                           timeout=120)
         info = json.loads(r.stdout.strip().splitlines()[-1])
     except (subprocess.TimeoutExpired, ValueError, IndexError, OSError):
-        return Check(FAIL, f"torch does not import in {python}",
-                     "install torch in the training environment (pip install torch)")
+        return [Check(FAIL, f"torch does not import in {python}",
+                      "install torch in the training environment (pip install torch)")]
+    out = [vision_check(info)] if info.get("tv") else []
     if info["ok"]:
-        return Check(OK, f"torch {info['v']}, CUDA {info['cuda']}, {info['n']} device(s)")
+        return [Check(OK, f"torch {info['v']}, CUDA {info['cuda']}, {info['n']} device(s)")] \
+            + out
     why = "a CPU build" if not info["cuda"] else f"CUDA {info['cuda']} build, no device seen"
-    return Check(WARN, f"torch {info['v']}: {why}",
-                 "on a GPU machine install the CUDA build; here the simulated accelerator "
-                 "stands in")
+    return [Check(WARN, f"torch {info['v']}: {why}",
+                  "on a GPU machine install the CUDA build; here the simulated accelerator "
+                  "stands in")] + out
+
+
+def vision_check(info: dict[str, Any]) -> Check:
+    """torchvision against the torch beside it: each torchvision wheel is built for one
+    torch release, and another torch breaks its import ('operator torchvision::nms does not
+    exist'), and with it timm and every script that uses it."""
+    torch_v, tv = info["v"], info["tv"]
+    pins = [p.replace(" ", "").split(";")[0][len("torch=="):] for p in info.get("tv_needs") or []]
+    base = torch_v.split("+")[0]
+    mismatch = [p for p in pins if p.split("+")[0] != base]
+    if info.get("tv_error") or mismatch:
+        needs = f" was built for torch {mismatch[0]}" if mismatch else " does not import"
+        return Check(FAIL, f"torchvision {tv}{needs}, and this environment has torch "
+                     f"{torch_v}" + (f": {info['tv_error']}" if info.get("tv_error") else ""),
+                     "install the pair together, e.g. pip install "
+                     + (f"torch=={mismatch[0]} torchvision=={tv}" if mismatch else
+                        f"'torchvision' matching torch {base}")
+                     + " (starvation-monitor itself never changes your torch)")
+    return Check(OK, f"torchvision {tv} matches torch {torch_v}")
 
 
 def nvml_check(backend: Any) -> list[Check]:
@@ -134,7 +174,7 @@ def run(db: str | None, python: str | None = None) -> list[Check]:
     from monitor.sampling.host import cpu_budget
     from monitor.store import default_path
 
-    checks = [torch_check(python or sys.executable)]
+    checks = torch_check(python or sys.executable)
     backend = open_backend()
     try:
         checks += nvml_check(backend)
