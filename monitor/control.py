@@ -117,6 +117,12 @@ def epoch_done_key(run_id: int, rank: int) -> str:
     return f"epoch_done:{run_id}:{rank}"
 
 
+def probe_stopped_key(run_id: int, rank: int) -> str:
+    """Meta key the attach probe sets when recording stopped and its event could not be
+    written either (the run's summary then says why, not 'no DataLoader')."""
+    return f"probe_stopped:{run_id}:{rank}"
+
+
 def ack_key(run_id: int, rank: int) -> str:
     return f"autotune_ack:{run_id}:{rank}"
 

@@ -73,6 +73,7 @@ class Assessment:
     start: float = math.nan  # wall-clock span of the window's steps
     end: float = math.nan
     ranks: tuple[RankFigures, ...] = ()  # per rank, for a job of several
+    world_size: int = 1  # the job's ranks, as its probes report (this store may hold fewer)
 
     @property
     def verdict(self) -> str:
@@ -102,7 +103,8 @@ class Assessment:
             "peak_memory_mb": f["workload_peak_mb"], "accelerator_kind": f["accelerator"],
             "bound": dg.bound, "advice": [a.to_dict() for a in dg.advice],
             "evidence": {k: v for k, v in f.items() if k != "config"},
-            "world_size": max(1, len(self.ranks)),
+            "world_size": max(1, len(self.ranks), self.world_size),
+            "ranks_held": [r.rank for r in self.ranks],
             "ranks": [_clean(r.to_dict()) for r in self.ranks],
         }
 
@@ -205,15 +207,35 @@ def assess(window: Window, ctx: Context, parts: int = 1) -> Assessment:
     ranks = sorted(int(r) for r in steps["rank"].unique()) if "rank" in steps.columns \
         and not steps.empty else []
     base = dict(run_id=window.run.get("id"), window_throughputs=split_throughputs(steps, parts),
-                start=start, end=end)
+                start=start, end=end, world_size=_world_size(window))
     if len(ranks) <= 1:
         host = window.host
         if ranks and "rank" in host.columns and (host["rank"] == ranks[0]).any():
             host = host[host["rank"] == ranks[0]]
-        f, dg = _one(window, ctx, window.run.get("config") or {}, host, steps)
+        f, dg = _one(window, ctx, _own_config(window, ranks), host, steps)
         return Assessment(features=f, diagnosis=dg, ranks=tuple(
             _figures(window, r, f) for r in ranks) if ranks else (), **base)
     return _assess_job(window, ctx, ranks, base)
+
+
+def _world_size(window: Window) -> int:
+    """The job's world size as its ranks reported it (a store of one node holds only some)."""
+    r = window.ranks
+    if r is None or r.empty or "world_size" not in r.columns:
+        return 1
+    sizes = pd.to_numeric(r["world_size"], errors="coerce").dropna()
+    return int(sizes.max()) if not sizes.empty else 1
+
+
+def _own_config(window: Window, ranks: list[int]) -> dict[str, Any]:
+    """The loader settings of a run's one rank: the run's record, else (a store holding a
+    rank other than 0, whose probe does not speak for the run) that rank's own report."""
+    config = window.run.get("config") or {}
+    r = window.ranks
+    if "batch_size" in config or not ranks or r is None or r.empty:
+        return config
+    own = r[r["rank"] == ranks[0]]
+    return {**config, **own["config"].iloc[0]} if not own.empty else config
 
 
 def _local_ranks(window: Window, ranks: list[int]) -> dict[int, set[int]]:

@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from monitor import control
 from monitor.assess import outcomes
 from monitor.assess.stall import STALL_KINDS, stuck_at_end
 from monitor.assess.window import Context, assess_run
@@ -25,7 +26,7 @@ from monitor.manage.context import learn
 from monitor.manage.runtime import Runtime
 from monitor.probe.epoch_plan import EVERY_ENV
 from monitor.probe.patch import DB_ENV, RUN_ENV
-from monitor.store import Store, StoreError, explain
+from monitor.store import RUNNING, Store, StoreError, explain
 from monitor.thresholds import AUTOTUNE_MIN_STEPS
 from monitor.tuning.live import Cadence, LiveTuner
 from monitor.tuning.policy import describe_settings as _desc
@@ -45,6 +46,48 @@ def summary(store: Store, run_id: int, ctx: Context) -> dict[str, Any]:
     steps = store.steps(run_id)
     out.update(error=run.get("error"), config=run.get("config") or {},
                epochs=int(steps["epoch"].nunique()) if not steps.empty else 0)
+    out.update(probe_notes(store, run_id, steps.empty))
+    if out.get("timing_stopped") and not steps.empty and out.get("verdict_text"):
+        stop = out["timing_stopped"]
+        at = f" at step {stop['at_step']}" if stop.get("at_step") is not None else ""
+        out["verdict_text"] += (f" Timing stopped{at}: {stop['error']}; this covers the "
+                                "steps before it.")
+    if steps.empty and run.get("status") not in (None, RUNNING):
+        out["verdict_text"] = out["timing_stopped"]["text"] if "timing_stopped" in out \
+            else NO_LOADER
+    return out
+
+
+NO_LOADER = ("no torch DataLoader was iterated by this script; to time another iterator use "
+             "`from monitor import watch` and `for batch in watch(your_iterator): ...`")
+
+
+def probe_notes(store: Store, run_id: int, no_steps: bool) -> dict[str, Any]:
+    """What the probe said of itself: timing or recording that stopped (the probe's own
+    failure, the training untouched), and a timed loader that cannot be re-tuned live."""
+    out: dict[str, Any] = {"retune": {"possible": True, "why": None}}
+    ev = store.events(run_id, kinds=("probe",))
+    for label, raw in zip(ev["label"], ev["data"], strict=True):
+        data = json.loads(raw) if isinstance(raw, str) else {}
+        if data.get("stopped") and "timing_stopped" not in out:
+            out["timing_stopped"] = {"what": data["stopped"], "loader": data.get("loader"),
+                                     "where": data.get("where"), "error": data.get("error"),
+                                     "at_step": data.get("at_step"), "text": label}
+        if data.get("retunable") is False:
+            out["retune"] = {"possible": False, "why": data.get("why")}
+    said = store.meta(control.probe_stopped_key(run_id, 0))
+    if said and "timing_stopped" not in out:  # the probe's event could not be written
+        out["timing_stopped"] = {"what": "recording", "text": said, "error": said,
+                                 "at_step": None, "loader": None, "where": None}
+    timed = any(x.startswith("timing ") for x in ev["label"])
+    if no_steps and not timed and "timing_stopped" not in out:
+        skipped = [x for x in ev["label"] if x.startswith("not timed:")]
+        text = (f"no DataLoader was timed: {skipped[0][len('not timed: '):]}" if skipped
+                else NO_LOADER)
+        if not (ev["label"] == text).any():
+            store.add_event(run_id, "probe", text, {"no_loader": True})
+        out["timing_stopped"] = {"what": "no loader", "text": text, "at_step": 0,
+                                 "error": text, "loader": None, "where": None}
     return out
 
 
@@ -121,7 +164,8 @@ def _supervise(proc: subprocess.Popen, rt: Runtime) -> tuple[int, int | None]:
 def summary_lines(d: dict[str, Any]) -> list[str]:
     """The end-of-run summary for people (stderr: the script's stdout stays its own)."""
     if not d.get("steps"):
-        return [f"starvation-monitor: run {d['run_id']} {d.get('status')}: no steps recorded"]
+        return [f"starvation-monitor: run {d['run_id']} {d.get('status')}: no steps recorded"
+                + (f": {d['verdict_text']}" if d.get("verdict_text") else "")]
     world = d.get("world_size") or 1
     who = f"the job, {world} ranks" if world > 1 else "steady state"
     out = [f"starvation-monitor: run {d['run_id']} {d.get('status')}: "

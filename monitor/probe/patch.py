@@ -26,8 +26,9 @@ from typing import Any
 from monitor.config import ATTACHED_PREFIX
 from monitor.probe.epoch_plan import MidEpoch, every_steps
 from monitor.probe.identity import job_key, rank_identity
+from monitor.probe.loaders import is_dataloader
 from monitor.probe.loops import EVAL, loop_role, on_training_thread
-from monitor.probe.recorder import Recorder, is_dataloader
+from monitor.probe.recorder import Recorder
 from monitor.probe.timing import TimedIterator
 from monitor.store import Store
 
@@ -82,37 +83,106 @@ def untimed(orig: Any) -> Any:
     return call
 
 
+# NOTE [fail-safe probe]
+# The probe runs inside the user's loop, so nothing of its own may raise there or change what
+# the loop receives (DESIGN.md: the probe is fail-safe). Three layers hold that:
+# 1. timed_iter: the probe's decisions before iter(loader) are guarded; the loader's own
+#    __iter__ runs exactly once, outside every guard, so the user's errors (a broken
+#    dataset, a worker that fails to start) reach the loop as in a bare run, and nothing is
+#    started twice. A probe error there passes the loader through untimed.
+# 2. TimedIterator.__next__ (monitor/probe/timing.py): only next(inner) may raise; an error
+#    in the bookkeeping around it goes to Probe.on_fault and the epoch passes through.
+# 3. Recorder.fault (monitor/probe/recorder.py): the loader is not timed again; a `probe`
+#    event holds the exception and the loader's class, stderr says it once, and the run's
+#    verdict says that timing stopped and why. Store failures take Probe.on_error the same
+#    way (recording stops, the training goes on).
+# A loader whose class overrides __iter__ is timed at that __iter__ only: the base
+# DataLoader.__iter__ it reaches (from super().__iter__(), or from its __init__ as timm's
+# MultiEpochsDataLoader does) passes through, so one iterator is never timed twice over.
+
+_said: set[str] = set()
+
+
+def _say_once(key: str, text: str) -> None:
+    if key not in _said:
+        _said.add(key)
+        print(f"starvation-monitor: {text}", file=sys.stderr)
+
+
+def _no_recorder(exc: Exception, loader: Any) -> None:
+    """The recorder could not start: say so once, and leave the run a note if the store
+    takes one (under `monitor run`), so its verdict does not read 'no DataLoader'."""
+    text = (f"timing stopped for {type(loader).__name__} (starting the recorder): "
+            f"{type(exc).__name__}: {exc}. Your training goes on untouched")
+    if "recorder" in _said:
+        return
+    _say_once("recorder", text)
+    try:
+        run_id = int(os.environ[RUN_ENV])
+        Store(os.environ.get(DB_ENV) or None).add_event(
+            run_id, "probe", text, {"stopped": "timing", "loader": type(loader).__name__,
+                                    "where": "starting the recorder", "at_step": 0,
+                                    "error": f"{type(exc).__name__}: {exc}"})
+    except Exception:
+        pass
+
+
 def timed_iter(loader: Any, orig_iter: Any, explicit: bool = False) -> Iterator[Any]:
     """iter(loader), timed when it is the training loader (monitor/probe/loops.py), else
     untouched. Any iter() also ends the followed loader's pending step: its epoch ended (a
     loop that stops by length never calls next() again) or validation begins."""
-    rec = recorder()
     orig = untimed(orig_iter)
+    rec: Recorder | None = None
+    try:
+        rec = recorder()
+        t0 = _plan(rec, loader, explicit, sys._getframe(1))
+        mid = (MidEpoch(loader, orig, rec.apply_pending, t0)
+               if t0 is not None and every_steps() and rec.resumable(loader) else None)
+    except Exception as exc:
+        if rec is not None:
+            rec.fault(exc, "at iter()", loader)
+        else:
+            _no_recorder(exc, loader)
+        return orig(loader)
+    if t0 is None:
+        return orig(loader)
+    # the loader's own __iter__ runs in here, once; its errors are the user's
+    it = TimedIterator(rec.probe, rec.epoch,
+                       mid.make_iter if mid is not None else lambda: orig(loader),
+                       t_start=t0, between=mid)
+    try:
+        rec.note_workers(loader, it.inner)
+        rec.open = it
+    except Exception as exc:
+        rec.fault(exc, "after iter()", loader)
+        return it.inner
+    return it
+
+
+def _plan(rec: Recorder, loader: Any, explicit: bool, caller: Any) -> float | None:
+    """Whether to time this iter(loader): its start time, or None to pass it through."""
+    if rec.is_broken(loader):
+        return None
     if not explicit and not on_training_thread():
         rec.skip(loader, f"iterated by thread {threading.current_thread().name!r}, not "
                          "the training loop's: its waits are not the loop's")
-        return orig(loader)
+        return None
+    if rec.inside_timed(loader):  # a stage of the timed loader (WebLoader, CombinedLoader)
+        return None
     rec.end_open_step()
     if not explicit:
-        role, why = loop_role(sys._getframe(1))
+        role, why = loop_role(caller)
         if role == EVAL or not rec.should_follow(loader, role):
             rec.skip(loader, why if role == EVAL else
                      "a later loader of a plain loop (validation?); the first one is timed")
-            return orig(loader)
+            return None
         if rec.loader_id != id(loader):
             rec.follow(loader, role, why)
     elif rec.loader_id != id(loader):
         rec.follow(loader, None, "watch()")
     t0 = rec.probe.clock()
     rec.start_epoch(loader)
-    mid = MidEpoch(loader, orig, rec.apply_pending, t0) \
-        if every_steps() and rec.resumable(loader) else None
-    it = TimedIterator(rec.probe, rec.epoch,
-                       mid.make_iter if mid is not None else lambda: orig(loader),
-                       t_start=t0, between=mid)
-    rec.note_workers(it.inner)
-    rec.open = it
-    return it
+    return t0
 
 
 def watch(loader: Any, name: str | None = None) -> Iterator[Any]:
@@ -127,6 +197,13 @@ def watch(loader: Any, name: str | None = None) -> Iterator[Any]:
     return timed_iter(loader, orig, explicit=True)
 
 
+def _outermost(loader: Any, wrapper: Any) -> bool:
+    """Whether `wrapper` is the __iter__ that iter(loader) calls first: the loader's class's
+    own (patched), or an override the patch could not wrap (then the base times it)."""
+    first = getattr(type(loader), "__iter__", None)
+    return first is wrapper or not hasattr(first, "_starvation_wrapper")
+
+
 def _patch_class(cls: Any) -> None:
     """Wrap the __iter__ a class defines itself (DataLoader, and subclasses that replace it,
     such as torchdata's StatefulDataLoader)."""
@@ -135,14 +212,13 @@ def _patch_class(cls: Any) -> None:
     orig = cls.__dict__["__iter__"]
 
     def __iter__(self: Any) -> Any:
-        if id(self) in _busy.__dict__.get("ids", ()):
+        # a subclass's own __iter__ is the one timed; this one, reached from it (or from its
+        # __init__), passes through (NOTE [fail-safe probe])
+        if id(self) in _busy.__dict__.get("ids", ()) or not _outermost(self, __iter__):
             return orig(self)
-        try:
-            return timed_iter(self, orig)
-        except Exception as exc:  # our bug must not stop their training
-            print(f"starvation-monitor: probe disabled: {exc}", file=sys.stderr)
-            return orig(self)
+        return timed_iter(self, orig)
 
+    __iter__._starvation_wrapper = True  # type: ignore[attr-defined]
     cls._starvation_orig_iter = orig
     cls.__iter__ = __iter__
 
@@ -169,13 +245,64 @@ def _patch(module: Any) -> None:
     dl.__init_subclass__ = classmethod(__init_subclass__)
 
 
-class _Finder(importlib.abc.MetaPathFinder):
-    """Patches torch.utils.data.dataloader right after the script imports it."""
+def _patch_outer(cls: Any, when: Any = None) -> None:
+    """Time a loader that wraps DataLoaders at its own __iter__ (the loop iterates it; the
+    DataLoaders it iterates inside are its stages: Probe's nested rule passes them through).
+    `when(loader)`: whether this instance is timed here (else its DataLoader is)."""
+    if "_starvation_orig_iter" in cls.__dict__:
+        return
+    orig = cls.__iter__
 
-    target = "torch.utils.data.dataloader"
+    def __iter__(self: Any) -> Any:
+        if id(self) in _busy.__dict__.get("ids", ()) or not _outermost(self, __iter__):
+            return orig(self)
+        try:
+            timed = when is None or when(self)
+        except Exception:
+            timed = False
+        return timed_iter(self, orig) if timed else orig(self)
+
+    __iter__._starvation_wrapper = True  # type: ignore[attr-defined]
+    cls._starvation_orig_iter = orig
+    cls.__iter__ = __iter__
+
+
+def _several(loader: Any) -> bool:
+    return len(getattr(loader, "flattened", None) or ()) > 1
+
+
+# The modules whose loaders the probe times, patched as the script imports them: torch's
+# DataLoader (and its subclasses); webdataset's WebLoader (its stages after the DataLoader
+# run in the main process, inside the loop's wait); Lightning's CombinedLoader when it
+# combines several training loaders (with one, that DataLoader is timed, as before).
+def _patch_webdataset(module: Any) -> None:
+    _patch_outer(module.WebLoader)
+
+
+def _patch_combined(module: Any) -> None:
+    _patch_outer(module.CombinedLoader, when=_several)
+
+
+TARGETS = {
+    "torch.utils.data.dataloader": _patch,
+    "webdataset.compat": _patch_webdataset,
+    "lightning.pytorch.utilities.combined_loader": _patch_combined,
+    "pytorch_lightning.utilities.combined_loader": _patch_combined,
+}
+
+
+def _patch_safely(name: str, module: Any) -> None:
+    try:
+        TARGETS[name](module)
+    except Exception as exc:  # another version's layout: that loader goes untimed
+        _say_once(name, f"could not patch {name} ({exc!r}); its loaders are not timed")
+
+
+class _Finder(importlib.abc.MetaPathFinder):
+    """Patches the TARGETS modules right after the script imports each."""
 
     def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
-        if name != self.target:
+        if name not in TARGETS:
             return None
         spec = importlib.machinery.PathFinder.find_spec(name, path)
         if spec is None or spec.loader is None:
@@ -185,16 +312,17 @@ class _Finder(importlib.abc.MetaPathFinder):
 
         def exec_and_patch(module: Any) -> None:
             exec_module(module)
-            _patch(module)
+            _patch_safely(name, module)
 
         loader.exec_module = exec_and_patch  # type: ignore[method-assign]
         return spec
 
 
 def install() -> None:
-    """Patch DataLoader now if torch is loaded, else when the script imports it."""
-    mod = sys.modules.get(_Finder.target)
-    if mod is not None:
-        _patch(mod)
-    elif not any(isinstance(f, _Finder) for f in sys.meta_path):
+    """Patch the loaders already imported now, the others when the script imports them."""
+    for name in TARGETS:
+        mod = sys.modules.get(name)
+        if mod is not None:
+            _patch_safely(name, mod)
+    if not any(isinstance(f, _Finder) for f in sys.meta_path):
         sys.meta_path.insert(0, _Finder())

@@ -29,52 +29,22 @@ from monitor.probe.identity import (
     node_rank,
     rank_identity,
 )
+from monitor.probe.loaders import (
+    FIXED_SETTINGS,
+    base_loader,
+    batch_size,
+    describe_loader,
+    held_iterator,
+    loader_settings,
+    not_retunable,
+)
 from monitor.probe.loops import TRAIN
 from monitor.probe.timing import Probe, TimedIterator
 from monitor.probe.watchdog import Watchdog
 from monitor.store import Store
 
-FIXED_SETTINGS = ("batch_size", "drop_last", "sampler", "batch_sampler", "dataset",
-                  "collate_fn", "shuffle")
 FLUSH_S = 0.5
 AWAIT_TUNER_S = 2.0  # the longest an epoch start waits for a searching autotuner
-
-
-def is_dataloader(obj: Any) -> bool:
-    """A torch DataLoader (or a subclass, or what poses as one: accelerate's shards)."""
-    data = sys.modules.get("torch.utils.data")
-    dl = getattr(data, "DataLoader", None)
-    return dl is not None and isinstance(obj, dl)
-
-
-def batch_size(loader: Any) -> int | None:
-    """The loader's batch size: `batch_size`, else its batch sampler's (accelerate and the
-    HF Trainer build loaders with `batch_sampler=`, leaving `batch_size` None)."""
-    for obj in (loader, getattr(loader, "batch_sampler", None)):
-        bs = getattr(obj, "batch_size", None)
-        if isinstance(bs, int) and not isinstance(bs, bool) and bs > 0:
-            return bs
-    return None
-
-
-def describe_loader(loader: Any) -> str:
-    """'DataLoader over RandomDataset, batch 32, 0 workers' (for the probe's own events)."""
-    ds = getattr(loader, "dataset", None)
-    over = f" over {type(ds).__name__}" if ds is not None else ""
-    nw = getattr(loader, "num_workers", None)
-    return (f"{type(loader).__name__}{over}, batch {batch_size(loader) or '?'}"
-            + (f", {nw} workers" if nw is not None else ""))
-
-
-def loader_settings(loader: Any) -> dict[str, Any]:
-    nw = int(getattr(loader, "num_workers", 0) or 0)
-    return {
-        "preset": "custom", "num_workers": nw,
-        "batch_size": batch_size(loader) or 1,
-        "prefetch_factor": getattr(loader, "prefetch_factor", None) if nw > 0 else None,
-        "pin_memory": bool(getattr(loader, "pin_memory", False)),
-        "persistent_workers": bool(getattr(loader, "persistent_workers", False)),
-    }
 
 
 class Recorder:
@@ -86,6 +56,12 @@ class Recorder:
         self.rank, self.local_rank, self.world_size = rank_identity()
         self.probe = Probe(store, run_id, flush_interval=FLUSH_S, rank=self.rank)
         self.probe.on_error = self._stop_recording
+        self.probe.on_fault = lambda exc, where: self.fault(exc, where)
+        self.broken: set[int] = set()  # loaders no longer timed: the probe failed on them
+        self.loader_cls: str | None = None
+        self.fixed: str | None = None  # why the timed loader cannot be re-tuned live
+        self.batch_filled = False
+        self.timed_loader: Any = None  # the loader followed (its batch size, at exit)
         self.epoch = -1
         self.last_control = 0
         self.loader_id: int | None = None  # the loader timed (the training loader)
@@ -110,10 +86,44 @@ class Recorder:
         """At exit: the last step of an epoch that was delivered whole is recorded (a loop
         that stops by length never asks again); a loop left mid-epoch drops its last."""
         it = self.open
-        if it is not None and not it.ended and it.complete():
-            it.finish()
-        self.watchdog.stop()
-        self.probe.flush_final()
+        try:
+            if it is not None and not it.ended and not it.passthrough and it.complete():
+                it.finish()
+            if self.timed_loader is not None and not self.stopped:
+                self._fill_batch_size(self.timed_loader)
+        except Exception as exc:  # at exit too: a sentence, never a traceback
+            self.fault(exc, "at exit")
+        try:
+            self.watchdog.stop()
+            self.probe.flush_final()
+        except Exception as exc:
+            self.fault(exc, "writing the last steps at exit")
+
+    # -- the probe's own failures (NOTE [fail-safe probe] in monitor/probe/patch.py) -----
+    def is_broken(self, loader: Any) -> bool:
+        return id(loader) in self.broken
+
+    def fault(self, exc: Exception, where: str, loader: Any = None) -> None:
+        """The probe failed on a loader: it is not timed again, and the run says why (a
+        `probe` event with the exception and the loader's class; stderr once)."""
+        try:
+            key = id(loader) if loader is not None else self.loader_id
+            cls = type(loader).__name__ if loader is not None else (self.loader_cls or "?")
+            first = key not in self.broken
+            if key is not None:
+                self.broken.add(key)
+            if self.open is not None and (loader is None or key == self.loader_id):
+                self.open.passthrough = True
+            if not first:
+                return
+            why = f"{type(exc).__name__}: {exc}"
+            text = (f"timing stopped for {cls} ({where}): {why}. Your training goes on "
+                    "untouched; its later steps are not recorded")
+            self._say(text)
+            self._event("probe", text, {"stopped": "timing", "loader": cls, "where": where,
+                                        "error": why, "at_step": self.probe.step})
+        except Exception:  # nothing of ours reaches the loop, even from here
+            pass
 
     # -- which loader is timed -----------------------------------------------------------
     def should_follow(self, loader: Any, role: str | None) -> bool:
@@ -128,18 +138,24 @@ class Recorder:
         training loader)."""
         first, before = self.loader_id is None, self.loader_role
         self.loader_id, self.loader_role = id(loader), role
+        self.loader_cls = type(loader).__name__
+        self.timed_loader = loader
         self.skipped.discard(id(loader))
+        self.fixed = not_retunable(loader)
+        if self.fixed is not None:
+            self._event("probe", f"not re-tunable live: {self.fixed}",
+                        {"retunable": False, "why": self.fixed})
         if not (first or (role == TRAIN and before != TRAIN)):
             return
         what = describe_loader(loader)
-        if not is_dataloader(loader):
+        if base_loader(loader) is None:
             text = f"timing {what} ({why}): not a torch DataLoader, only its wait is timed"
         elif role == TRAIN:
             text = f"timing the training loader ({why}): {what}"
         elif why == "watch()":
             text = f"timing {what} (watch())"
         else:
-            text = (f"timing {what}: the first DataLoader iterated ({why}); later ones "
+            text = (f"timing {what}: the first loader iterated ({why}); later ones "
                     "(validation) are not timed")
         self._say(text)
         self._event("probe", text)
@@ -151,32 +167,55 @@ class Recorder:
         self.skipped.add(id(loader))
         self._event("probe", f"not timed: {describe_loader(loader)}: {why}")
 
+    def inside_timed(self, loader: Any) -> bool:
+        """Whether iter(loader) runs inside the timed loader's own iter() or next(): a stage
+        of it (WebLoader's DataLoader, a CombinedLoader's), timed as part of its wait."""
+        return (self.probe.waiting_since is not None and self.loader_id is not None
+                and self.loader_id != id(loader))
+
     def end_open_step(self) -> None:
         """Another iter(): the timed epoch's pending step ends now."""
         it = self.open
         if it is not None and not it.ended:
             it.finish()
 
-    def _event(self, kind: str, label: str) -> None:
+    def _event(self, kind: str, label: str, data: dict[str, Any] | None = None) -> None:
         if self.stopped:
             return
         try:
-            self.store.add_event(self.run_id, kind, label, {"rank": self.rank})
+            self.store.add_event(self.run_id, kind, label, {**(data or {}), "rank": self.rank})
         except Exception as exc:
             self._stop_recording(exc)
 
     @staticmethod
     def _say(text: str) -> None:
-        print(f"starvation-monitor: {text}", file=sys.stderr)
+        """One line on stderr, on a line of its own: a live progress bar (tqdm, as the HF
+        Trainer draws one) holds an unfinished `\r` line, so a newline comes first."""
+        tqdm = sys.modules.get("tqdm")
+        bar = getattr(getattr(tqdm, "tqdm", None), "_instances", None)
+        lead = "\n" if bar else ""
+        print(f"{lead}starvation-monitor: {text}", file=sys.stderr)
 
     def _stop_recording(self, exc: Exception) -> None:
         """Say once why recording stopped; the training goes on untouched."""
+        if self.stopped is not None:
+            return
         self.stopped = str(exc)
         self.probe.stopped = True
         self.probe.discard()
         self.watchdog.stop()
         self._say(f"recording stopped: {exc}. Your training goes on; its steps are no "
                   "longer recorded.")
+        try:  # the store may take this one line yet (a lock that cleared, a full disk freed)
+            self.store.add_event(self.run_id, "probe", f"recording stopped: {exc}",
+                                 {"stopped": "recording", "error": str(exc),
+                                  "at_step": self.probe.step, "rank": self.rank})
+        except Exception:
+            try:
+                self.store.set_meta(control.probe_stopped_key(self.run_id, self.rank),
+                                    f"recording stopped at step {self.probe.step}: {exc}")
+            except Exception:
+                pass
 
     # -- epochs and control --------------------------------------------------------------
     def start_epoch(self, loader: Any) -> None:
@@ -187,10 +226,22 @@ class Recorder:
             return
         try:
             if self.epoch > 0:
+                self._fill_batch_size(loader)
                 self._await_tuner()
             self._epoch_control(loader)
         except Exception as exc:  # the store failed: the training goes on without us
             self._stop_recording(exc)
+
+    def _fill_batch_size(self, loader: Any) -> None:
+        """A loader that batches in its dataset (batch_size=None: a WebDataset's
+        `.batched(n)`) reports no batch size: the first batch's samples stand for it."""
+        if self.batch_filled or self.probe.first_samples is None:
+            return
+        self.batch_filled = True
+        settings = loader_settings(loader)
+        base = base_loader(loader)  # never `base or loader`: bool() calls a loader's len()
+        if batch_size(base if base is not None else loader) is None:
+            self._report({**settings, "batch_size": self.probe.first_samples})
 
     def _await_tuner(self) -> None:
         """While an autotuner is searching (monitor/tuning/live.py), say the last epoch is
@@ -263,7 +314,10 @@ class Recorder:
         self.store.set_rank(self.run_id, self.rank, self.local_rank, self.world_size,
                             socket.gethostname(), os.getpid(), settings, kind, device,
                             job_id=job_id(), node_rank=node_rank(), nodes=node_count())
-        if self.rank == 0:
+        run = (self.store.run(self.run_id) or {}) if self.rank != 0 else {}
+        if self.rank == 0 or "batch_size" not in (run.get("config") or {}):
+            # rank 0 speaks for the run; a store holding only other ranks (one `monitor run`
+            # per node) takes its lowest rank's settings, so the run is whole there too
             extra: dict[str, Any] = {"pid": os.getpid()} if self.world_size == 1 else {}
             if device is not None:
                 extra["device"] = device
@@ -274,9 +328,10 @@ class Recorder:
     def apply(self, loader: Any, payload: dict[str, Any], at_step: int | None = None) -> str:
         """Apply a requested change to the loader before its next iterator is built; the
         request is validated and normalised by LoaderConfig like any other setting."""
-        if not is_dataloader(loader):
-            return control.refused("not a torch DataLoader: only its wait is timed, its "
-                                   "settings are the script's")
+        why = not_retunable(loader)
+        if why is not None:
+            return control.refused(why)
+        loader = base_loader(loader)  # a WebLoader's settings are its DataLoader's
         before = loader_settings(loader)
         payload, source, _ = control.split(payload)  # source: who asked, for the marker
         fixed = [k for k in FIXED_SETTINGS if k in payload and payload[k] != before.get(k)]
@@ -310,8 +365,15 @@ class Recorder:
         return control.ok(f"applied at {where}" + (
             f" (rank {self.rank})" if self.world_size > 1 else ""))
 
-    def note_workers(self, it: Any) -> None:
-        pids = [getattr(w, "pid", None) for w in getattr(it, "_workers", []) or []]
+    def note_workers(self, loader: Any, it: Any) -> None:
+        """The epoch's worker PIDs: its iterator's, or those of the iterator the loader
+        holds across epochs (timm's MultiEpochsDataLoader)."""
+        base = base_loader(loader)
+        held = held_iterator(base) if base is not None else None
+        own = getattr(base, "_iterator", None) if base is not loader else None
+        workers = (getattr(it, "_workers", None) or getattr(held and held[1], "_workers", [])
+                   or getattr(own, "_workers", []))
+        pids = [getattr(w, "pid", None) for w in workers or []]
         pids = [p for p in pids if p]
         if pids:
             self.store.add_event(self.run_id, "epoch", f"epoch {self.epoch}",

@@ -23,12 +23,29 @@ from monitor.records import StepRecord
 from monitor.store import Store
 
 
+class ProbeStateError(RuntimeError):
+    """The timing loop found a state it never expects (its own bug, or a loader that
+    bypasses it): the attach probe stops timing that loader (NOTE [fail-safe probe])."""
+
+
+def _tensorish(x: Any) -> bool:
+    return hasattr(x, "shape") or (isinstance(x, (list, tuple)) and bool(x)
+                                   and hasattr(x[0], "shape"))
+
+
 def batch_len(batch: Any) -> int:
-    """Samples in a batch: the leading dimension of its first tensor-like item."""
+    """Samples in a batch: the leading dimension of its first tensor-like item. A first
+    item that is a list of batches (Lightning's CombinedLoader yields `([(x, y), (x2, y2)],
+    index, loader_index)`) is looked into; a list of plain values counts by its length."""
     item = batch
     if isinstance(item, dict) and item:
         item = next(iter(item.values()))
     elif isinstance(item, (list, tuple)) and item:
+        item = item[0]
+    for _ in range(3):
+        if hasattr(item, "shape") or not (isinstance(item, (list, tuple)) and item
+                                          and _tensorish(item[0])):
+            break
         item = item[0]
     shape = getattr(item, "shape", None)
     if shape is not None and len(shape) > 0:
@@ -74,11 +91,15 @@ class Probe:
         self.waiting_since: float | None = None
         self.waiting_first = False  # ...for an epoch's first batch (its workers start)
         self.first_batch_s: float | None = None  # the run's first batch, as it took
+        self.first_samples: int | None = None  # its samples (a loader that batches itself)
         self.recent_steps: deque[float] = deque(maxlen=64)
         self._lock = threading.Lock()  # the buffer is flushed by the watchdog too
         # Called with the exception when a write fails (the attach probe: the training goes
         # on without us); None: the exception propagates (the managed workload fails).
         self.on_error: Callable[[Exception], None] | None = None
+        # Called with (exception, where) when the timing loop's own bookkeeping fails (the
+        # attach probe: stop timing that loader); None: raised (the managed workload).
+        self.on_fault: Callable[[Exception, str], None] | None = None
         self.stopped = False
         self.device = DeviceClock()  # CUDA events, once the script uses CUDA
 
@@ -100,9 +121,12 @@ class Probe:
         t_next (this probe's clock). Writes the buffer when flush_interval has passed."""
         if self.stopped:
             return
+        samples = batch_len(batch)
+        if self.first_samples is None:
+            self.first_samples = samples
         rec = StepRecord(
             run_id=self.run_id, step=self.step, epoch=epoch, ts=self.wall(t_got),
-            wait_s=t_got - t_req, compute_s=t_next - t_got, samples=batch_len(batch),
+            wait_s=t_got - t_req, compute_s=t_next - t_got, samples=samples,
             config_seq=self.config_seq, copy_s=self.copy_s, rank=self.rank,
         )
         with self._lock:
@@ -202,6 +226,8 @@ class TimedIterator:
         self.delivered = 0
         self.offset = 0  # batches of this epoch delivered before the current inner iterator
         self.ended = False
+        self.passthrough = False  # the probe failed: batches pass through untimed
+        self.expected: int | None = None  # the epoch's length, read at its first batch
 
     @property
     def inner(self) -> Iterator[Any]:
@@ -214,29 +240,77 @@ class TimedIterator:
         return self
 
     def __next__(self) -> Any:
-        p = self.probe
+        """The next batch, timed. Only `next(inner)` may raise into the loop (the user's own
+        loader's errors and StopIteration, untouched); an error in the probe's own
+        bookkeeping goes to `probe.on_fault`, after which this epoch passes through
+        untimed (NOTE [fail-safe probe] in monitor/probe/patch.py)."""
         if self.ended:
             raise StopIteration
+        if self.passthrough:
+            return next(self._inner)
+        try:
+            end = self._before()
+        except Exception as exc:
+            self._fault(exc, "before next()")
+            return next(self._inner)
+        if end:  # `between` ended the epoch (the managed workload's stop or change)
+            self._end_safely()
+            raise StopIteration
+        try:
+            batch = next(self._inner)
+        except StopIteration:
+            self.probe.waiting_since = None
+            self._end_safely()
+            raise
+        except BaseException:
+            self.probe.waiting_since = None
+            raise
+        try:
+            self._after(batch)
+        except Exception as exc:
+            self._fault(exc, "after next()")
+        return batch
+
+    def _before(self) -> bool:
+        """Record the last step; True when `between` ends the epoch here."""
+        p = self.probe
+        end = False
         if self._t_got is not None:
             self.finish()
-            if self._between is not None and self._between(self):
-                self._end()
+            end = self._between is not None and bool(self._between(self))
+        if end:
+            return True
         if self._t_req is None:  # a flush in record() is neither wait nor step
             self._t_req = p.clock()
         p.waiting_first = self.delivered == 0
         p.waiting_since = self._t_req  # the watchdog's clock: waiting for data
-        try:
-            batch = next(self._inner)
-        except StopIteration:
-            self._end()
-        finally:
-            p.waiting_since = None
+        return False
+
+    def _after(self, batch: Any) -> None:
+        p = self.probe
+        p.waiting_since = None
         self._t_got, self._batch = p.clock(), batch
         p.device.batch_arrived(p.step)  # A: the batch is here (the step it will be)
         if p.first_batch_s is None and self._t_req is not None:
             p.first_batch_s = self._t_got - self._t_req
+        if self.delivered == 0:
+            try:
+                self.expected = len(self)
+            except Exception:  # an iterable of no length: its epoch ends by StopIteration
+                self.expected = None
         self.delivered += 1
-        return batch
+
+    def _fault(self, exc: Exception, where: str) -> None:
+        """The probe's own error: the rest of the epoch passes through untimed and the
+        recorder is told (it stops timing the loader); without a handler (the managed
+        workload: our own process) the error is raised."""
+        self.passthrough = True
+        self._t_got, self._batch = None, None
+        self.probe.waiting_since = None
+        handler = self.probe.on_fault
+        if handler is None:
+            raise exc
+        handler(exc, where)
 
     def finish(self) -> None:
         """Record the step of the batch last delivered, its compute ending now: at the next
@@ -244,6 +318,8 @@ class TimedIterator:
         process's exit after a whole epoch). The next wait starts at the next next()."""
         p = self.probe
         if self._t_got is not None:
+            if self._t_req is None:  # never expected: one iterator timed twice over
+                raise ProbeStateError("a batch was delivered with no time it was asked for")
             p.device.batch_done()  # B: the step's work is queued; the next wait begins
             p.record(self.epoch, self._t_req, self._t_got, p.clock(), self._batch)
             self._t_got, self._batch = None, None
@@ -253,15 +329,20 @@ class TimedIterator:
         """Whether every batch of the epoch has been delivered (a sized loader)."""
         try:
             return self.delivered >= len(self)
-        except TypeError:
-            return False
+        except Exception:  # no length, or one that is gone (a CombinedLoader after fit)
+            return self.expected is not None and self.delivered >= self.expected
 
     def _end(self) -> None:
         self.ended = True
         self.probe.waiting_since = None
         self.probe.device.batch_done()
         self.probe.flush()
-        raise StopIteration
+
+    def _end_safely(self) -> None:
+        try:
+            self._end()
+        except Exception as exc:
+            self._fault(exc, "at the epoch's end")
 
     def __len__(self) -> int:
         return len(self._inner) + self.offset  # type: ignore[arg-type]

@@ -8,10 +8,11 @@ from monitor.store.core import (
     DEFAULT_PATH,
     ENV_VAR,
     RUN_STATUSES,
+    RUNNING,
     Store,
     default_path,
 )
 from monitor.store.errors import StoreError, explain
 
-__all__ = ["CALIBRATION_MAX_AGE_S", "DEFAULT_PATH", "ENV_VAR", "RUN_STATUSES", "Store",
+__all__ = ["CALIBRATION_MAX_AGE_S", "DEFAULT_PATH", "ENV_VAR", "RUN_STATUSES", "RUNNING", "Store",
            "StoreError", "default_path", "explain"]

@@ -17,7 +17,8 @@ from monitor.store.notes import Notes
 if TYPE_CHECKING:
     import pandas as pd
 
-RUN_STATUSES = ("running", "finished", "stopped", "failed")
+RUNNING = "running"
+RUN_STATUSES = (RUNNING, "finished", "stopped", "failed")
 UPDATABLE = ("pid", "accelerator", "accelerator_kind", "config", "name", "device")
 
 

@@ -1,0 +1,76 @@
+"""The loaders real training scripts use, timed right under `monitor run` with unmodified
+scripts (tests/scripts/loaders.py) and real worker processes: every training step stored
+once with its batch size, the script's output as bare, and a loader that cannot be re-tuned
+live says so and why (in the run's JSON and in the answer to a request)."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from monitor.store import Store
+from tests.conftest import wait_for
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPT = ROOT / "tests" / "scripts" / "loaders.py"
+pytestmark = pytest.mark.slow
+EPOCHS = 3
+
+
+def start(db: Path, kind: str, *args: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "monitor", "run", "--db", str(db), "--json", "--",
+         sys.executable, str(SCRIPT), kind, *args], cwd=ROOT, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+
+
+def finish(p: subprocess.Popen) -> tuple[list[str], str, dict]:
+    out, err = p.communicate(timeout=240)
+    assert p.returncode == 0, err[-3000:]
+    lines = out.strip().splitlines()
+    return [ln for ln in lines if ln.startswith("epoch ")], err, json.loads(lines[-1])
+
+
+# kind: (batches an epoch, the samples the timed loader's batch carries)
+KINDS = {"multi_epochs": 6, "inner_iter": 6, "stateful": 6, "webloader": 6, "hf_map": 6,
+         "hf_stream": 6, "combined": 6}
+
+
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_every_training_step_is_stored_once_with_its_batch_size(kind, tmp_path, no_leaks):
+    db = tmp_path / "l.db"
+    lines, err, d = finish(start(db, kind, "--workers", "2", "--epochs", str(EPOCHS)))
+    assert len(lines) == EPOCHS and all(f"{KINDS[kind]} batches" in x for x in lines), lines
+    if kind != "combined":  # the loop got every sample, as bare (48 a epoch, sum 1128)
+        assert all("48 samples, checksum 1128" in x for x in lines), lines
+    assert "Traceback" not in err and "timing stopped" not in err, err[-2000:]
+    steps = Store(db).steps(d["run_id"])
+    per_epoch = steps.groupby("epoch").size().to_dict()
+    assert per_epoch == {e: KINDS[kind] for e in range(EPOCHS)}, (per_epoch, err[-2000:])
+    assert not steps.duplicated(["step"]).any()
+    assert set(steps["samples"]) == {8} and d["config"]["batch_size"] == 8, d["config"]
+    assert d["config"]["num_workers"] == 2
+    retune = d["retune"]
+    if kind in ("multi_epochs", "combined"):
+        assert retune["possible"] is False and retune["why"], retune
+    else:
+        assert retune == {"possible": True, "why": None}
+
+
+def test_a_loader_that_holds_one_iterator_refuses_a_change_and_says_why(tmp_path, no_leaks):
+    """timm's MultiEpochsDataLoader builds its iterator (and workers) once: a request for
+    other workers cannot reach it, and is refused with the reason rather than 'applied'."""
+    db = tmp_path / "m.db"
+    p = start(db, "multi_epochs", "--workers", "1", "--epochs", "60")
+    store = Store(db) if wait_for(db.exists, timeout=60) else None
+    assert wait_for(lambda: len(store.steps(1)) >= 2, timeout=120), p.stderr
+    cid = store.request_control(1, "config", {"num_workers": 2})
+    lines, err, d = finish(p)
+    result = store.control_result(cid)[1] or ""
+    assert result.startswith("refused") and "MultiEpochsDataLoader keeps one iterator" in \
+        result, result
+    assert d["config"]["num_workers"] == 1 and d["config"]["persistent_workers"] is True
