@@ -35,8 +35,8 @@ def finish(p: subprocess.Popen) -> tuple[list[str], str, dict]:
     return [ln for ln in lines if ln.startswith("epoch ")], err, json.loads(lines[-1])
 
 
-# kind: (batches an epoch, the samples the timed loader's batch carries)
-KINDS = {"multi_epochs": 6, "inner_iter": 6, "stateful": 6, "webloader": 6, "hf_map": 6,
+# kind: batches an epoch
+KINDS = {"multi_epochs": 6, "multi_epochs_lazy": 6, "inner_iter": 6, "stateful": 6, "webloader": 6, "hf_map": 6,
          "hf_stream": 6, "combined": 6}
 
 
@@ -55,7 +55,7 @@ def test_every_training_step_is_stored_once_with_its_batch_size(kind, tmp_path, 
     assert set(steps["samples"]) == {8} and d["config"]["batch_size"] == 8, d["config"]
     assert d["config"]["num_workers"] == 2
     retune = d["retune"]
-    if kind in ("multi_epochs", "combined"):
+    if kind in ("multi_epochs", "multi_epochs_lazy", "combined"):
         assert retune["possible"] is False and retune["why"], retune
     else:
         assert retune == {"possible": True, "why": None}

@@ -141,10 +141,8 @@ class Recorder:
         self.loader_cls = type(loader).__name__
         self.timed_loader = loader
         self.skipped.discard(id(loader))
-        self.fixed = not_retunable(loader)
-        if self.fixed is not None:
-            self._event("probe", f"not re-tunable live: {self.fixed}",
-                        {"retunable": False, "why": self.fixed})
+        self.fixed = None
+        self._check_retunable(loader)
         if not (first or (role == TRAIN and before != TRAIN)):
             return
         what = describe_loader(loader)
@@ -227,10 +225,21 @@ class Recorder:
         try:
             if self.epoch > 0:
                 self._fill_batch_size(loader)
+                self._check_retunable(loader)
                 self._await_tuner()
             self._epoch_control(loader)
         except Exception as exc:  # the store failed: the training goes on without us
             self._stop_recording(exc)
+
+    def _check_retunable(self, loader: Any) -> None:
+        """Say once when requested settings cannot reach the timed loader: read at its
+        first iter() and again at each epoch (timm's MultiEpochsDataLoader makes its one
+        iterator lazily, at its first batch)."""
+        if self.fixed is None:
+            self.fixed = not_retunable(loader)
+            if self.fixed is not None:
+                self._event("probe", f"not re-tunable live: {self.fixed}",
+                            {"retunable": False, "why": self.fixed})
 
     def _fill_batch_size(self, loader: Any) -> None:
         """A loader that batches in its dataset (batch_size=None: a WebDataset's

@@ -5,7 +5,7 @@ a bare one's. 48 samples of batch 8: 6 batches an epoch (KIND combined: the long
 two loaders, 6 batches of 8 beside 3 of 4, cycled).
 
 KINDs: multi_epochs (timm's MultiEpochsDataLoader: one iterator made in __init__ for every
-epoch), inner_iter (a DataLoader subclass whose __iter__ yields from super().__iter__()),
+epoch; multi_epochs_lazy: made at the first batch, as timm 1.0.31 does), inner_iter (a DataLoader subclass whose __iter__ yields from super().__iter__()),
 stateful (torchdata's StatefulDataLoader), webloader (webdataset's WebLoader over tar
 shards, with a main-process stage after the DataLoader), hf_map and hf_stream (Hugging Face
 `datasets`, map-style and a streaming IterableDataset of 2 shards), combined (Lightning's
@@ -69,6 +69,23 @@ class MultiEpochsDataLoader(DataLoader):
             yield next(self.iterator)
 
 
+class LazyMultiEpochsDataLoader(MultiEpochsDataLoader):
+    """timm 1.0.31's version: the one iterator is made at the first batch, not in __init__."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        DataLoader.__init__(self, *args, **kwargs)
+        self._DataLoader__initialized = False
+        self.batch_sampler = _RepeatSampler(self.batch_sampler)
+        self._DataLoader__initialized = True
+        self.iterator = None
+
+    def __iter__(self):
+        if self.iterator is None:
+            self.iterator = DataLoader.__iter__(self)
+        for _ in range(len(self)):
+            yield next(self.iterator)
+
+
 class InnerIter(DataLoader):
     """A subclass that post-processes each batch of the base iterator."""
 
@@ -115,6 +132,8 @@ def plain(kind: str, workers: int, epochs: int) -> None:
     folder = tempfile.mkdtemp()
     if kind == "multi_epochs":
         loader = MultiEpochsDataLoader(Numbers(), batch_size=BATCH, num_workers=workers)
+    elif kind == "multi_epochs_lazy":
+        loader = LazyMultiEpochsDataLoader(Numbers(), batch_size=BATCH, num_workers=workers)
     elif kind == "inner_iter":
         loader = InnerIter(Numbers(), batch_size=BATCH, num_workers=workers)
     elif kind == "stateful":
