@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import multiprocessing as mp
 import os
 import signal
@@ -25,7 +26,7 @@ from monitor.presets import calibrated_step_ms
 from monitor.probe.timing import Probe
 from monitor.probe.watchdog import Watchdog
 from monitor.store import Store, StoreError, explain
-from monitor.thresholds import PROVEN_STEPS
+from monitor.thresholds import CALIBRATION_NOISE, PROVEN_STEPS
 from workloads.accelerator import SimulatedAccelerator, UserStep, make_accelerator
 from workloads.synthetic import PRESET_SPECS, make_dataset, worker_init
 from workloads.user import GuardedDataset, Workload, WorkloadError, load, pickling_problem
@@ -54,15 +55,30 @@ def format_error(exc: BaseException) -> str:
     return (head + "\n\n" + tb[-room:]) if room > 0 else head[:MAX_ERROR_CHARS]
 
 
-def calibrate(dataset: Any, n: int = 64) -> float:
-    """Seconds of loading per sample in this process (after two warm-up samples)."""
+def calibrate(dataset: Any, n: int = 64, rounds: int = 3) -> float:
+    """Seconds of loading per sample in this process (after two warm-up samples): the best
+    of `rounds` rounds of n/rounds samples, since other load only ever adds time."""
     size = len(dataset)
     for i in range(2):
         dataset[i % size]
-    t = time.perf_counter()
-    for i in range(n):
-        dataset[(7919 * i) % size]
-    return (time.perf_counter() - t) / n
+    per = max(1, n // rounds)
+    best = math.inf
+    for r in range(rounds):
+        t = time.perf_counter()
+        for i in range(per):
+            dataset[(7919 * (r * per + i)) % size]
+        best = min(best, (time.perf_counter() - t) / per)
+    return best
+
+
+def checked_calibration(stored: float | None, fresh: float) -> tuple[float, bool]:
+    """The per-sample cost a run uses, and whether it replaces the stored one: the stored
+    figure while a fresh measurement agrees with it within CALIBRATION_NOISE (runs of one
+    session meet the same device), else the fresh one (a figure measured under another
+    hour's load, or on another machine, is never kept)."""
+    if stored is not None and stored > 0 and abs(fresh / stored - 1) <= CALIBRATION_NOISE:
+        return stored, False
+    return fresh, True
 
 
 def shutdown_iterator(it: Any, stuck: bool = False) -> None:
@@ -124,11 +140,11 @@ class ManagedWorkload:
         if self.spec is None:
             return USER_STEP_TIME_MS
         if self.spec.step_ratio is not None:
-            if self.sample_cost_s is None:
+            if self.sample_cost_s is None:  # measured at each run's start, checked (above)
                 key = f"sample_cost_s:{cfg.preset}"
-                self.sample_cost_s = self.store.calibration(key)
-                if self.sample_cost_s is None:
-                    self.sample_cost_s = calibrate(self.dataset)
+                self.sample_cost_s, replace = checked_calibration(
+                    self.store.calibration(key), calibrate(self.dataset))
+                if replace:
                     self.store.set_calibration(key, self.sample_cost_s)
             return calibrated_step_ms(cfg.preset, self.sample_cost_s, cfg.batch_size) or 0.0
         return self.spec.step_time_ms

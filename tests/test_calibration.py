@@ -1,0 +1,43 @@
+"""A calibrated preset (the starving demo: its simulated step is 0.8x the loading time of a
+batch) measures its loading cost again at each run's start: a figure stored while the box
+was busy is replaced, so the demo starves as it says on a quiet box."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from monitor.store import Store
+from monitor.thresholds import CALIBRATION_NOISE
+from workloads.runner import checked_calibration
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_a_fresh_figure_within_the_noise_keeps_the_stored_one():
+    assert checked_calibration(0.0043, 0.0043 * (1 + CALIBRATION_NOISE * 0.9)) == (0.0043,
+                                                                                    False)
+    assert checked_calibration(0.0133, 0.0043) == (0.0043, True)  # busy hour, quiet now
+    assert checked_calibration(0.0020, 0.0043) == (0.0043, True)  # another machine
+    assert checked_calibration(None, 0.0043) == (0.0043, True)
+
+
+@pytest.mark.slow
+def test_a_store_calibrated_on_a_busy_box_is_measured_again(tmp_path, no_leaks):
+    db = tmp_path / "c.db"
+    store = Store(db)
+    planted = 0.05  # ten times what loading a starving sample costs on this box
+    store.set_calibration("sample_cost_s:starving", planted)
+    r = subprocess.run([sys.executable, "-m", "monitor", "measure", "--preset", "starving",
+                        "--num-workers", "0", "--seconds", "2", "--db", str(db), "--json"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=180)
+    assert r.returncode == 0, r.stderr[-2000:]
+    d = json.loads(r.stdout.strip().splitlines()[-1])
+    cost = store.calibration("sample_cost_s:starving")
+    assert cost is not None and cost < planted / 2, cost
+    # the step follows the fresh figure: 0.8x a batch's loading, so at 0 workers the loop
+    # waits for most of each step (a planted 10x figure would leave it waiting ~10%)
+    assert d["data_wait_share"] > 0.3, d["data_wait_share"]
