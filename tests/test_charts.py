@@ -108,3 +108,20 @@ def test_a_watched_jobs_secondary_charts_are_held_and_redrawn_on_time():
     assert all(later[k] == f"{k}@0" for k in SECONDARY_CHARTS)
     assert held_figures(state, "seq1", figs(2), 100.0 + SECONDARY_HOLD_S) == figs(2)
     assert held_figures(state, "seq2", figs(3), 100.0 + SECONDARY_HOLD_S + 0.1) == figs(3)
+
+
+def test_the_host_charts_time_axis_sits_under_its_bottom_panel():
+    """The three host panels share one time axis; drawn under the top panel (plotly's
+    default anchor) its date labels fell on the memory panel's title (the HTML report)."""
+    import pandas as pd
+
+    from monitor.ui import charts
+
+    host = pd.DataFrame({"ts": [1.0e9, 1.0e9 + 1], "cpu_per_core": [[10.0, 20.0]] * 2,
+                         "mem_used_mb": [100.0, 110.0]})
+    lay = charts.host_figure(host).layout
+    anchor = lay.xaxis.anchor
+    domain = lay[anchor.replace("y", "yaxis")].domain
+    assert domain[0] == 0.0, (anchor, domain)
+    titles = [a.y for a in lay.annotations if a.text in ("memory (MB)", "CPU per core (%)")]
+    assert all(y > domain[1] for y in titles)

@@ -87,3 +87,20 @@ def test_live_off_a_terminal_prints_plain_lines(tmp_path):
     assert quiet.returncode == 3
     assert not [x for x in quiet.stderr.splitlines()
                 if x.startswith("starvation-monitor: run 1: ")], quiet.stderr
+
+
+def test_the_live_table_shows_advice_outside_the_loader_as_its_sentence():
+    """Advice that is no loader setting ("host": free the cores) reads as its sentence,
+    shortened, not as `host = free cores`; a loader setting keeps `name = value → gain`."""
+    from monitor.diagnosis.rules import Advice
+    from monitor.manage.terminal import ADVICE_CHARS, advice_text
+
+    host = Advice("host", "free cores", None, "Other processes take 1.4 of the 2 cores the "
+                  "loaders need: stop them, or move the job to a host with free cores, "
+                  "before more workers can help")
+    text = advice_text(host)
+    assert text.startswith("Other processes take 1.4 of the 2 cores") and "=" not in text
+    assert len(text) <= ADVICE_CHARS and text.endswith("…")
+    assert advice_text(Advice("num_workers", 4, 1234.4, "more workers")) == \
+        "num_workers = 4 → 1,234 samples/s"
+    assert advice_text(None) == "none"

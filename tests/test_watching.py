@@ -100,3 +100,31 @@ def test_the_page_watches_a_live_job_and_follows_a_new_one(server):  # noqa: F81
                 job.terminate()  # monitor run forwards it to the script's process group
                 job.wait(60)
         assert first.returncode is not None and (second is None or second.returncode is not None)
+
+
+def test_the_run_selector_says_finished_once_the_watched_job_ends(server):  # noqa: F811
+    """The selector's label follows the run's status: 'running' while the job runs, then
+    'finished' once it ends, with no reload (it kept saying 'running')."""
+    from playwright.sync_api import expect, sync_playwright
+
+    url, db, _proc = server
+    job = attach(db, 6, "short-job")
+    store = Store(db) if wait_for(db.exists, timeout=60) else None
+    try:
+        assert wait_for(lambda: len(store.steps(1)) >= 5, timeout=90)
+        with sync_playwright() as p:
+            browser = launch(p)
+            page = browser.new_page(viewport={"width": 1500, "height": 1000})
+            page.goto(url)
+            picked = page.locator('[data-testid="stSelectbox"]').filter(has_text="Run")
+            expect(picked).to_match_aria_snapshot(
+                '- combobox "Run": /run 1 · short-job · running/', timeout=60_000)
+            job.wait(90)
+            assert wait_for(lambda: store.run(1)["status"] == "finished", timeout=30)
+            expect(picked).to_match_aria_snapshot(
+                '- combobox "Run": /run 1 · short-job · finished/', timeout=15_000)
+            browser.close()
+    finally:
+        if job.poll() is None:
+            job.terminate()
+            job.wait(60)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import io
 import sys
+import textwrap
 import threading
 import time
 from collections.abc import Callable
@@ -26,7 +27,9 @@ from rich.table import Table
 from rich.text import Text
 
 from monitor.assess.window import Assessment, Context, assess, recent_window
+from monitor.config import LoaderConfig
 from monitor.diagnosis import NO_DATA
+from monitor.diagnosis.rules import Advice
 from monitor.store import Store
 from monitor.thresholds import KPI_WINDOW_S, VERDICT_MIN_STEPS
 
@@ -56,16 +59,26 @@ def status(a: Assessment | None) -> dict[str, str]:
         return {"verdict": f"judging after {VERDICT_MIN_STEPS} steps: {n} so far"}
     f, d = a.features, a.diagnosis
     top = d.advice[0] if d.advice else None
-    advice = "none"
-    if top is not None:
-        gain = (f" → {top.predicted_throughput:,.0f} samples/s"
-                if top.predicted_throughput else "")
-        advice = f"{top.param} = {top.value}{gain}"
     return {"throughput": f"{f.throughput:,.0f} samples/s",
             "data-wait share": f"{f.data_wait_share:.0%}",
             "verdict": f"{d.verdict}: {d.headline}",
-            "top advice": advice,
+            "top advice": advice_text(top),
             "workers": str(f.config.get("num_workers", "–"))}
+
+
+ADVICE_CHARS = 90  # the live table's advice cell: the summary at the end has it whole
+
+
+def advice_text(top: Advice | None) -> str:
+    """A loader setting as `name = value → predicted`; advice outside the loader (free the
+    cores, change the dataset) as its sentence, shortened."""
+    if top is None:
+        return "none"
+    gain = (f" → {top.predicted_throughput:,.0f} samples/s" if top.predicted_throughput
+            else "")
+    if top.param in LoaderConfig.__dataclass_fields__:
+        return f"{top.param} = {top.value}{gain}"
+    return textwrap.shorten(top.reason, ADVICE_CHARS, placeholder=" …") + gain
 
 
 def line(run_id: int, s: dict[str, str]) -> str:

@@ -73,6 +73,15 @@ def _picked() -> None:
 
 selected = None
 if run_ids:
+    # The selectbox keeps its value as the label it showed; a run's label changes with its
+    # status, so the current choice is set again when its label has: the widget then shows
+    # the new label ("finished") instead of holding the old one ("running").
+    current = st.session_state.get("selected_run")
+    if current in labels and st.session_state.get("_selected_label") not in (
+            None, labels[current]):
+        st.session_state["selected_run"] = current
+    if current in labels:
+        st.session_state["_selected_label"] = labels[current]
     selected = top[1].selectbox("Run", run_ids, index=0, format_func=labels.get,
                                 key="selected_run", on_change=_picked)
 if live_ids:

@@ -247,6 +247,9 @@ def host_figure(
              "font": {"size": 12}})
     lay["yaxis"]["range"] = [0, 105]
     lay["yaxis4"] = {"overlaying": "y3", "side": "right", "anchor": "x"}
+    # the one time axis under the bottom panel: anchored to the top one (plotly's default)
+    # its tick and date labels fell on the memory panel's title
+    lay["xaxis"]["anchor"] = "y3"
     return go.Figure({"data": data, "layout": markers(events, lay)})
 
 
