@@ -66,3 +66,15 @@ def test_a_script_without_a_dataloader_is_told_so(tmp_path, no_leaks):
     labels = Store(tmp_path / "n.db").events(d["run_id"], kinds=("probe",))["label"].tolist()
     assert labels == [d["verdict_text"]]
     assert "no torch DataLoader was iterated" in r.stderr
+
+
+def test_the_probes_lines_start_on_a_line_of_their_own_under_a_progress_bar(tmp_path):
+    """A live tqdm bar holds an unfinished `\\r` line on stderr (the HF Trainer's): the
+    probe's first line comes after a newline, not in the middle of the bar."""
+    r = subprocess.run([sys.executable, "-m", "monitor", "run", "--db", str(tmp_path / "t.db"),
+                        "--", sys.executable, str(ROOT / "tests" / "scripts" / "tqdm_loop.py")],
+                       cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=180)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "timing DataLoader" in r.stderr
+    for i in [i for i in range(len(r.stderr)) if r.stderr.startswith("starvation-monitor:", i)]:
+        assert i == 0 or r.stderr[i - 1] == "\n", repr(r.stderr[max(0, i - 60):i + 40])
