@@ -128,3 +128,29 @@ def test_the_run_selector_says_finished_once_the_watched_job_ends(server):  # no
         if job.poll() is None:
             job.terminate()
             job.wait(60)
+
+
+def test_a_loader_that_cannot_be_retuned_says_why_in_the_page(server):  # noqa: F811
+    """timm's MultiEpochsDataLoader keeps one iterator for every epoch: the page offers no
+    loader controls for it, and says why, instead of taking requests it would refuse."""
+    from playwright.sync_api import expect, sync_playwright
+
+    url, db, _proc = server
+    job = subprocess.Popen(
+        [sys.executable, "-m", "monitor", "run", "--db", str(db), "--", sys.executable,
+         str(ROOT / "tests" / "scripts" / "loaders.py"), "multi_epochs", "--workers", "1",
+         "--epochs", "400"], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    store = Store(db) if wait_for(db.exists, timeout=60) else None
+    try:
+        assert wait_for(lambda: len(store.steps(1)) >= 5, timeout=90)
+        with sync_playwright() as p:
+            browser = launch(p)
+            page = browser.new_page(viewport={"width": 1500, "height": 1000})
+            page.goto(url)
+            expect(page.get_by_text("cannot be re-tuned live: MultiEpochsDataLoader keeps "
+                                    "one iterator").first).to_be_visible(timeout=60_000)
+            assert page.get_by_text("Change the attached script's loader").count() == 0
+            browser.close()
+    finally:
+        job.terminate()
+        job.wait(60)

@@ -17,6 +17,7 @@ from typing import Any
 
 from monitor import control
 from monitor.assess import outcomes
+from monitor.assess import probe_notes as notes
 from monitor.assess.stall import STALL_KINDS, stuck_at_end
 from monitor.assess.window import Context, assess_run
 from monitor.config import ATTACHED_PREFIX
@@ -54,40 +55,28 @@ def summary(store: Store, run_id: int, ctx: Context) -> dict[str, Any]:
                                 "steps before it.")
     if steps.empty and run.get("status") not in (None, RUNNING):
         out["verdict_text"] = out["timing_stopped"]["text"] if "timing_stopped" in out \
-            else NO_LOADER
+            else notes.NO_LOADER
     return out
 
 
-NO_LOADER = ("no torch DataLoader was iterated by this script; to time another iterator use "
-             "`from monitor import watch` and `for batch in watch(your_iterator): ...`")
-
-
 def probe_notes(store: Store, run_id: int, no_steps: bool) -> dict[str, Any]:
-    """What the probe said of itself: timing or recording that stopped (the probe's own
-    failure, the training untouched), and a timed loader that cannot be re-tuned live."""
-    out: dict[str, Any] = {"retune": {"possible": True, "why": None}}
+    """What the probe said of itself (monitor/assess/probe_notes.py); for a run with no
+    steps, why none were timed, stored as the run's probe event."""
     ev = store.events(run_id, kinds=("probe",))
-    for label, raw in zip(ev["label"], ev["data"], strict=True):
-        data = json.loads(raw) if isinstance(raw, str) else {}
-        if data.get("stopped") and "timing_stopped" not in out:
-            out["timing_stopped"] = {"what": data["stopped"], "loader": data.get("loader"),
-                                     "where": data.get("where"), "error": data.get("error"),
-                                     "at_step": data.get("at_step"), "text": label}
-        if data.get("retunable") is False:
-            out["retune"] = {"possible": False, "why": data.get("why")}
+    out: dict[str, Any] = {"retune": notes.retune(ev)}
+    stop = notes.timing_stopped(ev)
     said = store.meta(control.probe_stopped_key(run_id, 0))
-    if said and "timing_stopped" not in out:  # the probe's event could not be written
-        out["timing_stopped"] = {"what": "recording", "text": said, "error": said,
-                                 "at_step": None, "loader": None, "where": None}
-    timed = any(x.startswith("timing ") for x in ev["label"])
-    if no_steps and not timed and "timing_stopped" not in out:
-        skipped = [x for x in ev["label"] if x.startswith("not timed:")]
-        text = (f"no DataLoader was timed: {skipped[0][len('not timed: '):]}" if skipped
-                else NO_LOADER)
+    if stop is None and said:  # the probe's event could not be written, its note could
+        stop = {"what": "recording", "text": said, "error": said, "at_step": None,
+                "loader": None, "where": None}
+    text = notes.no_loader_text(ev) if no_steps and stop is None else None
+    if text is not None:
         if not (ev["label"] == text).any():
             store.add_event(run_id, "probe", text, {"no_loader": True})
-        out["timing_stopped"] = {"what": "no loader", "text": text, "at_step": 0,
-                                 "error": text, "loader": None, "where": None}
+        stop = {"what": "no loader", "text": text, "at_step": 0, "error": text,
+                "loader": None, "where": None}
+    if stop is not None:
+        out["timing_stopped"] = stop
     return out
 
 

@@ -11,7 +11,7 @@ import pandas as pd
 import streamlit as st
 
 from monitor import control
-from monitor.assess import outcomes
+from monitor.assess import outcomes, probe_notes
 from monitor.assess.devices import workload_gpu
 from monitor.assess.window import Assessment
 from monitor.config import (
@@ -193,6 +193,10 @@ def render_attached_controls(store: Store, run: dict, ranks: list[int]) -> None:
     probe at the script's next iter(loader), i.e. the next epoch; for a job, by every rank or
     by the one picked."""
     cfg = run["config"] or {}
+    fixed = probe_notes.retune(store.events(int(run["id"]), kinds=("probe",)))
+    if not fixed["possible"]:  # a request would only be refused: say why instead
+        st.info(plain(f"This script's loader cannot be re-tuned live: {fixed['why']}."))
+        return
     with st.expander("Change the attached script's loader (applies at its next epoch)",
                      expanded=False):
         target = st.selectbox("ranks", ["all ranks", *ranks], key=f"att_rank_{run['id']}",
