@@ -251,3 +251,14 @@ def test_every_monitor_folder_has_its_rule():
     ruled = {f for f, _ in FOLDER_RULES}
     top = {p.parent.relative_to(ROOT).as_posix() for p in (ROOT / "monitor").glob("*/ruff.toml")}
     assert top <= ruled, top - ruled
+
+
+def test_the_design_the_code_cites_is_in_the_repository():
+    """Module docstrings and ruff.toml files cite DESIGN.md: a clone can read it."""
+    cited = subprocess.run(["git", "grep", "-l", "DESIGN.md"], cwd=ROOT, capture_output=True,
+                           text=True).stdout.split()
+    assert cited
+    design = ROOT / "docs" / "DESIGN.md"
+    text = design.read_text()
+    for heading in ("## Processes and data flow", "## Layout", "## Definitions"):
+        assert heading in text
