@@ -44,6 +44,11 @@ class StepRecord:
                                       default=None)
     device_span_s: float | None = col("device time of the step (CUDA events)", "s",
                                       default=None)
+    # DataLoader workers only (monitor/probe/workers.py): the worker that produced the batch,
+    # and the batches other workers had finished that the in-order queue held behind it
+    worker: int | None = col("DataLoader worker that produced the batch", default=None)
+    held: int | None = col("finished batches held behind this one (in-order queue)",
+                           default=None)
 
 
 @dataclass(frozen=True, slots=True)

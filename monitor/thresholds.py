@@ -213,3 +213,11 @@ def memory_budget_mb(explicit: float | None = None) -> float | None:
 # fresh figure further than this from the stored one replaces it (a store first used on a
 # busy box kept 13.3 ms a sample where the quiet box measures 4.3 ms).
 CALIBRATION_NOISE = 0.25
+CALIBRATION_REUSE_S = 600.0  # a higher fresh figure than one this recent is the box's load
+
+# The causes in monitor/diagnosis/causes.py.
+IDLE_WORKER_MIN_BATCHES = 20  # batches in the window before a worker with none is idle
+MEM_GROWTH_MB_MIN = 30.0  # workers' memory growing faster than this (MB/min, all together)
+MEM_GROWTH_MIN_S = 5.0  # ... over at least this long a stretch of the window
+SHM_HEADROOM = 0.8  # in-flight batches past this share of /dev/shm's free space: it fills
+FD_HEADROOM = 0.8  # descriptors in flight past this share of `ulimit -n`

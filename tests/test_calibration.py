@@ -20,8 +20,12 @@ ROOT = Path(__file__).resolve().parent.parent
 def test_a_fresh_figure_within_the_noise_keeps_the_stored_one():
     assert checked_calibration(0.0043, 0.0043 * (1 + CALIBRATION_NOISE * 0.9)) == (0.0043,
                                                                                     False)
-    assert checked_calibration(0.0133, 0.0043) == (0.0043, True)  # busy hour, quiet now
-    assert checked_calibration(0.0020, 0.0043) == (0.0043, True)  # another machine
+    # measured on a busy box, quiet now: replaced however recent (load only adds time)
+    assert checked_calibration(0.0133, 0.0043, age_s=60) == (0.0043, True)
+    # the box is busy now: a recent figure stands (a session's runs meet one device) ...
+    assert checked_calibration(0.0043, 0.0133, age_s=60) == (0.0043, False)
+    # ... an hour-old one does not (another hour's load, or another machine)
+    assert checked_calibration(0.0020, 0.0043, age_s=3600) == (0.0043, True)
     assert checked_calibration(None, 0.0043) == (0.0043, True)
 
 

@@ -36,8 +36,8 @@ def finish(p: subprocess.Popen) -> tuple[list[str], str, dict]:
 
 
 # kind: batches an epoch
-KINDS = {"multi_epochs": 6, "multi_epochs_lazy": 6, "inner_iter": 6, "stateful": 6, "webloader": 6, "hf_map": 6,
-         "hf_stream": 6, "combined": 6}
+KINDS = {"multi_epochs": 6, "multi_epochs_lazy": 6, "inner_iter": 6, "stateful": 6,
+         "webloader": 6, "hf_map": 6, "hf_stream": 6, "combined": 6}
 
 
 @pytest.mark.parametrize("kind", sorted(KINDS))

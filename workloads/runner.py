@@ -26,7 +26,7 @@ from monitor.presets import calibrated_step_ms
 from monitor.probe.timing import Probe
 from monitor.probe.watchdog import Watchdog
 from monitor.store import Store, StoreError, explain
-from monitor.thresholds import CALIBRATION_NOISE, PROVEN_STEPS
+from monitor.thresholds import CALIBRATION_NOISE, CALIBRATION_REUSE_S, PROVEN_STEPS
 from workloads.accelerator import SimulatedAccelerator, UserStep, make_accelerator
 from workloads.synthetic import PRESET_SPECS, make_dataset, worker_init
 from workloads.user import GuardedDataset, Workload, WorkloadError, load, pickling_problem
@@ -71,12 +71,18 @@ def calibrate(dataset: Any, n: int = 64, rounds: int = 3) -> float:
     return best
 
 
-def checked_calibration(stored: float | None, fresh: float) -> tuple[float, bool]:
-    """The per-sample cost a run uses, and whether it replaces the stored one: the stored
-    figure while a fresh measurement agrees with it within CALIBRATION_NOISE (runs of one
-    session meet the same device), else the fresh one (a figure measured under another
-    hour's load, or on another machine, is never kept)."""
-    if stored is not None and stored > 0 and abs(fresh / stored - 1) <= CALIBRATION_NOISE:
+def checked_calibration(stored: float | None, fresh: float,
+                        age_s: float | None = None) -> tuple[float, bool]:
+    """The per-sample cost a run uses, and whether it replaces the stored one. Other load
+    only ever adds time, so a fresh figure below the stored one beyond CALIBRATION_NOISE
+    always replaces it (it was measured under load). A higher fresh figure replaces it only
+    when the stored one is older than CALIBRATION_REUSE_S: runs of one session meet the
+    same device, and no figure from another hour's load (or machine) is kept."""
+    if stored is None or stored <= 0 or fresh < stored * (1 - CALIBRATION_NOISE):
+        return fresh, True
+    if fresh <= stored * (1 + CALIBRATION_NOISE):
+        return stored, False
+    if age_s is not None and age_s <= CALIBRATION_REUSE_S:
         return stored, False
     return fresh, True
 
@@ -142,8 +148,9 @@ class ManagedWorkload:
         if self.spec.step_ratio is not None:
             if self.sample_cost_s is None:  # measured at each run's start, checked (above)
                 key = f"sample_cost_s:{cfg.preset}"
+                stored, age = self.store.calibration_with_age(key)
                 self.sample_cost_s, replace = checked_calibration(
-                    self.store.calibration(key), calibrate(self.dataset))
+                    stored, calibrate(self.dataset), age)
                 if replace:
                     self.store.set_calibration(key, self.sample_cost_s)
             return calibrated_step_ms(cfg.preset, self.sample_cost_s, cfg.batch_size) or 0.0

@@ -11,6 +11,7 @@ advice and evidence. The page, `measure`, `run --json`, sweeps and the autotuner
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import statistics
 from dataclasses import dataclass, field
@@ -19,7 +20,8 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 
 from monitor.assess import analysis
-from monitor.diagnosis import Diagnosis, Features, diagnose, features
+from monitor.diagnosis import Diagnosis, Features, causes, diagnose, features
+from monitor.diagnosis.causes import Finding
 from monitor.diagnosis.straggler import RankFigures, straggler_diagnosis, stragglers
 from monitor.records import CpuBudget
 from monitor.thresholds import (
@@ -58,6 +60,9 @@ class Window:
     caption: str = ""
     ranks: pd.DataFrame | None = None  # a job's ranks (store.ranks): host, pid, config
     warmup: dict[str, Any] | None = None  # the run's warm-up (a steady state's: analysis.warmup)
+    # the probe's last `loader` report and the loader's errors (monitor/probe/workers.py)
+    loader_report: dict[str, Any] | None = None
+    loader_errors: tuple[str, ...] = ()
 
     @property
     def accelerator(self) -> str:
@@ -73,6 +78,7 @@ class Assessment:
     start: float = math.nan  # wall-clock span of the window's steps
     end: float = math.nan
     ranks: tuple[RankFigures, ...] = ()  # per rank, for a job of several
+    findings: tuple[Finding, ...] = ()  # the causes named (monitor/diagnosis/causes.py)
     world_size: int = 1  # the job's ranks, as its probes report (this store may hold fewer)
 
     @property
@@ -105,6 +111,7 @@ class Assessment:
             "evidence": {k: v for k, v in f.items() if k != "config"},
             "world_size": max(1, len(self.ranks), self.world_size),
             "ranks_held": [r.rank for r in self.ranks],
+            "findings": [x.to_dict() for x in self.findings],
             "ranks": [_clean(r.to_dict()) for r in self.ranks],
         }
 
@@ -140,9 +147,23 @@ def steady_window(store: Store, run_id: int) -> Window | None:
     if len(settled) >= VERDICT_MIN_STEPS:
         steps = settled
     start, end = analysis.span(steps)
+    report, errors = loader_notes(store.events(run_id, kinds=LOADER_KINDS))
     return Window(run, steps, _host_of(store, run_id, start, end),
                   f"steady state of the final settings ({end - start:.0f} s)",
-                  store.ranks(run_id), _warmup(store, run_id, steps, last))
+                  store.ranks(run_id), _warmup(store, run_id, steps, last), report, errors)
+
+
+LOADER_KINDS = ("loader", "loader error")
+
+
+def loader_notes(events: pd.DataFrame) -> tuple[dict[str, Any] | None, tuple[str, ...]]:
+    """The probe's last `loader` report and the loader's errors, from a run's events."""
+    if events is None or events.empty:
+        return None, ()
+    rep = events[events["kind"] == "loader"]
+    report = json.loads(rep["data"].iloc[-1]) if not rep.empty else None
+    errors = tuple(events[events["kind"] == "loader error"]["label"].astype(str))
+    return report, errors
 
 
 def _warmup(store: Store, run_id: int, steady: pd.DataFrame, last: float,
@@ -177,7 +198,8 @@ def recent_window(run: dict[str, Any], steps: pd.DataFrame, host: pd.DataFrame,
     if not host.empty and not steps.empty:
         start, stop = analysis.span(steps)
         host = host[(host["ts"] >= start) & (host["ts"] <= stop)]
-    return Window(run, steps, host, caption, ranks)
+    report, errors = loader_notes(events)
+    return Window(run, steps, host, caption, ranks, None, report, errors)
 
 
 def split_throughputs(steps: pd.DataFrame, parts: int) -> tuple[float, ...]:
@@ -213,7 +235,13 @@ def assess(window: Window, ctx: Context, parts: int = 1) -> Assessment:
         if ranks and "rank" in host.columns and (host["rank"] == ranks[0]).any():
             host = host[host["rank"] == ranks[0]]
         f, dg = _one(window, ctx, _own_config(window, ranks), host, steps)
-        return Assessment(features=f, diagnosis=dg, ranks=tuple(
+        found = causes.find(steps, host, window.loader_report, list(window.loader_errors),
+                            f.throughput)
+        if found:
+            dg = dataclasses.replace(dg, headline=causes.headline(dg.headline, found, f),
+                                     advice=causes.merge(dg.advice, found,
+                                                         int(f.config.get("num_workers") or 0)))
+        return Assessment(features=f, diagnosis=dg, findings=found, ranks=tuple(
             _figures(window, r, f) for r in ranks) if ranks else (), **base)
     return _assess_job(window, ctx, ranks, base)
 

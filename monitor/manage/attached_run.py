@@ -19,8 +19,9 @@ from monitor import control
 from monitor.assess import outcomes
 from monitor.assess import probe_notes as notes
 from monitor.assess.stall import STALL_KINDS, stuck_at_end
-from monitor.assess.window import Context, assess_run
+from monitor.assess.window import LOADER_KINDS, Context, assess_run, loader_notes
 from monitor.config import ATTACHED_PREFIX
+from monitor.diagnosis import NO_DATA, causes
 from monitor.export.prometheus import ExporterError
 from monitor.manage import spawn, terminal
 from monitor.manage.context import learn
@@ -48,6 +49,10 @@ def summary(store: Store, run_id: int, ctx: Context) -> dict[str, Any]:
     out.update(error=run.get("error"), config=run.get("config") or {},
                epochs=int(steps["epoch"].nunique()) if not steps.empty else 0)
     out.update(probe_notes(store, run_id, steps.empty))
+    if out.get("verdict") == NO_DATA and not steps.empty and run.get("status") != RUNNING:
+        out["verdict_text"] = " ".join(
+            [f"{len(steps)} step(s) recorded before the run ended: too few to judge."]
+            + [x["text"][0].upper() + x["text"][1:] for x in out.get("findings") or []])
     if out.get("timing_stopped") and not steps.empty and out.get("verdict_text"):
         stop = out["timing_stopped"]
         at = f" at step {stop['at_step']}" if stop.get("at_step") is not None else ""
@@ -57,6 +62,14 @@ def summary(store: Store, run_id: int, ctx: Context) -> dict[str, Any]:
         out["verdict_text"] = out["timing_stopped"]["text"] if "timing_stopped" in out \
             else notes.NO_LOADER
     return out
+
+
+def named_failure(store: Store, run_id: int) -> str | None:
+    """The cause of a loader error that reached the script (/dev/shm, descriptors, the OOM
+    killer: monitor/diagnosis/causes.py), in a sentence with its numbers."""
+    report, errors = loader_notes(store.events(run_id, kinds=LOADER_KINDS))
+    found = causes.failure(errors[-1], report) if errors else None
+    return found.text if found is not None else None
 
 
 def probe_notes(store: Store, run_id: int, no_steps: bool) -> dict[str, Any]:
@@ -167,6 +180,7 @@ def summary_lines(d: dict[str, Any]) -> list[str]:
                 f"{r['wait_per_step_s'] * 1000:.0f} ms/step, compute "
                 f"{r['compute_per_step_s'] * 1000:.0f} ms/step, num_workers {r['workers']}"
                 for r in d["ranks"]]
+    out += [f"  finding: {x['cause']}: {x['text']}" for x in d.get("findings") or []]
     out += [f"  advice {i}: {a['reason']}" for i, a in enumerate(d.get("advice") or [], 1)]
     tune = d.get("autotune")
     if tune is not None:
@@ -265,6 +279,9 @@ def run_attached(args: argparse.Namespace) -> int:
         stuck = stuck_at_end(store.events(run_id, kinds=STALL_KINDS))
         if stuck and status != "finished":  # it ended in a stall: that is what went wrong
             status, error = "failed", f"{stuck} (then: {error or status})"
+        named = named_failure(store, run_id) if status == "failed" else None
+        if named:  # the loader's error says what ran out: that is the reason, not the exit
+            error = f"{named} (then: {error})"
         store.finish_run(run_id, status, error)
         result = summary(store, run_id, rt.context())
         if tuner is not None:

@@ -20,6 +20,7 @@ from typing import Any
 
 from monitor import control
 from monitor.config import ATTACHED_PREFIX, ConfigError, LoaderConfig, describe_change
+from monitor.probe import workers
 from monitor.probe.epoch_plan import why_not_resumable
 from monitor.probe.identity import (
     accelerator_kind,
@@ -57,6 +58,8 @@ class Recorder:
         self.probe = Probe(store, run_id, flush_interval=FLUSH_S, rank=self.rank)
         self.probe.on_error = self._stop_recording
         self.probe.on_fault = lambda exc, where: self.fault(exc, where)
+        self.probe.on_first_batch = self._loader_report
+        self.probe.on_loader_error = self._loader_error
         self.broken: set[int] = set()  # loaders no longer timed: the probe failed on them
         self.loader_cls: str | None = None
         self.fixed: str | None = None  # why the timed loader cannot be re-tuned live
@@ -98,6 +101,23 @@ class Recorder:
             self.probe.flush_final()
         except Exception as exc:
             self.fault(exc, "writing the last steps at exit")
+
+    # -- what the loader's batches meet (monitor/probe/workers.py) -----------------------
+    def _loader_report(self, batch: Any, it: Any) -> None:
+        """An epoch's first batch: its size, the workers and prefetch in flight, /dev/shm,
+        the open-files limit, the sharing strategy and the start method, as a `loader`
+        event (the causes in monitor/diagnosis/causes.py read it)."""
+        loader = self.timed_loader
+        base = base_loader(loader) if loader is not None else None
+        figures = workers.report(base if base is not None else loader, batch)
+        self._event("loader", f"epoch {self.epoch}: batch {figures['batch_bytes'] / 1e6:.1f} "
+                    f"MB in {figures['batch_tensors']} tensors, {figures['in_flight']} in "
+                    "flight", {**figures, "epoch": self.epoch})
+
+    def _loader_error(self, exc: BaseException) -> None:
+        """The loader raised into the loop (its own error, passed on untouched)."""
+        text = workers.error_text(exc)
+        self._event("loader error", text, {"error": text, "at_step": self.probe.step})
 
     # -- the probe's own failures (NOTE [fail-safe probe] in monitor/probe/patch.py) -----
     def is_broken(self, loader: Any) -> bool:

@@ -18,6 +18,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
+from monitor.probe import workers
 from monitor.probe.device_clock import HOLD_S, DeviceClock
 from monitor.records import StepRecord
 from monitor.store import Store
@@ -100,6 +101,13 @@ class Probe:
         # Called with (exception, where) when the timing loop's own bookkeeping fails (the
         # attach probe: stop timing that loader); None: raised (the managed workload).
         self.on_fault: Callable[[Exception, str], None] | None = None
+        # Set per batch by monitor/probe/workers.py's hook on a multiprocessing iterator.
+        self.batch_worker: int | None = None
+        self.batch_held: int | None = None
+        # The attach probe's: an epoch's first batch (its loader report), and the loader's
+        # own error on its way to the loop (both called inside the probe's guards).
+        self.on_first_batch: Callable[[Any, Any], None] | None = None
+        self.on_loader_error: Callable[[BaseException], None] | None = None
         self.stopped = False
         self.device = DeviceClock()  # CUDA events, once the script uses CUDA
 
@@ -128,12 +136,14 @@ class Probe:
             run_id=self.run_id, step=self.step, epoch=epoch, ts=self.wall(t_got),
             wait_s=t_got - t_req, compute_s=t_next - t_got, samples=samples,
             config_seq=self.config_seq, copy_s=self.copy_s, rank=self.rank,
+            worker=self.batch_worker, held=self.batch_held,
         )
         with self._lock:
             self._buffer.append(rec)
         self._device_times()
         self.recent_steps.append(t_next - t_req)
         self.copy_s = None
+        self.batch_worker = self.batch_held = None
         self.step += 1
         if t_next - self._last_flush >= self.flush_interval:
             self.flush()
@@ -221,6 +231,7 @@ class TimedIterator:
         probe.waiting_first = True
         probe.waiting_since = self._t_req
         self._inner = make_iter()
+        self._hook(self._inner)
         self._t_got: float | None = None
         self._batch: Any = None
         self.delivered = 0
@@ -235,6 +246,13 @@ class TimedIterator:
 
     def replace(self, inner: Iterator[Any]) -> None:
         self._inner = inner
+        self._hook(inner)
+
+    def _hook(self, inner: Any) -> None:
+        try:
+            workers.hook(inner, self.probe)
+        except Exception:  # worker figures are extra: the timing goes on without them
+            pass
 
     def __iter__(self) -> TimedIterator:
         return self
@@ -262,8 +280,9 @@ class TimedIterator:
             self.probe.waiting_since = None
             self._end_safely()
             raise
-        except BaseException:
+        except BaseException as exc:  # the loader's own error: recorded, then the loop's
             self.probe.waiting_since = None
+            self._loader_error(exc)
             raise
         try:
             self._after(batch)
@@ -298,7 +317,20 @@ class TimedIterator:
                 self.expected = len(self)
             except Exception:  # an iterable of no length: its epoch ends by StopIteration
                 self.expected = None
+            if p.on_first_batch is not None:
+                try:
+                    p.on_first_batch(batch, self._inner)
+                except Exception:  # the epoch's report is extra: the timing goes on
+                    pass
         self.delivered += 1
+
+    def _loader_error(self, exc: BaseException) -> None:
+        handler = self.probe.on_loader_error
+        if handler is not None and not isinstance(exc, (KeyboardInterrupt, SystemExit)):
+            try:
+                handler(exc)
+            except Exception:
+                pass
 
     def _fault(self, exc: Exception, where: str) -> None:
         """The probe's own error: the rest of the epoch passes through untimed and the

@@ -107,6 +107,7 @@ class Store:
     meta = _Part("meta_table", Meta.get)
     set_meta = _Part("meta_table", Meta.set)
     calibration = _Part("meta_table", Meta.calibration)
+    calibration_with_age = _Part("meta_table", Meta.calibration_with_age)
     set_calibration = _Part("meta_table", Meta.set_calibration)
     set_gpu_inventory = _Part("meta_table", Meta.set_gpu_inventory)
     gpu_inventory = _Part("meta_table", Meta.gpu_inventory)

@@ -36,6 +36,14 @@ class Meta:
                                      (key,)).fetchone()
         return float(row[0]) if row and time.time() - row[1] <= max_age_s else None
 
+    def calibration_with_age(self, key: str, max_age_s: float = CALIBRATION_MAX_AGE_S,
+                             ) -> tuple[float | None, float | None]:
+        """(value, seconds since it was measured), or (None, None)."""
+        row = self.db.conn().execute("SELECT value, ts FROM calibration WHERE key = ?",
+                                     (key,)).fetchone()
+        age = time.time() - row[1] if row else None
+        return (float(row[0]), age) if row and age <= max_age_s else (None, None)
+
     def set_calibration(self, key: str, value: float) -> None:
         self.db.conn().execute("INSERT OR REPLACE INTO calibration (key, value, ts) "
                                "VALUES (?, ?, ?)", (key, value, time.time()))

@@ -5,7 +5,8 @@ a bare one's. 48 samples of batch 8: 6 batches an epoch (KIND combined: the long
 two loaders, 6 batches of 8 beside 3 of 4, cycled).
 
 KINDs: multi_epochs (timm's MultiEpochsDataLoader: one iterator made in __init__ for every
-epoch; multi_epochs_lazy: made at the first batch, as timm 1.0.31 does), inner_iter (a DataLoader subclass whose __iter__ yields from super().__iter__()),
+epoch; multi_epochs_lazy: made at the first batch, as timm 1.0.31 does), inner_iter (a
+DataLoader subclass whose __iter__ yields from super().__iter__()),
 stateful (torchdata's StatefulDataLoader), webloader (webdataset's WebLoader over tar
 shards, with a main-process stage after the DataLoader), hf_map and hf_stream (Hugging Face
 `datasets`, map-style and a streaming IterableDataset of 2 shards), combined (Lightning's

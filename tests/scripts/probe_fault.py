@@ -76,7 +76,7 @@ def main() -> None:
     loader = DataLoader(Numbers(), batch_size=8, num_workers=a.workers)
     for epoch in range(2):
         seen = []
-        for x, y in loader:
+        for _x, y in loader:
             time.sleep(0.002)
             seen += y.tolist()
         print(f"epoch {epoch}: {len(seen)} samples, checksum {sum(seen)}, "

@@ -7,5 +7,5 @@ from tqdm import tqdm
 loader = DataLoader(TensorDataset(torch.arange(64.0)), batch_size=8)
 with tqdm(total=8, file=__import__("sys").stderr, mininterval=0, ascii=True) as bar:
     bar.update(0)
-    for (x,) in loader:
+    for (_x,) in loader:
         bar.update(1)

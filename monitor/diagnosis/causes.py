@@ -1,0 +1,283 @@
+"""The causes real jobs starve from, beyond a lab's (too few workers, cores, storage): each a
+finding with its numbers and its fix, from what the probe and the sampler saw of the
+unmodified script. Pure: frames and the probe's `loader` report in, findings out.
+
+- idle workers: workers that produced no batch in the window while others did (the steps'
+  `worker` column); an iterable dataset with fewer shards than workers is the usual cause.
+- growing worker memory: the slope of the workers' own memory (USS, else RSS) over the
+  window, against the memory still available: the minutes left at that rate.
+- /dev/shm: what the batches in flight need (workers x prefetch, plus the one the loop
+  holds, x the batch's bytes) against the size and free space of /dev/shm.
+- open files: torch's `file_descriptor` sharing holds a descriptor per tensor in flight;
+  against `ulimit -n`.
+- a loader error that happened, named from its message: a worker killed by a signal (Bus
+  error: /dev/shm; Killed: the OOM killer), 'received 0 items of ancdata' (descriptors).
+
+A finding whose fix is not more workers says so (`no_more_workers`): the advice engine then
+offers no num_workers increase beside it (monitor/assess/window.py merges them).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import pandas as pd
+
+from monitor.diagnosis.rules import Advice
+from monitor.thresholds import (
+    FD_HEADROOM,
+    IDLE_WORKER_MIN_BATCHES,
+    MEM_GROWTH_MB_MIN,
+    MEM_GROWTH_MIN_S,
+    SHM_HEADROOM,
+)
+
+IDLE_WORKERS, MEMORY_GROWTH, SHM, OPEN_FILES, OOM = (
+    "idle-workers", "worker-memory-growth", "shm-exhausted", "open-files-limit", "oom-killed")
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    cause: str
+    text: str
+    numbers: dict[str, Any] = field(default_factory=dict)
+    advice: tuple[Advice, ...] = ()
+    no_more_workers: bool = False  # more workers would not help (or would make it worse)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["advice"] = [a.to_dict() for a in self.advice]
+        return d
+
+
+def find(steps: pd.DataFrame, host: pd.DataFrame, report: dict[str, Any] | None,
+         errors: list[str], throughput: float) -> tuple[Finding, ...]:
+    """Every finding the window's evidence supports, the ones that happened first."""
+    happened = [f for f in (failure(e, report) for e in errors[-1:]) if f is not None]
+    coming = [idle_workers(steps, report, throughput), worker_memory(host), shm(report),
+              open_files(report)]
+    seen = {f.cause for f in happened}  # a failure that happened says what the warning would
+    return tuple(happened + [f for f in coming if f is not None and f.cause not in seen])
+
+
+def idle_workers(steps: pd.DataFrame, report: dict[str, Any] | None,
+                 throughput: float) -> Finding | None:
+    nw = int((report or {}).get("num_workers") or 0)
+    if nw < 2 or steps.empty or "worker" not in steps.columns:
+        return None
+    w = steps["worker"].dropna().astype(int)
+    if len(w) < IDLE_WORKER_MIN_BATCHES:
+        return None
+    counts = w.value_counts().to_dict()
+    idle = [i for i in range(nw) if counts.get(i, 0) == 0]
+    if not idle:
+        return None
+    busy = sorted(counts)
+    made = ", ".join(f"worker {i}: {counts[i]}" for i in busy)
+    shards = report.get("shards") if report else None
+    if report and report.get("iterable"):
+        why = (f"the iterable dataset {report.get('dataset')} feeds only {len(busy)} of them"
+               + (f" ({shards} shard{'s' if shards != 1 else ''} for {nw} workers)"
+                  if shards else "") + ": each worker reads its own shards, and one with "
+               "none yields nothing")
+        fix = (f"split the data into at least {nw} shards (more files; a Hugging Face "
+               f"dataset: to_iterable_dataset(num_shards={nw}) or .shard(); WebDataset: at "
+               f"least {nw} tar files)")
+    else:
+        why = "their samples never reach them (a sampler or worker_init_fn that skips them)"
+        fix = "check the sampler and worker_init_fn: every worker should get indices"
+    text = (f"{len(idle)} of {nw} DataLoader workers produced no batch in this window "
+            f"({made}): {why}. More workers will not help.")
+    advice = (Advice("dataset", f"at least {nw} shards", None, fix),
+              Advice("num_workers", len(busy), throughput if throughput > 0 else None,
+                     f"until then, num_workers={len(busy)} does the same work with "
+                     f"{len(idle)} fewer processes (their memory and start-up)"))
+    return Finding(IDLE_WORKERS, text, {"workers": nw, "idle": idle, "batches": counts,
+                                        "shards": shards}, advice, no_more_workers=True)
+
+
+def _slope(ts: pd.Series, ys: pd.Series) -> float:
+    t = ts - ts.iloc[0]
+    var = float(((t - t.mean()) ** 2).sum())
+    return float(((t - t.mean()) * (ys - ys.mean())).sum()) / var if var > 0 else math.nan
+
+
+def worker_memory(host: pd.DataFrame) -> Finding | None:
+    if host.empty or "ts" not in host.columns:
+        return None
+    col = next((c for c in ("workers_uss_mb", "workers_rss_mb")
+                if c in host.columns and host[c].notna().sum() >= 5), None)
+    if col is None:
+        return None
+    h = host[["ts", col, "workers", "mem_available_mb"]].dropna(subset=[col])
+    h = h[h["workers"].fillna(0) > 0] if "workers" in h.columns else h
+    if len(h) < 5 or float(h["ts"].iloc[-1] - h["ts"].iloc[0]) < MEM_GROWTH_MIN_S:
+        return None
+    per_min = _slope(h["ts"], h[col]) * 60.0
+    if not per_min > MEM_GROWTH_MB_MIN:
+        return None
+    workers = max(1, int(h["workers"].iloc[-1] or 1))
+    now = float(h[col].iloc[-1])
+    avail = h["mem_available_mb"].dropna()
+    left = float(avail.iloc[-1]) if not avail.empty else None
+    minutes = left / per_min if left is not None and per_min > 0 else None
+    when = (f": at this rate the host runs out of memory in about {minutes:,.0f} min "
+            f"({left:,.0f} MB available)" if minutes is not None else "")
+    kind = "USS" if col == "workers_uss_mb" else "RSS"
+    text = (f"the DataLoader workers' memory grows {per_min:,.0f} MB/min "
+            f"({per_min / workers:,.0f} MB/min a worker, {kind} {now:,.0f} MB now){when}. "
+            "That is a per-sample cache that never evicts, or a dataset of Python objects "
+            "(lists, dicts) that every forked worker copies page by page as it reads them.")
+    fix = ("bound the cache (functools.lru_cache(maxsize=...)) or drop it; keep the dataset "
+           "in arrays (numpy, Arrow, a memory-mapped file) rather than Python lists and "
+           "dicts; or run fewer workers, each with the memory it needs")
+    return Finding(MEMORY_GROWTH, text, {"mb_per_min": per_min, "per_worker_mb_per_min":
+                                         per_min / workers, "memory_mb": now,
+                                         "available_mb": left, "minutes_left": minutes},
+                   (Advice("dataset", "bounded cache, arrays", None, fix),),
+                   no_more_workers=True)
+
+
+def _shm_need_mb(report: dict[str, Any]) -> float:
+    return report["batch_bytes"] * (int(report.get("in_flight") or 0) + 1) / 1e6
+
+
+def shm(report: dict[str, Any] | None) -> Finding | None:
+    if not report or not report.get("num_workers") or report.get("shm_total_mb") is None:
+        return None
+    need, total = _shm_need_mb(report), float(report["shm_total_mb"])
+    free = float(report.get("shm_free_mb") or total)
+    if need <= SHM_HEADROOM * max(free, 0.0):
+        return None
+    return Finding(SHM, _shm_text(report, need, total, free),
+                   {"need_mb": need, "shm_total_mb": total, "shm_free_mb": free},
+                   _shm_advice(report, total))
+
+
+def _shm_text(report: dict[str, Any], need: float, total: float, free: float) -> str:
+    batch = report["batch_bytes"] / 1e6
+    return (f"the batches in flight need {need:,.0f} MB of /dev/shm ({report['in_flight']} "
+            f"in flight ({report['num_workers']} workers x prefetch "
+            f"{report.get('prefetch_factor')}) and the one the loop holds, {batch:,.1f} MB "
+            f"each); {total:,.0f} MB exist, {free:,.0f} MB free: workers die with 'Bus error' "
+            "or 'No space left on device' when it fills")
+
+
+def _shm_advice(report: dict[str, Any], total: float) -> tuple[Advice, ...]:
+    out = []
+    batch = report["batch_bytes"] / 1e6
+    nw = int(report["num_workers"])
+    fits = int((SHM_HEADROOM * total / batch - 1) // nw) if batch > 0 else 0
+    pf = report.get("prefetch_factor") or 2
+    if 1 <= fits < pf:
+        out.append(Advice("prefetch_factor", fits, None,
+                          f"prefetch_factor={fits}: {nw * fits + 1} batches fit in "
+                          f"{total:,.0f} MB"))
+    out.append(Advice("host", "--shm-size", None,
+                      f"give /dev/shm at least {_shm_need_mb(report) / SHM_HEADROOM:,.0f} MB "
+                      "(docker run --shm-size=2g; Kubernetes: an emptyDir of medium Memory "
+                      "at /dev/shm), or torch.multiprocessing.set_sharing_strategy("
+                      "'file_system')"))
+    return tuple(out)
+
+
+def _fd_need(report: dict[str, Any]) -> int:
+    return int(report.get("batch_tensors") or 0) * (int(report.get("in_flight") or 0) + 1) \
+        + int(report.get("open_fds") or 0)
+
+
+def open_files(report: dict[str, Any] | None) -> Finding | None:
+    if not report or not report.get("num_workers") or not report.get("nofile_limit") \
+            or report.get("sharing_strategy") != "file_descriptor":
+        return None
+    need, limit = _fd_need(report), int(report["nofile_limit"])
+    if need <= FD_HEADROOM * limit:
+        return None
+    return Finding(OPEN_FILES, _fd_text(report, need, limit), {"need": need, "limit": limit},
+                   (_fd_advice(need),))
+
+
+def _fd_text(report: dict[str, Any], need: int, limit: int) -> str:
+    return (f"batches in flight hold about {need:,} open descriptors "
+            f"({report.get('batch_tensors')} tensors a batch x "
+            f"{int(report.get('in_flight') or 0) + 1} batches, and {report.get('open_fds')} "
+            f"open already) against ulimit -n {limit:,}: torch's file_descriptor sharing "
+            "keeps one per tensor in flight, and past the limit the loop fails with "
+            "'received 0 items of ancdata' or 'Too many open files'")
+
+
+def _fd_advice(need: int) -> Advice:
+    return Advice("host", "ulimit -n", None,
+                  f"raise the open-files limit above {need * 2:,} (ulimit -n 65536), or call "
+                  "torch.multiprocessing.set_sharing_strategy('file_system') before the "
+                  "DataLoader is built, or collate each batch into fewer tensors")
+
+
+def _short(error: str, n: int = 240) -> str:
+    """An error line cut to n characters, keeping its end (where a worker's cause is)."""
+    return error if len(error) <= n else error[: n // 3] + " ... " + error[-(2 * n) // 3:]
+
+
+def failure(error: str, report: dict[str, Any] | None) -> Finding | None:
+    """A loader error that reached the loop, named from its message (None: not one of
+    these causes)."""
+    low = error.lower()
+    if "bus error" in low or "no space left on device" in low or "/dev/shm" in low:
+        numbers = report or {}
+        detail = _shm_text(report, _shm_need_mb(report), float(report["shm_total_mb"]),
+                           float(report.get("shm_free_mb") or 0)) \
+            if report and report.get("shm_total_mb") is not None else \
+            "the DataLoader workers pass their batches through /dev/shm, and it filled"
+        return Finding(SHM, f"the loader failed: /dev/shm ran out ({_short(error)}): {detail}",
+                       {k: numbers.get(k) for k in ("shm_total_mb", "shm_free_mb",
+                                                     "batch_bytes", "in_flight")},
+                       _shm_advice(report, float(report["shm_total_mb"]))
+                       if report and report.get("shm_total_mb") else ())
+    if "ancdata" in low or "too many open files" in low:
+        need = _fd_need(report) if report else None
+        detail = _fd_text(report, need, int(report["nofile_limit"])) \
+            if report and report.get("nofile_limit") and need is not None else \
+            "torch's file_descriptor sharing keeps one descriptor per tensor in flight"
+        return Finding(OPEN_FILES, f"the loader failed: out of file descriptors "
+                       f"({_short(error)}): {detail}",
+                       {"need": need, "limit": (report or {}).get("nofile_limit")},
+                       (_fd_advice(need or 1024),))
+    if "killed by signal: killed" in low:
+        return Finding(OOM, f"the loader failed: a worker was killed by SIGKILL, most often "
+                       f"the kernel's OOM killer when memory runs out ({_short(error)})",
+                       {}, (Advice("dataset", "bounded cache, arrays", None,
+                                   "watch the workers' memory (the worker-memory finding "
+                                   "names its slope); fewer workers or a bounded cache"),),
+                       no_more_workers=True)
+    return None
+
+
+def headline(text: str, findings: tuple[Finding, ...], f: Any) -> str:
+    """The verdict's sentence with the findings: one that rules out more workers replaces
+    the verdict's reasoning (which would say add workers); the others follow it."""
+    first = next((x for x in findings if x.no_more_workers), None)
+    if first is not None:
+        share = getattr(f, "data_wait_share", math.nan)
+        wait = f" The device waits for data {share:.0%} of step time." \
+            if isinstance(share, float) and not math.isnan(share) else ""
+        rest = [x.text for x in findings if x is not first]
+        return " ".join([first.text[0].upper() + first.text[1:] + wait, *rest])
+    return " ".join([text, *(x.text[0].upper() + x.text[1:] for x in findings)])
+
+
+def merge(advice: tuple[Advice, ...], findings: tuple[Finding, ...],
+          workers_now: int) -> tuple[Advice, ...]:
+    """The findings' fixes first; no num_workers increase beside a finding that says more
+    workers will not help."""
+    if not findings:
+        return advice
+    blocked = any(f.no_more_workers for f in findings)
+    kept = tuple(a for a in advice if not (blocked and a.param == "num_workers"
+                                            and isinstance(a.value, int)
+                                            and a.value > workers_now))
+    first: list[Advice] = []
+    for a in (a for f in findings for a in f.advice):
+        if a not in first:
+            first.append(a)
+    return tuple(first) + tuple(a for a in kept if a not in first)

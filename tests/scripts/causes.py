@@ -1,0 +1,104 @@
+"""Reproducers of the causes real jobs starve from, as plain training scripts (no monitor
+imports): `python causes.py KIND [--workers N] [--seconds S]`. Each prints its own
+samples/s at the end (`rate N samples/s`), so a test compares bare runs at two settings.
+
+- idle_shards: an IterableDataset with one shard: only worker 0 yields, the others stop at
+  once (as datasets' IterableDataset does with fewer shards than workers).
+- mem_growth: a per-sample cache that never evicts: each worker keeps every sample it made
+  (about 1 MB each), so worker memory grows until the job is killed.
+- shm: 12 MB batches through a small /dev/shm (run it inside a mount namespace whose
+  /dev/shm is a small tmpfs): the workers' batches in flight do not fit.
+- fds: batches of 300 small tensors with the open-files limit set to 128 in this process
+  (torch's default file_descriptor sharing keeps one descriptor per tensor in flight).
+"""
+from __future__ import annotations
+
+import argparse
+import resource
+import time
+
+import torch
+from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_info
+
+CACHE: dict[int, torch.Tensor] = {}
+
+
+class OneShard(IterableDataset):
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __iter__(self):
+        info = get_worker_info()
+        if info is not None and info.id > 0:
+            return  # no shard left for this worker
+        for i in range(self.n):
+            t = time.perf_counter()
+            while time.perf_counter() - t < 0.002:  # decoding
+                pass
+            yield torch.full((4,), float(i))
+
+
+class Cached(Dataset):
+    def __len__(self) -> int:
+        return 100_000
+
+    def __getitem__(self, i: int):
+        if i not in CACHE:
+            CACHE[i] = torch.rand(256, 1024)  # 1 MB, kept forever
+        time.sleep(0.004)
+        return CACHE[i][0, :4].clone()
+
+
+class Big(Dataset):
+    def __len__(self) -> int:
+        return 10_000
+
+    def __getitem__(self, i: int):
+        return torch.full((3 * 1024 * 1024 // 4,), float(i))  # 3 MB a sample: 12 MB a batch
+
+
+class ManyTensors(Dataset):
+    def __len__(self) -> int:
+        return 10_000
+
+    def __getitem__(self, i: int):
+        return [torch.full((2,), float(i)) for _ in range(300)]
+
+
+def build(kind: str, workers: int) -> DataLoader:
+    if kind == "idle_shards":
+        return DataLoader(OneShard(100_000), batch_size=8, num_workers=workers)
+    if kind == "mem_growth":
+        return DataLoader(Cached(), batch_size=4, num_workers=workers, shuffle=True)
+    if kind == "shm":
+        return DataLoader(Big(), batch_size=4, num_workers=workers, prefetch_factor=2)
+    if kind == "fds":
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(128, hard), hard))
+        return DataLoader(ManyTensors(), batch_size=1, num_workers=workers,
+                          collate_fn=lambda b: b[0])
+    raise SystemExit(f"unknown kind {kind!r}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("kind")
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--seconds", type=float, default=8.0)
+    a = ap.parse_args()
+    loader = build(a.kind, a.workers)
+    start, n = time.perf_counter(), 0
+    first = None
+    for _batch in loader:
+        if first is None:
+            first = time.perf_counter()
+        time.sleep(0.003)  # the "step"
+        n += 1
+        if time.perf_counter() - start > a.seconds:
+            break
+    took = time.perf_counter() - (first or start)
+    print(f"rate {n / took:.1f} batches/s ({n} batches)", flush=True)
+
+
+if __name__ == "__main__":
+    main()
