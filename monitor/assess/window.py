@@ -132,7 +132,8 @@ def steady_window(store: Store, run_id: int) -> Window | None:
     last = store.last_step_ts(run_id)
     if last is None:
         steps = store.steps(run_id)
-        return Window(run, steps, steps.iloc[0:0], "no steps yet")
+        report, errors = loader_notes(store.events(run_id, kinds=LOADER_KINDS))
+        return Window(run, steps, steps.iloc[0:0], "no steps yet", None, None, report, errors)
     steps = store.steps(run_id, since=last - STEADY_MAX_S)  # a day-long run: its last minutes
     cut = analysis.span(steps)[0] > float(run["started_at"]) + 1.0 and \
         store.steps(run_id, since=last - STEADY_MAX_S - 5.0, until=last - STEADY_MAX_S
@@ -153,7 +154,7 @@ def steady_window(store: Store, run_id: int) -> Window | None:
                   store.ranks(run_id), _warmup(store, run_id, steps, last), report, errors)
 
 
-LOADER_KINDS = ("loader", "loader error")
+LOADER_KINDS = ("loader", "loader error", "stalled")
 
 
 def loader_notes(events: pd.DataFrame) -> tuple[dict[str, Any] | None, tuple[str, ...]]:
@@ -162,7 +163,8 @@ def loader_notes(events: pd.DataFrame) -> tuple[dict[str, Any] | None, tuple[str
         return None, ()
     rep = events[events["kind"] == "loader"]
     report = json.loads(rep["data"].iloc[-1]) if not rep.empty else None
-    errors = tuple(events[events["kind"] == "loader error"]["label"].astype(str))
+    errors = tuple(str(x) for k, x in zip(events["kind"], events["label"], strict=True)
+                   if k == "loader error" or (k == "stalled" and "Open files:" in str(x)))
     return report, errors
 
 

@@ -19,6 +19,7 @@ offers no num_workers increase beside it (monitor/assess/window.py merges them).
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -234,6 +235,12 @@ def failure(error: str, report: dict[str, Any] | None) -> Finding | None:
                                                      "batch_bytes", "in_flight")},
                        _shm_advice(report, float(report["shm_total_mb"]))
                        if report and report.get("shm_total_mb") else ())
+    if "Open files: " in error:  # the stall watchdog found the loader at the limit
+        detail = error[error.index("Open files: ") + len("Open files: "):]
+        limit = re.search(r"ulimit -n (\d+)", detail)
+        return Finding(OPEN_FILES, f"the loader is stuck at the open-files limit: {detail}",
+                       {"limit": int(limit.group(1)) if limit else None},
+                       (_fd_advice(int(limit.group(1)) if limit else 1024),))
     if "ancdata" in low or "too many open files" in low:
         need = _fd_need(report) if report else None
         detail = _fd_text(report, need, int(report["nofile_limit"])) \

@@ -59,8 +59,13 @@ def summary(store: Store, run_id: int, ctx: Context) -> dict[str, Any]:
         out["verdict_text"] += (f" Timing stopped{at}: {stop['error']}; this covers the "
                                 "steps before it.")
     if steps.empty and run.get("status") not in (None, RUNNING):
-        out["verdict_text"] = out["timing_stopped"]["text"] if "timing_stopped" in out \
-            else notes.NO_LOADER
+        found = [x["text"][0].upper() + x["text"][1:] for x in out.get("findings") or []]
+        if "timing_stopped" in out:
+            out["verdict_text"] = out["timing_stopped"]["text"]
+        elif found:  # a loader was timed and never delivered: what stopped it
+            out["verdict_text"] = " ".join(["The timed loader delivered no batch.", *found])
+        else:
+            out["verdict_text"] = notes.NO_LOADER
     return out
 
 

@@ -102,14 +102,49 @@ def workers_state(pid: int, interval: float = 0.1, proc: str = "/proc") -> list[
 
 
 def describe(idle_s: float, main: str, workers: list[dict[str, Any]],
-             first: bool = False) -> str:
+             first: bool = False, limits: str | None = None) -> str:
     what = "no first batch after" if first else "no batch for"
     text = f"{what} {idle_s:.0f} s: the loader looks stuck; {main}"
     if workers:
         text += "; workers " + ", ".join(
             f"{w['pid']} ({w['status']}, {w['cpu_pct'] if w['cpu_pct'] is not None else '?'}%"
             " CPU)" for w in workers)
-    return text
+    return text + (f". {limits}" if limits else "")
+
+
+FD_NEAR = 0.9  # descriptors open past this share of `ulimit -n`: the likely cause of a hang
+
+
+def _fds(pid: str) -> tuple[int, int] | None:
+    """(descriptors open, the soft open-files limit) of a process, from /proc."""
+    try:
+        n = len(os.listdir(f"/proc/{pid}/fd"))
+        with open(f"/proc/{pid}/limits") as f:
+            row = next(ln for ln in f if ln.startswith("Max open files"))
+        soft = row.split()[3]
+        return n, (int(soft) if soft.isdigit() else 0)
+    except (OSError, StopIteration, ValueError, IndexError):
+        return None
+
+
+def near_limits(workers: list[dict[str, Any]] | None = None) -> str | None:
+    """A limit the stuck loader is at: the open-files limit, of the main process or of a
+    worker (torch's file_descriptor sharing holds one per tensor in flight; at the limit a
+    worker cannot send its batch, 'Too many open files' goes to its own stderr, and the loop
+    waits for ever)."""
+    worst = None
+    for pid in ["self", *(str(w["pid"]) for w in workers or ())]:
+        got = _fds(pid)
+        if got is not None and got[1] > 0 and got[0] >= FD_NEAR * got[1] and (
+                worst is None or got[0] / got[1] > worst[1] / worst[2]):
+            worst = ("the main process" if pid == "self" else f"worker {pid}", *got)
+    if worst is None:
+        return None
+    who, n, soft = worst
+    return (f"Open files: {who} holds {n} of its ulimit -n {soft}: torch's file_descriptor "
+            "sharing holds one per tensor in flight, and at the limit a worker cannot send "
+            "its batch ('Too many open files'): raise ulimit -n, or call torch.multiprocessing"
+            ".set_sharing_strategy('file_system'), or collate fewer tensors a batch")
 
 
 class Watchdog:
@@ -166,7 +201,8 @@ class Watchdog:
             self.stalled = True
             workers = workers_state(os.getpid())
             text = describe(idle, where_is_main(self.main_thread), workers,
-                            first=p.waiting_first and p.first_batch_s is None)
+                            first=p.waiting_first and p.first_batch_s is None,
+                            limits=near_limits(workers))
             p.store.add_event(p.run_id, STALLED, text, {
                 "waiting_since": p.wall(since), "workers": workers, "limit_s": self.limit()})
             if self.on_stall is not None:

@@ -85,7 +85,10 @@ def main() -> None:
     ap.add_argument("kind")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--seconds", type=float, default=8.0)
+    ap.add_argument("--sharing", default=None, help="torch's sharing strategy (the fds fix)")
     a = ap.parse_args()
+    if a.sharing:
+        torch.multiprocessing.set_sharing_strategy(a.sharing)
     loader = build(a.kind, a.workers)
     start, n = time.perf_counter(), 0
     first = None

@@ -1,0 +1,171 @@
+"""The causes real jobs starve from, each reproduced by a plain script with a real DataLoader
+and real worker processes (tests/scripts/causes.py, no monitor imports) under `monitor run`:
+the finding names the cause with its numbers, the advice is the fix, and where more workers
+do not help the advice says no such thing (checked against bare runs at two worker counts).
+A failure that happened is the run's stored reason."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from monitor.diagnosis import causes
+from monitor.store import Store
+from tests.conftest import wait_for
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPT = ROOT / "tests" / "scripts" / "causes.py"
+ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
+
+
+def bare(kind: str, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(SCRIPT), kind, *args], cwd=ROOT, env=ENV,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def rate(r: subprocess.CompletedProcess) -> float:
+    return float(re.search(r"rate ([\d.]+) batches/s", r.stdout).group(1))
+
+
+def monitored(db: Path, kind: str, *args: str, wrap: str | None = None) -> tuple[int, dict]:
+    cmd = [sys.executable, "-m", "monitor", "run", "--db", str(db), "--json", "--",
+           sys.executable, str(SCRIPT), kind, *args]
+    if wrap:  # a shell line run in a mount namespace of its own
+        cmd = ["unshare", "-m", "sh", "-c", wrap + " ".join(cmd)]
+    r = subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=240)
+    return r.returncode, json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def more_workers(d: dict) -> list[dict]:
+    nw = d["config"]["num_workers"]
+    return [a for a in d["advice"] if a["param"] == "num_workers" and a["value"] > nw]
+
+
+def finding(d: dict, cause: str) -> dict:
+    found = [x for x in d["findings"] if x["cause"] == cause]
+    assert found, (d["verdict_text"], d["findings"])
+    return found[0]
+
+
+@pytest.mark.slow
+def test_workers_left_idle_by_a_one_shard_iterable_dataset(tmp_path, no_leaks):
+    two, four = bare("idle_shards", "--workers", "2", "--seconds", "3"), \
+        bare("idle_shards", "--workers", "4", "--seconds", "3")
+    assert rate(four) < 1.5 * rate(two), (rate(two), rate(four))  # more workers: no gain
+    rc, d = monitored(tmp_path / "i.db", "idle_shards", "--workers", "4", "--seconds", "4")
+    assert rc == 0
+    f = finding(d, causes.IDLE_WORKERS)
+    assert f["numbers"]["idle"] == [1, 2, 3] and f["numbers"]["workers"] == 4
+    assert "iterable dataset OneShard feeds only 1" in f["text"]
+    assert d["advice"][0]["param"] == "dataset" and "shards" in d["advice"][0]["reason"]
+    assert not more_workers(d), d["advice"]
+    assert d["verdict_text"].startswith("3 of 4 DataLoader workers produced no batch")
+
+
+@pytest.mark.slow
+def test_worker_memory_that_grows_is_named_with_the_minutes_left(tmp_path, no_leaks):
+    rc, d = monitored(tmp_path / "m.db", "mem_growth", "--workers", "2", "--seconds", "10")
+    assert rc == 0
+    f = finding(d, causes.MEMORY_GROWTH)
+    n = f["numbers"]
+    assert n["mb_per_min"] > 100 and n["minutes_left"] is not None and n["minutes_left"] > 0
+    assert "runs out of memory in about" in f["text"] and "cache that never evicts" in f["text"]
+    assert d["advice"][0]["param"] == "dataset" and "lru_cache" in d["advice"][0]["reason"]
+    assert not more_workers(d), d["advice"]
+
+
+def _namespace_shm() -> str | None:
+    """A shell prefix for a mount namespace whose /dev/shm is a 32 MB tmpfs."""
+    if os.geteuid() != 0 or not shutil.which("unshare"):
+        return None
+    r = subprocess.run(["unshare", "-m", "sh", "-c", "mount -t tmpfs -o size=32m tmpfs "
+                        "/dev/shm"], capture_output=True, timeout=30)
+    if r.returncode != 0:
+        return None
+    return "mount -t tmpfs -o size=32m tmpfs /dev/shm && exec "
+
+
+@pytest.mark.slow
+def test_a_small_dev_shm_is_the_failed_runs_reason_with_its_numbers(tmp_path, no_leaks):
+    wrap = _namespace_shm()
+    if wrap is None:
+        pytest.skip("needs root and unshare to mount a small /dev/shm in a mount namespace")
+    small = subprocess.run(["unshare", "-m", "sh", "-c", wrap + f"{sys.executable} {SCRIPT} "
+                            "shm --workers 2 --seconds 2"], cwd=ROOT, env=ENV,
+                           capture_output=True, text=True, timeout=120)
+    assert small.returncode != 0  # bare, it fails the same way
+    rc, d = monitored(tmp_path / "s.db", "shm", "--workers", "2", "--seconds", "3", wrap=wrap)
+    assert rc != 0
+    f = finding(d, causes.SHM)
+    assert f["text"].startswith("the loader failed: /dev/shm ran out")
+    assert f["numbers"]["shm_total_mb"] < 40 and f["numbers"]["batch_bytes"] > 12e6
+    assert re.search(r"need \d+ MB of /dev/shm", f["text"])
+    assert any(a["param"] == "host" and "--shm-size" in a["reason"] for a in d["advice"])
+    error = Store(tmp_path / "s.db").run(d["run_id"])["error"]
+    assert error.startswith("the loader failed: /dev/shm ran out"), error
+    assert error.endswith("(then: the script ended with exit code 1)")
+    # the fix measured: the same script with room in /dev/shm runs
+    roomy = bare("shm", "--workers", "2", "--seconds", "2")
+    assert roomy.returncode == 0, roomy.stderr[-1000:]
+
+
+@pytest.mark.slow
+def test_the_open_files_limit_names_the_hang_it_causes(tmp_path, no_leaks):
+    """ulimit -n 128 and batches of 300 tensors: the workers cannot send their batches and
+    the loop waits for ever; the stall says which limit, and the stopped run keeps it."""
+    db = tmp_path / "f.db"
+    p = subprocess.Popen([sys.executable, "-m", "monitor", "run", "--db", str(db), "--json",
+                          "--", sys.executable, str(SCRIPT), "fds", "--workers", "2",
+                          "--seconds", "3"], cwd=ROOT, env=ENV, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    store = Store(db) if wait_for(db.exists, timeout=60) else None
+    assert wait_for(lambda: "Open files:" in " ".join(
+        store.events(1, kinds=("stalled",))["label"]), timeout=120), p.stderr
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=120)
+    d = json.loads(out.strip().splitlines()[-1])
+    f = finding(d, causes.OPEN_FILES)
+    assert re.search(r"holds \d+ of its ulimit -n 128", f["text"]), f["text"]
+    assert any("set_sharing_strategy('file_system')" in a["reason"] for a in d["advice"])
+    error = store.run(d["run_id"])["error"]
+    assert "ulimit -n 128" in error, error
+    fixed = bare("fds", "--workers", "2", "--seconds", "2", "--sharing", "file_system")
+    assert fixed.returncode == 0 and rate(fixed) > 0, fixed.stderr[-1000:]
+
+
+def test_descriptors_and_shm_in_flight_are_read_before_a_failure():
+    """The probe's report at a first batch: what the batches in flight need against what
+    the host has, said before it fails."""
+    report = {"num_workers": 4, "prefetch_factor": 2, "in_flight": 8, "batch_bytes": 12e6,
+              "batch_tensors": 300, "shm_total_mb": 64.0, "shm_free_mb": 60.0,
+              "nofile_limit": 1024, "open_fds": 40, "sharing_strategy": "file_descriptor"}
+    s = causes.shm(report)
+    assert s is not None and "need 108 MB of /dev/shm" in s.text and "64 MB exist" in s.text
+    o = causes.open_files(report)
+    assert o is not None and o.numbers == {"need": 300 * 9 + 40, "limit": 1024}
+    fine = {**report, "batch_bytes": 1e6, "batch_tensors": 2}
+    assert causes.shm(fine) is None and causes.open_files(fine) is None
+    assert causes.open_files({**report, "sharing_strategy": "file_system"}) is None
+
+
+def test_a_worker_killed_by_the_oom_killer_is_named():
+    f = causes.failure("RuntimeError: DataLoader worker (pid 123) is killed by signal: "
+                       "Killed.", None)
+    assert f is not None and f.cause == causes.OOM and f.no_more_workers
+    assert causes.failure("ValueError: bad sample 7", None) is None
+
+
+def test_idle_workers_need_enough_batches_to_be_named():
+    steps = pd.DataFrame({"worker": [0, 1] * 5})
+    assert causes.idle_workers(steps, {"num_workers": 3}, 100.0) is None  # 10 batches
+    steps = pd.DataFrame({"worker": [0, 1] * 20})
+    f = causes.idle_workers(steps, {"num_workers": 3, "iterable": False}, 100.0)
+    assert f is not None and f.numbers["idle"] == [2] and "sampler" in f.text
