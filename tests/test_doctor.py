@@ -78,3 +78,19 @@ def test_torchvision_built_for_another_torch_is_named_with_the_pair_to_install()
     broken = doctor.vision_check({"v": "2.14.1", "tv": "0.29.1", "tv_needs": [],
                                   "tv_error": "ImportError: libcudart.so.12"})
     assert broken.status == doctor.FAIL and "does not import" in broken.what
+
+
+def test_a_declared_loader_is_checked_against_shm_and_the_open_files_limit():
+    """Before a run: 4 workers x prefetch 2 of 12 MB batches need 108 MB of /dev/shm (a
+    container's 64 MB fails); 300 tensors a batch need 2,700 descriptors (1024 fails)."""
+    shm, fds = doctor.in_flight_check(64.0, 1024, 12.0, 300, 4, 2)
+    assert shm.status == doctor.FAIL and "need 108 MB" in shm.what and "--shm-size" in shm.todo
+    assert fds.status == doctor.FAIL and "2,700" in fds.what
+    ok = doctor.in_flight_check(8192.0, 65536, 12.0, 300, 4, 2)
+    assert [c.status for c in ok] == [doctor.OK, doctor.OK]
+
+
+def test_spawn_and_forkserver_workers_are_said_to_start_every_epoch():
+    assert doctor.start_method_check("fork").status == doctor.OK
+    c = doctor.start_method_check("forkserver")
+    assert c.status == doctor.WARN and "persistent_workers=True" in c.todo

@@ -154,3 +154,31 @@ def test_a_loader_that_cannot_be_retuned_says_why_in_the_page(server):  # noqa: 
     finally:
         job.terminate()
         job.wait(60)
+
+
+def test_workers_left_idle_are_named_in_the_page(server):  # noqa: F811
+    """A one-shard iterable dataset under 4 workers: the page names the idle workers and
+    the fix, not 'add workers'."""
+    from playwright.sync_api import expect, sync_playwright
+
+    url, db, _proc = server
+    job = subprocess.Popen(
+        [sys.executable, "-m", "monitor", "run", "--db", str(db), "--", sys.executable,
+         str(ROOT / "tests" / "scripts" / "causes.py"), "idle_shards", "--workers", "4",
+         "--seconds", "60"], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    store = Store(db) if wait_for(db.exists, timeout=60) else None
+    try:
+        assert wait_for(lambda: len(store.steps(1)) >= 30, timeout=90)
+        with sync_playwright() as p:
+            browser = launch(p)
+            page = browser.new_page(viewport={"width": 1500, "height": 1000})
+            page.goto(url)
+            expect(page.get_by_text(re.compile(
+                r"idle-workers: 3 of 4 DataLoader workers produced no batch")).first
+            ).to_be_visible(timeout=60_000)
+            expect(page.get_by_text(re.compile(r"split the data into at least 4 shards")
+                                    ).first).to_be_visible(timeout=10_000)
+            browser.close()
+    finally:
+        job.terminate()
+        job.wait(60)

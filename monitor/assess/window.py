@@ -237,8 +237,9 @@ def assess(window: Window, ctx: Context, parts: int = 1) -> Assessment:
         if ranks and "rank" in host.columns and (host["rank"] == ranks[0]).any():
             host = host[host["rank"] == ranks[0]]
         f, dg = _one(window, ctx, _own_config(window, ranks), host, steps)
-        found = causes.find(steps, host, window.loader_report, list(window.loader_errors),
-                            f.throughput)
+        report = window.loader_report or {  # a live window past the epoch's report
+            "num_workers": int(f.config.get("num_workers") or 0)}
+        found = causes.find(steps, host, report, list(window.loader_errors), f.throughput)
         if found:
             dg = dataclasses.replace(dg, headline=causes.headline(dg.headline, found, f),
                                      advice=causes.merge(dg.advice, found,

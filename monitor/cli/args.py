@@ -252,6 +252,11 @@ def _doctor(sub: argparse._SubParsersAction) -> None:
                     "folder; each line says what to do. Exit 1 when a check fails.")
     d.add_argument("--python", default=None,
                    help="the training environment's interpreter (default: this one)")
+    g = d.add_argument_group("a loader to check against /dev/shm and ulimit -n")
+    g.add_argument("--batch-mb", type=float, default=None, help="one batch's size in MB")
+    g.add_argument("--tensors", type=int, default=None, help="tensors in one batch")
+    g.add_argument("--num-workers", type=int, default=None)
+    g.add_argument("--prefetch-factor", type=int, default=None)
     _db(d)
 
 

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from monitor.thresholds import FD_HEADROOM, SHM_HEADROOM
+
 OK, WARN, FAIL = "ok", "warn", "FAIL"
 MIN_SHM_MB = 1024  # DataLoader workers pass batches through /dev/shm: Docker's 64 MB fails
 MIN_NPROC = 4096  # each worker is a process with threads of its own
@@ -36,8 +38,11 @@ class Check:
 TORCH_PROBE = """
 import json, importlib.metadata as md, torch
 c = torch.cuda
+import multiprocessing
 out = {'v': torch.__version__, 'cuda': torch.version.cuda, 'ok': c.is_available(),
-       'n': c.device_count() if c.is_available() else 0}
+       'n': c.device_count() if c.is_available() else 0,
+       'start': multiprocessing.get_start_method(allow_none=True)
+                or multiprocessing.get_all_start_methods()[0]}
 try:
     out['tv'] = md.version('torchvision')
     out['tv_needs'] = [r for r in (md.requires('torchvision') or [])
@@ -61,6 +66,7 @@ def torch_check(python: str = sys.executable) -> list[Check]:
         return [Check(FAIL, f"torch does not import in {python}",
                       "install torch in the training environment (pip install torch)")]
     out = [vision_check(info)] if info.get("tv") else []
+    out.append(start_method_check(info.get("start")))
     if info["ok"]:
         return [Check(OK, f"torch {info['v']}, CUDA {info['cuda']}, {info['n']} device(s)")] \
             + out
@@ -109,6 +115,44 @@ def shm_check(total_mb: float | None) -> Check:
                      "workers will die with 'Bus error' on large batches: run the container "
                      "with --shm-size=8g (or --ipc=host)")
     return Check(OK, f"/dev/shm {total_mb:,.0f} MB")
+
+
+def in_flight_check(shm_mb: float | None, nofile: int, batch_mb: float, tensors: int,
+                    workers: int, prefetch: int) -> list[Check]:
+    """A declared loader (--batch-mb, --tensors, --num-workers, --prefetch-factor) against
+    /dev/shm and `ulimit -n`, before it runs: the batches in flight (workers x prefetch,
+    and the one the loop holds) pass through /dev/shm, and under torch's default
+    file_descriptor sharing each of their tensors holds a descriptor."""
+    in_flight = workers * prefetch + 1
+    need = batch_mb * in_flight
+    out = []
+    if shm_mb is not None:
+        fits = need <= SHM_HEADROOM * shm_mb
+        out.append(Check(OK if fits else FAIL, f"batches in flight need {need:,.0f} MB of "
+                         f"/dev/shm ({in_flight} of {batch_mb:,.1f} MB); {shm_mb:,.0f} MB "
+                         "exist", "" if fits else f"give /dev/shm at least "
+                         f"{need / SHM_HEADROOM:,.0f} MB (docker run --shm-size), or lower "
+                         "prefetch_factor or num_workers"))
+    fds = tensors * in_flight
+    if tensors and nofile != resource.RLIM_INFINITY:
+        fits = fds <= FD_HEADROOM * nofile
+        out.append(Check(OK if fits else FAIL, f"descriptors in flight about {fds:,} "
+                         f"({tensors} tensors a batch x {in_flight}) against ulimit -n "
+                         f"{nofile:,}", "" if fits else "raise ulimit -n, or "
+                         "torch.multiprocessing.set_sharing_strategy('file_system')"))
+    return out
+
+
+def start_method_check(method: str | None) -> Check:
+    """The start method workers will use: with spawn or forkserver (Python 3.14's default)
+    every worker imports torch and unpickles the dataset object at each epoch unless
+    persistent_workers keeps them."""
+    if method in (None, "fork"):
+        return Check(OK, f"worker start method {method or 'fork'}")
+    return Check(WARN, f"worker start method {method}: each worker imports torch and "
+                 "unpickles the dataset object when it starts",
+                 "set persistent_workers=True so they start once, not every epoch; keep "
+                 "the dataset object small (paths, not loaded data)")
 
 
 def limit_check(name: str, soft: int, minimum: int, todo: str) -> Check:
@@ -168,7 +212,8 @@ def mem_limit_mb(root: str = "/sys/fs/cgroup") -> float | None:
     return None if raw == "max" else int(raw) / 1e6
 
 
-def run(db: str | None, python: str | None = None) -> list[Check]:
+def run(db: str | None, python: str | None = None, loader: dict[str, Any] | None = None,
+        ) -> list[Check]:
     from monitor.sampling import procfs
     from monitor.sampling.gpu import open_backend
     from monitor.sampling.host import cpu_budget
@@ -182,6 +227,11 @@ def run(db: str | None, python: str | None = None) -> list[Check]:
         backend.close()
     shm = shutil.disk_usage("/dev/shm").total / 1e6 if os.path.isdir("/dev/shm") else None
     checks.append(shm_check(shm))
+    if loader and loader.get("batch_mb"):
+        checks += in_flight_check(shm, resource.getrlimit(resource.RLIMIT_NOFILE)[0],
+                                  loader["batch_mb"], loader.get("tensors") or 0,
+                                  loader.get("num_workers") or 0,
+                                  loader.get("prefetch_factor") or 2)
     checks.append(limit_check("ulimit -u (processes)", resource.getrlimit(resource.RLIMIT_NPROC)[0],
                               MIN_NPROC, f"raise it (ulimit -u {MIN_NPROC * 4}): each "
                               "DataLoader worker is a process"))
@@ -196,7 +246,11 @@ def run(db: str | None, python: str | None = None) -> list[Check]:
 
 
 def doctor_command(args: Any) -> int:
-    checks = run(args.db, args.python)
+    loader = {"batch_mb": getattr(args, "batch_mb", None),
+              "tensors": getattr(args, "tensors", None),
+              "num_workers": getattr(args, "num_workers", None),
+              "prefetch_factor": getattr(args, "prefetch_factor", None)}
+    checks = run(args.db, args.python, loader)
     for c in checks:
         print(c.line())
     failed = [c for c in checks if c.status == FAIL]

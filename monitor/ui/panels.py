@@ -86,6 +86,8 @@ def render_explain(a: Assessment,
     """The bound, the advice (with an Apply button for the first loader change), and the
     evidence numbers behind the verdict."""
     dg = a.diagnosis
+    for f in a.findings:  # the causes named (monitor/diagnosis/causes.py), first
+        st.warning(plain(f"{f.cause}: {f.text}"))
     if dg.bound.get("text"):
         st.text(f"Bound: {dg.bound['text']}")
     for i, adv in enumerate(dg.advice, 1):
