@@ -169,3 +169,18 @@ def test_idle_workers_need_enough_batches_to_be_named():
     steps = pd.DataFrame({"worker": [0, 1] * 20})
     f = causes.idle_workers(steps, {"num_workers": 3, "iterable": False}, 100.0)
     assert f is not None and f.numbers["idle"] == [2] and "sampler" in f.text
+
+
+@pytest.mark.slow
+def test_one_slow_sample_holding_the_in_order_queue_is_head_of_line(tmp_path, no_leaks):
+    """Every 32nd sample takes 150 ms: the loop waits on that batch while the other workers'
+    batches sit finished. The fix, in_order=False, measured bare against in order."""
+    held, free = bare("head_of_line", "--workers", "4", "--seconds", "3"), \
+        bare("head_of_line", "--workers", "4", "--seconds", "3", "--any-order")
+    assert rate(free) > 1.5 * rate(held), (rate(held), rate(free))
+    rc, d = monitored(tmp_path / "h.db", "head_of_line", "--workers", "4", "--seconds", "4")
+    assert rc == 0
+    f = finding(d, causes.HEAD_OF_LINE)
+    assert f["numbers"]["held_wait_s"] >= 0.5 * f["numbers"]["wait_s"]
+    assert f["numbers"]["held_median"] >= 1 and "holds the in-order queue" in f["text"]
+    assert d["advice"][0]["param"] == "in_order" and d["advice"][0]["value"] is False

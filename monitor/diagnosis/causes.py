@@ -4,6 +4,8 @@ unmodified script. Pure: frames and the probe's `loader` report in, findings out
 
 - idle workers: workers that produced no batch in the window while others did (the steps'
   `worker` column); an iterable dataset with fewer shards than workers is the usual cause.
+- head-of-line: waits on a batch while later batches sat finished in other workers (the
+  steps' `held` column), holding most of the data wait.
 - growing worker memory: the slope of the workers' own memory (USS, else RSS) over the
   window, against the memory still available: the minutes left at that rate.
 - /dev/shm: what the batches in flight need (workers x prefetch, plus the one the loop
@@ -28,14 +30,17 @@ import pandas as pd
 from monitor.diagnosis.rules import Advice
 from monitor.thresholds import (
     FD_HEADROOM,
+    HOL_SHARE,
+    HOL_WAIT_X,
     IDLE_WORKER_MIN_BATCHES,
     MEM_GROWTH_MB_MIN,
     MEM_GROWTH_MIN_S,
     SHM_HEADROOM,
 )
 
-IDLE_WORKERS, MEMORY_GROWTH, SHM, OPEN_FILES, OOM = (
-    "idle-workers", "worker-memory-growth", "shm-exhausted", "open-files-limit", "oom-killed")
+IDLE_WORKERS, MEMORY_GROWTH, SHM, OPEN_FILES, OOM, HEAD_OF_LINE = (
+    "idle-workers", "worker-memory-growth", "shm-exhausted", "open-files-limit", "oom-killed",
+    "head-of-line")
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,8 +61,8 @@ def find(steps: pd.DataFrame, host: pd.DataFrame, report: dict[str, Any] | None,
          errors: list[str], throughput: float) -> tuple[Finding, ...]:
     """Every finding the window's evidence supports, the ones that happened first."""
     happened = [f for f in (failure(e, report) for e in errors[-1:]) if f is not None]
-    coming = [idle_workers(steps, report, throughput), worker_memory(host), shm(report),
-              open_files(report)]
+    coming = [idle_workers(steps, report, throughput), head_of_line(steps),
+              worker_memory(host), shm(report), open_files(report)]
     seen = {f.cause for f in happened}  # a failure that happened says what the warning would
     return tuple(happened + [f for f in coming if f is not None and f.cause not in seen])
 
@@ -96,6 +101,31 @@ def idle_workers(steps: pd.DataFrame, report: dict[str, Any] | None,
                      f"{len(idle)} fewer processes (their memory and start-up)"))
     return Finding(IDLE_WORKERS, text, {"workers": nw, "idle": idle, "batches": counts,
                                         "shards": shards}, advice, no_more_workers=True)
+
+
+def head_of_line(steps: pd.DataFrame) -> Finding | None:
+    """Waits spent on one batch while later ones sat finished in other workers (the steps'
+    `held` column): a slow sample holding the in-order queue."""
+    if steps.empty or "held" not in steps.columns or steps["held"].notna().sum() < 20:
+        return None
+    wait = steps["wait_s"]
+    total = float(wait.sum())
+    long = steps[(steps["held"].fillna(0) >= 1)
+                 & (wait > HOL_WAIT_X * max(float(wait.median()), 1e-4))]
+    held_wait = float(long["wait_s"].sum())
+    if len(long) < 3 or total <= 0 or held_wait < HOL_SHARE * total:
+        return None
+    held = int(long["held"].median())
+    text = (f"{held_wait / total:.0%} of the data wait ({held_wait:,.1f} s of {total:,.1f} s) "
+            f"was spent on {len(long)} batches while {held} later batches sat finished in "
+            "other workers (median): one slow sample (a huge image, a long record) holds "
+            "the in-order queue, and the loop waits behind it")
+    fix = ("DataLoader(..., in_order=False) (torch 2.6 and later) hands batches over as they "
+           "finish, so a slow one no longer holds the others back (batch order then varies "
+           "between runs); or give the slow samples less work (resize offline)")
+    return Finding(HEAD_OF_LINE, text, {"held_wait_s": held_wait, "wait_s": total,
+                                        "batches": len(long), "held_median": held},
+                   (Advice("in_order", False, None, fix),))
 
 
 def _slope(ts: pd.Series, ys: pd.Series) -> float:

@@ -6,6 +6,8 @@ samples/s at the end (`rate N samples/s`), so a test compares bare runs at two s
   once (as datasets' IterableDataset does with fewer shards than workers).
 - mem_growth: a per-sample cache that never evicts: each worker keeps every sample it made
   (about 1 MB each), so worker memory grows until the job is killed.
+- head_of_line: every 32nd sample takes 150 ms: with 4 workers the in-order queue holds
+  the loop on that batch while the others' batches sit finished (--any-order: the fix).
 - shm: 12 MB batches through a small /dev/shm (run it inside a mount namespace whose
   /dev/shm is a small tmpfs): the workers' batches in flight do not fit.
 - fds: batches of 300 small tensors with the open-files limit set to 128 in this process
@@ -49,6 +51,17 @@ class Cached(Dataset):
         return CACHE[i][0, :4].clone()
 
 
+class OneSlow(Dataset):
+    """Every 32nd sample is a huge image: 150 ms to decode, the rest 1 ms."""
+
+    def __len__(self) -> int:
+        return 100_000
+
+    def __getitem__(self, i: int):
+        time.sleep(0.15 if i % 32 == 0 else 0.001)
+        return torch.full((4,), float(i))
+
+
 class Big(Dataset):
     def __len__(self) -> int:
         return 10_000
@@ -65,11 +78,14 @@ class ManyTensors(Dataset):
         return [torch.full((2,), float(i)) for _ in range(300)]
 
 
-def build(kind: str, workers: int) -> DataLoader:
+def build(kind: str, workers: int, in_any_order: bool = False) -> DataLoader:
     if kind == "idle_shards":
         return DataLoader(OneShard(100_000), batch_size=8, num_workers=workers)
     if kind == "mem_growth":
         return DataLoader(Cached(), batch_size=4, num_workers=workers, shuffle=True)
+    if kind == "head_of_line":
+        return DataLoader(OneSlow(), batch_size=4, num_workers=workers,
+                          in_order=not in_any_order)
     if kind == "shm":
         return DataLoader(Big(), batch_size=4, num_workers=workers, prefetch_factor=2)
     if kind == "fds":
@@ -86,10 +102,11 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--seconds", type=float, default=8.0)
     ap.add_argument("--sharing", default=None, help="torch's sharing strategy (the fds fix)")
+    ap.add_argument("--any-order", action="store_true", help="in_order=False (the fix)")
     a = ap.parse_args()
     if a.sharing:
         torch.multiprocessing.set_sharing_strategy(a.sharing)
-    loader = build(a.kind, a.workers)
+    loader = build(a.kind, a.workers, a.any_order)
     start, n = time.perf_counter(), 0
     first = None
     for _batch in loader:
