@@ -130,55 +130,51 @@ def test_the_run_selector_says_finished_once_the_watched_job_ends(server):  # no
             job.wait(60)
 
 
-def test_a_loader_that_cannot_be_retuned_says_why_in_the_page(server):  # noqa: F811
-    """timm's MultiEpochsDataLoader keeps one iterator for every epoch: the page offers no
-    loader controls for it, and says why, instead of taking requests it would refuse."""
+def _page_of_a_job(served, script: str, args: list[str], steps: int, check) -> None:
+    """Attach `script` (tests/scripts/) to the served store, open the page once it has
+    `steps` steps, and run `check(page, expect)` against it; the job is ended after."""
     from playwright.sync_api import expect, sync_playwright
 
-    url, db, _proc = server
+    url, db, _proc = served
     job = subprocess.Popen(
         [sys.executable, "-m", "monitor", "run", "--db", str(db), "--", sys.executable,
-         str(ROOT / "tests" / "scripts" / "loaders.py"), "multi_epochs", "--workers", "1",
-         "--epochs", "400"], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+         str(ROOT / "tests" / "scripts" / script), *args], cwd=ROOT,
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     store = Store(db) if wait_for(db.exists, timeout=60) else None
     try:
-        assert wait_for(lambda: len(store.steps(1)) >= 5, timeout=90)
+        assert wait_for(lambda: len(store.steps(1)) >= steps, timeout=90)
         with sync_playwright() as p:
             browser = launch(p)
             page = browser.new_page(viewport={"width": 1500, "height": 1000})
             page.goto(url)
-            expect(page.get_by_text("cannot be re-tuned live: MultiEpochsDataLoader keeps "
-                                    "one iterator").first).to_be_visible(timeout=60_000)
-            assert page.get_by_text("Change the attached script's loader").count() == 0
+            check(page, expect)
             browser.close()
     finally:
         job.terminate()
         job.wait(60)
+
+
+def test_a_loader_that_cannot_be_retuned_says_why_in_the_page(server):  # noqa: F811
+    """timm's MultiEpochsDataLoader keeps one iterator for every epoch: the page offers no
+    loader controls for it, and says why, instead of taking requests it would refuse."""
+    def check(page, expect) -> None:
+        expect(page.get_by_text("cannot be re-tuned live: MultiEpochsDataLoader keeps one "
+                                "iterator").first).to_be_visible(timeout=60_000)
+        assert page.get_by_text("Change the attached script's loader").count() == 0
+
+    _page_of_a_job(server, "loaders.py", ["multi_epochs", "--workers", "1", "--epochs", "400"],
+                   5, check)
 
 
 def test_workers_left_idle_are_named_in_the_page(server):  # noqa: F811
     """A one-shard iterable dataset under 4 workers: the page names the idle workers and
     the fix, not 'add workers'."""
-    from playwright.sync_api import expect, sync_playwright
+    def check(page, expect) -> None:
+        expect(page.get_by_text(re.compile(
+            r"idle-workers: 3 of 4 DataLoader workers produced no batch")).first
+        ).to_be_visible(timeout=60_000)
+        expect(page.get_by_text(re.compile(r"split the data into at least 4 shards")).first
+               ).to_be_visible(timeout=10_000)
 
-    url, db, _proc = server
-    job = subprocess.Popen(
-        [sys.executable, "-m", "monitor", "run", "--db", str(db), "--", sys.executable,
-         str(ROOT / "tests" / "scripts" / "causes.py"), "idle_shards", "--workers", "4",
-         "--seconds", "60"], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    store = Store(db) if wait_for(db.exists, timeout=60) else None
-    try:
-        assert wait_for(lambda: len(store.steps(1)) >= 30, timeout=90)
-        with sync_playwright() as p:
-            browser = launch(p)
-            page = browser.new_page(viewport={"width": 1500, "height": 1000})
-            page.goto(url)
-            expect(page.get_by_text(re.compile(
-                r"idle-workers: 3 of 4 DataLoader workers produced no batch")).first
-            ).to_be_visible(timeout=60_000)
-            expect(page.get_by_text(re.compile(r"split the data into at least 4 shards")
-                                    ).first).to_be_visible(timeout=10_000)
-            browser.close()
-    finally:
-        job.terminate()
-        job.wait(60)
+    _page_of_a_job(server, "causes.py", ["idle_shards", "--workers", "4", "--seconds", "60"],
+                   30, check)
