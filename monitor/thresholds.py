@@ -213,7 +213,7 @@ def memory_budget_mb(explicit: float | None = None) -> float | None:
 # fresh figure further than this from the stored one replaces it (a store first used on a
 # busy box kept 13.3 ms a sample where the quiet box measures 4.3 ms).
 CALIBRATION_NOISE = 0.25
-CALIBRATION_REUSE_S = 600.0  # a higher fresh figure than one this recent is the box's load
+CALIBRATION_REUSE_S = 600.0  # a figure this recent stands: a session's runs meet one device
 
 # The causes in monitor/diagnosis/causes.py.
 IDLE_WORKER_MIN_BATCHES = 20  # batches in the window before a worker with none is idle

@@ -4,6 +4,7 @@ was busy is replaced, so the demo starves as it says on a quiet box."""
 from __future__ import annotations
 
 import json
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -20,12 +21,12 @@ ROOT = Path(__file__).resolve().parent.parent
 def test_a_fresh_figure_within_the_noise_keeps_the_stored_one():
     assert checked_calibration(0.0043, 0.0043 * (1 + CALIBRATION_NOISE * 0.9)) == (0.0043,
                                                                                     False)
-    # measured on a busy box, quiet now: replaced however recent (load only adds time)
-    assert checked_calibration(0.0133, 0.0043, age_s=60) == (0.0043, True)
-    # the box is busy now: a recent figure stands (a session's runs meet one device) ...
+    # a recent figure stands, the box's load moving or not (a session's runs meet one device)
     assert checked_calibration(0.0043, 0.0133, age_s=60) == (0.0043, False)
-    # ... an hour-old one does not (another hour's load, or another machine)
-    assert checked_calibration(0.0020, 0.0043, age_s=3600) == (0.0043, True)
+    assert checked_calibration(0.0133, 0.0043, age_s=60) == (0.0133, False)
+    # an hour-old one measured on a busy box, quiet now: replaced (another hour's load)
+    assert checked_calibration(0.0133, 0.0043, age_s=3600) == (0.0043, True)
+    assert checked_calibration(0.0020, 0.0043, age_s=3600) == (0.0043, True)  # another box
     assert checked_calibration(None, 0.0043) == (0.0043, True)
 
 
@@ -35,6 +36,8 @@ def test_a_store_calibrated_on_a_busy_box_is_measured_again(tmp_path, no_leaks):
     store = Store(db)
     planted = 0.05  # ten times what loading a starving sample costs on this box
     store.set_calibration("sample_cost_s:starving", planted)
+    with sqlite3.connect(db) as conn:  # measured an hour ago, under that hour's load
+        conn.execute("UPDATE calibration SET ts = ts - 3600")
     r = subprocess.run([sys.executable, "-m", "monitor", "measure", "--preset", "starving",
                         "--num-workers", "0", "--seconds", "2", "--db", str(db), "--json"],
                        cwd=ROOT, capture_output=True, text=True, timeout=180)

@@ -73,16 +73,16 @@ def calibrate(dataset: Any, n: int = 64, rounds: int = 3) -> float:
 
 def checked_calibration(stored: float | None, fresh: float,
                         age_s: float | None = None) -> tuple[float, bool]:
-    """The per-sample cost a run uses, and whether it replaces the stored one. Other load
-    only ever adds time, so a fresh figure below the stored one beyond CALIBRATION_NOISE
-    always replaces it (it was measured under load). A higher fresh figure replaces it only
-    when the stored one is older than CALIBRATION_REUSE_S: runs of one session meet the
-    same device, and no figure from another hour's load (or machine) is kept."""
-    if stored is None or stored <= 0 or fresh < stored * (1 - CALIBRATION_NOISE):
+    """The per-sample cost a run uses, and whether it replaces the stored one. A figure
+    measured in the last CALIBRATION_REUSE_S stands (the runs of one session meet the same
+    device, whatever the box's load does meanwhile); an older one is checked against the
+    fresh measurement and replaced when they differ beyond CALIBRATION_NOISE, so no figure
+    from another hour's load, or another machine, is kept."""
+    if stored is None or stored <= 0:
         return fresh, True
-    if fresh <= stored * (1 + CALIBRATION_NOISE):
-        return stored, False
     if age_s is not None and age_s <= CALIBRATION_REUSE_S:
+        return stored, False
+    if abs(fresh / stored - 1) <= CALIBRATION_NOISE:
         return stored, False
     return fresh, True
 
