@@ -15,8 +15,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from monitor.thresholds import FD_HEADROOM, SHM_HEADROOM
-
 OK, WARN, FAIL = "ok", "warn", "FAIL"
 MIN_SHM_MB = 1024  # DataLoader workers pass batches through /dev/shm: Docker's 64 MB fails
 MIN_NPROC = 4096  # each worker is a process with threads of its own
@@ -120,26 +118,27 @@ def shm_check(total_mb: float | None) -> Check:
 def in_flight_check(shm_mb: float | None, nofile: int, batch_mb: float, tensors: int,
                     workers: int, prefetch: int) -> list[Check]:
     """A declared loader (--batch-mb, --tensors, --num-workers, --prefetch-factor) against
-    /dev/shm and `ulimit -n`, before it runs: the batches in flight (workers x prefetch,
-    and the one the loop holds) pass through /dev/shm, and under torch's default
-    file_descriptor sharing each of their tensors holds a descriptor."""
+    /dev/shm and `ulimit -n`, before it runs: the same findings a run's probe report gets
+    (monitor/diagnosis/causes.py), from the declared figures instead of a first batch."""
+    from monitor.diagnosis import causes
+
+    report = {"num_workers": workers, "prefetch_factor": prefetch,
+              "in_flight": workers * prefetch, "batch_bytes": batch_mb * 1e6,
+              "batch_tensors": tensors, "shm_total_mb": shm_mb, "shm_free_mb": shm_mb,
+              "nofile_limit": None if nofile == resource.RLIM_INFINITY else nofile,
+              "open_fds": 0, "sharing_strategy": "file_descriptor"}
     in_flight = workers * prefetch + 1
-    need = batch_mb * in_flight
     out = []
     if shm_mb is not None:
-        fits = need <= SHM_HEADROOM * shm_mb
-        out.append(Check(OK if fits else FAIL, f"batches in flight need {need:,.0f} MB of "
-                         f"/dev/shm ({in_flight} of {batch_mb:,.1f} MB); {shm_mb:,.0f} MB "
-                         "exist", "" if fits else f"give /dev/shm at least "
-                         f"{need / SHM_HEADROOM:,.0f} MB (docker run --shm-size), or lower "
-                         "prefetch_factor or num_workers"))
-    fds = tensors * in_flight
-    if tensors and nofile != resource.RLIM_INFINITY:
-        fits = fds <= FD_HEADROOM * nofile
-        out.append(Check(OK if fits else FAIL, f"descriptors in flight about {fds:,} "
-                         f"({tensors} tensors a batch x {in_flight}) against ulimit -n "
-                         f"{nofile:,}", "" if fits else "raise ulimit -n, or "
-                         "torch.multiprocessing.set_sharing_strategy('file_system')"))
+        f = causes.shm(report)
+        out.append(Check(FAIL, f.text, f.advice[-1].reason) if f is not None else Check(
+            OK, f"batches in flight need {batch_mb * in_flight:,.0f} MB of /dev/shm "
+            f"({in_flight} of {batch_mb:,.1f} MB); {shm_mb:,.0f} MB exist"))
+    if tensors and report["nofile_limit"]:
+        f = causes.open_files(report)
+        out.append(Check(FAIL, f.text, f.advice[0].reason) if f is not None else Check(
+            OK, f"descriptors in flight about {tensors * in_flight:,} ({tensors} tensors a "
+            f"batch x {in_flight}) against ulimit -n {nofile:,}"))
     return out
 
 

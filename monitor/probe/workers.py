@@ -89,8 +89,9 @@ def start_method(loader: Any) -> str | None:
     if isinstance(ctx, str):
         return ctx
     mp = sys.modules.get("torch.multiprocessing") or sys.modules.get("multiprocessing")
-    try:
-        return str(mp.get_start_method(allow_none=True) or "fork")  # type: ignore[union-attr]
+    try:  # the one set, else the platform's default (forkserver on Python 3.14's Linux)
+        return str(mp.get_start_method(allow_none=True)  # type: ignore[union-attr]
+                   or mp.get_all_start_methods()[0])  # type: ignore[union-attr]
     except Exception:
         return None
 
