@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from monitor.export import promql
+from monitor.probe.recorder import FLUSH_S
 from monitor.records import GpuDevice
 from monitor.store import Store
 from tests.conftest import wait_for
@@ -111,6 +112,8 @@ def test_two_node_job_in_prometheus(tmp_path, no_leaks):
         for pid, exprs in panel_queries().items():
             results[pid] = [prom_query(base, e, time=str(at)) for e in exprs]
         recorded = prom_query(base, "starvation:input_straggler", time=str(at))
+        scrape = prom_query(base, 'max_over_time(scrape_duration_seconds'
+                                  f'{{job="starvation-monitor"}}[{WINDOW}])', time=str(at))
     finally:
         outs = [n.communicate(timeout=240) for n in nodes]
         p.terminate()
@@ -134,15 +137,20 @@ def test_two_node_job_in_prometheus(tmp_path, no_leaks):
     joined = results[6][0]
     assert [(s["metric"]["rank"], s["metric"]["gpu"], float(s["value"][1])) for s in joined] \
         == [("0", "0", 37.0)]
-    # the job's throughput in PromQL is the two stores' over the same window
+    # the job's throughput in PromQL is the two stores' over the same window. A counter
+    # trails the store's step times by what is not yet flushed (up to FLUSH_S and a step) and
+    # is stamped with the scrape's start, not its read; how far that trail moves between the
+    # window's two ends is the error, measured here (a busy box, CI: 175.0 vs 185.3, 5.6%)
     job = float(results[1][0][0]["value"][1])
     span = float(WINDOW.rstrip("s"))
-    stored = sum(float(Store(db).steps(1, since=at - span, until=at)["samples"].sum())
-                 for db in dbs) / span
-    print(f"job throughput: PromQL {job:.1f}, stores {stored:.1f} samples/s; straggler "
-          f"{results[4][0][0]['metric']}: {float(results[4][0][0]['value'][1]) * 1000:.1f} "
-          "ms/step")
-    assert job == pytest.approx(stored, rel=0.05)
+    steps = [Store(db).steps(1, since=at - span, until=at) for db in dbs]
+    stored = sum(float(s["samples"].sum()) for s in steps) / span
+    step = max(float((s["wait_s"] + s["compute_s"]).max()) for s in steps)
+    trail = FLUSH_S + step + max(float(s["value"][1]) for s in scrape)
+    print(f"job throughput: PromQL {job:.1f}, stores {stored:.1f} samples/s (trail up to "
+          f"{trail:.2f} s of {span:.0f}); straggler {results[4][0][0]['metric']}: "
+          f"{float(results[4][0][0]['value'][1]) * 1000:.1f} ms/step")
+    assert job == pytest.approx(stored, rel=max(0.05, trail / span))
     # each node's page says the job is bigger than what its store holds
     from monitor.ui.view import job_scope
 

@@ -4,6 +4,7 @@ elsewhere, `python -m monitor` works from any folder and a managed run finds its
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -17,9 +18,14 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("wheel")
+    """Built from a copy of the tree: setuptools builds in the source folder (build/), and two
+    test workers building there at once collide (CI: "File exists: build/bdist...")."""
+    out, src = tmp_path_factory.mktemp("wheel"), tmp_path_factory.mktemp("src") / "tree"
+    shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(
+        ".git", ".venv", "build", "dist", "*.egg-info", "__pycache__", ".pytest_cache",
+        ".ruff_cache", ".whl", ".gl", "runs", "artifacts", "*.db", "*.db-wal", "*.db-shm"))
     r = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w",
-                        str(out), str(ROOT)], capture_output=True, text=True, timeout=300)
+                        str(out), str(src)], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     return next(out.glob("starvation_monitor-*.whl"))
 
