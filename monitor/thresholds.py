@@ -25,9 +25,13 @@ LOADERS_BLOCKED_SHARE = 0.5
 # the storage evidence. A loader blocked without reading is waiting on something else.
 STORAGE_READ_KB = 1.0
 # Waiting for a CPU for at least this share of their time: CPU contention (other processes,
-# or more loaders than cores), which more workers only deepen. A quarter is well above the
-# run-queue wait of an idle 2-core host (a few %).
+# or more loaders than cores). The fair scheduler shares the cores per runnable process, so
+# more workers still take a larger share from the others (bound.py: cores_for). A quarter
+# is well above the run-queue wait of an idle 2-core host (a few %).
 RUNQ_CONTENTION_SHARE = 0.25
+# Below this share of their runnable time waiting for a CPU, the loaders were not short of
+# one: the others' runnable count is not read from it (a few % is an idle host's noise).
+CONTENTION_MIN_WAIT = 0.05
 # Time lost at epoch starts over the window above which restarting workers per epoch matters.
 EPOCH_STALL_SHARE = 0.10
 # A tail stall: a step whose data wait is at least SPIKE_X median steps (and SPIKE_MIN_S).

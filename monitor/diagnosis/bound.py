@@ -9,7 +9,12 @@ Symbols, and what each is measured from (Features):
         samples; with workers, only when they are saturated (share >= STARVING_SHARE):
         num_workers x window / samples.
     K   cores left for workers: usable cores (affinity, cgroup quota) - main process CPU -
-        other processes' CPU, at least 0.5.
+        other processes' CPU, at least 0.5. Where the loaders waited for a CPU (contention),
+        the fair scheduler's share instead, when larger: U cores shared by T runnable tasks
+        give each U/T, so N workers beside M other runnable processes (measured from the
+        loaders' CPU wait, features.py) and the main process's m get
+        K(N) = N U / max(U, N + m + M)   (cores_for; with L ranks on the host, L (N + m))
+        More workers take that share from the other jobs: the advice says so.
     l   blocked seconds per sample, one loader: w - c - q, where q is the time the loader
         was runnable but waiting for a CPU (/proc schedstat, the sampler measures it). What
         is left is storage, a lock or a sleep: more loaders overlap it. Unknown without
@@ -62,10 +67,24 @@ class BoundModel:
     overhead_s: float
     cores: float
     fit_workers: int = 0  # the window's own num_workers: its prediction is not scaled
+    others_runnable: float | None = None  # M; None: no contention measured
+    usable: float = 1.0  # U
+    main_runnable: float = 0.0  # m
+    local_ranks: int = 1  # L
     scales: dict[str, float] = field(default_factory=dict)  # limit -> measured / predicted
 
     def device_time(self, batch_size: int) -> float:
         return self.device_s * (batch_size / self.batch_size if self.device_scales else 1.0)
+
+    def cores_for(self, num_workers: int) -> float:
+        """K at num_workers: the idle cores, or the fair scheduler's share where larger."""
+        if self.others_runnable is None or num_workers <= 0:
+            return self.cores
+        n, m, ranks = num_workers, self.main_runnable, self.local_ranks
+        # the measured others include this host's sibling ranks at the window's setting
+        others = max(0.0, self.others_runnable - (ranks - 1) * (self.fit_workers + m))
+        t = ranks * (n + m) + others
+        return max(self.cores, n * self.usable / max(self.usable, t))
 
     def predict(self, num_workers: int, batch_size: int | None = None) -> tuple[float, str]:
         """(samples/s, limit) for a setting: limit is 'device', 'workers', 'cores' or
@@ -85,7 +104,7 @@ class BoundModel:
         rates = {
             "device": b / (d + self.overhead_s),
             "workers": num_workers / per_sample if per_sample > 0 else math.inf,
-            "cores": self.cores / self.cpu_s if self.cpu_s > 0 else math.inf,
+            "cores": self.cores_for(num_workers) / self.cpu_s if self.cpu_s > 0 else math.inf,
         }
         limit = min(rates, key=rates.get)
         if limit == "workers" and rates["cores"] <= 1.05 * rates["workers"]:
@@ -118,7 +137,8 @@ def fit_bound(f: Features, scales: dict[str, float] | None = None) -> BoundModel
         cpu_s=max(f.cpu_per_sample_s, 1e-7), latency_s=loading_latency(f) or 0.0,
         device_s=max(f.compute_per_step_s, 1e-6), batch_size=int(f.config["batch_size"]),
         device_scales=not f.simulated, overhead_s=overhead, cores=cores, fit_workers=nw,
-        scales=dict(scales or {}),
+        scales=dict(scales or {}), others_runnable=f.others_runnable,
+        usable=float(f.usable_cores), main_runnable=main, local_ranks=max(1, f.local_ranks),
     )
 
 

@@ -15,7 +15,7 @@ import pandas as pd
 
 from monitor.assess import analysis
 from monitor.records import CpuBudget
-from monitor.thresholds import STARVING_SHARE, memory_budget_mb
+from monitor.thresholds import CONTENTION_MIN_WAIT, STARVING_SHARE, memory_budget_mb
 
 SIMULATED = "simulated"  # accelerator kinds: "simulated", "cuda", "cpu" (a real CPU step)
 
@@ -66,6 +66,8 @@ class Features:
     workers_cpu_cores: float | None = ev("workers CPU (cores)", "{:.2f}")
     workers_live: float | None = ev()
     other_cpu_cores: float | None = ev("other processes' CPU (cores)", "{:.2f}")
+    others_runnable: float | None = ev("other runnable processes (from the loaders' CPU "
+                                       "wait)", "{:.1f}")
     local_ranks: int = ev(default=1)  # this job's ranks on this host, sharing its cores
     cpu_per_sample_s: float | None = ev("loading CPU per sample (ms)", "ms")
     wall_per_sample_s: float | None = ev("loading wall per sample, one loader (ms)", "ms")
@@ -171,6 +173,24 @@ def _cpu(h: pd.DataFrame) -> dict[str, float | None]:
             "live": pct["workers"], "main_runq": cores("proc_runq_pct"),
             "workers_runq": cores("workers_runq_pct"), "main_read": extra["proc_read_kb_s"],
             "workers_read": extra["workers_read_kb_s"]}
+
+
+def _others_runnable(cpu: dict, nw: int, usable: int) -> float | None:
+    """How many other processes were runnable while a loader was, on average: under the
+    fair scheduler T runnable tasks on U cores get U/T of a core each, so a loader on a CPU
+    for a share s of its runnable time saw T = U / s of them; the others are T less this
+    job's own (the loader, its sibling workers while runnable, the main process). None
+    without schedstat, or where the loaders barely waited (T <= U: no one was short)."""
+    on, q = (cpu["main"], cpu["main_runq"]) if nw == 0 else (cpu["workers"], cpu["workers_runq"])
+    if on is None or q is None or on <= 0 or q / (on + q) < CONTENTION_MIN_WAIT:
+        return None
+    t = usable * (on + q) / on
+    ours = 1.0
+    if nw > 0:
+        live = max(1.0, cpu["live"] or nw)
+        ours += (live - 1) * min(1.0, (on + q) / live) + (cpu["main"] or 0.0) + \
+            (cpu["main_runq"] or 0.0)
+    return max(0.0, t - ours)
 
 
 def _loading(steps: pd.DataFrame, nw: int, cpu: dict, span_s: float, share: float,
@@ -297,7 +317,9 @@ def features(
         copy_share=copy, host_cpu_cores=cpu["host"],
         cpu_busy_fraction=cpu["host"] / budget.usable if cpu["host"] is not None else None,
         main_cpu_cores=cpu["main"], workers_cpu_cores=cpu["workers"], workers_live=live,
-        other_cpu_cores=cpu["other"], cpu_per_sample_s=cpu_s, wall_per_sample_s=wall_s,
+        other_cpu_cores=cpu["other"],
+        others_runnable=_others_runnable(cpu, nw, budget.usable), cpu_per_sample_s=cpu_s,
+        wall_per_sample_s=wall_s,
         runq_per_sample_s=split["runq"], blocked_per_sample_s=split["blocked"],
         loading_cpu_per_wall=share(cpu_s), loaders_runq_share=share(split["runq"]),
         loaders_blocked_share=share(split["blocked"]), read_per_sample_kb=split["read_kb"],

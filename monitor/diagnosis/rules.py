@@ -107,8 +107,9 @@ class Ctx:
             limit: str | None = None) -> None:
         self.advice.append(Advice(param, value, pred, reason, limit))
 
-    def worker_advice(self) -> None:
-        """The knee of the bound model's num_workers curve, if it gains MIN_GAIN."""
+    def worker_advice(self, cores_note: bool = True) -> None:
+        """The knee of the bound model's num_workers curve, if it gains MIN_GAIN;
+        `cores_note`: say so when the cores are then the limit (a caller that says it)."""
         if self.model is None:
             return
         f, nw, cores = self.f, self.f.num_workers, self.f.usable_cores
@@ -127,7 +128,7 @@ class Ctx:
             self.add("persistent_workers", True, None, "with the workers above: keeps them "
                      f"alive between epochs; {f.epoch_starts} epoch(s) began in this window, "
                      "and each would pay their start-up again")
-        if then == "cores":
+        if then == "cores" and cores_note:
             self.add("dataset", "cheaper transforms", None, f"at {n} workers the {cores} "
                      "usable cores are the limit: more workers will not help; cut per-sample "
                      "CPU work (caching, GPU-side augmentation, pre-processed data)")
@@ -267,8 +268,21 @@ def cpu_bound(c: Ctx) -> str | None:
     other = f.other_cpu_cores or 0.0
     if c.contended:
         text = (f"CPU contention: the loaders wait {f.loaders_runq_share:.0%} of their time "
-                f"for a CPU; other processes take {other:.1f} of the {cores} usable cores. "
-                "More workers would only wait too.")
+                f"for a CPU; other processes take {other:.1f} of the {cores} usable cores.")
+        before = len(c.advice)
+        c.worker_advice(cores_note=False)
+        more = [a for a in c.advice[before:] if a.param == "num_workers"
+                and a.value > f.num_workers]
+        if more:
+            seen = f" (about {f.others_runnable:.1f} others runnable)" \
+                if f.others_runnable is not None else ""
+            text += (f" The scheduler shares the cores per runnable process{seen}, so more "
+                     f"workers take a larger share: num_workers {f.num_workers} → "
+                     f"{more[0].value} predicted "
+                     f"{gain(more[0].predicted_throughput, f.throughput)}, taken from the "
+                     "other jobs; freeing the cores gives more.")
+        else:
+            text += " More workers would only wait too."
     else:
         text = (f"CPU-bound: the {cores} usable cores are {f.cpu_busy_fraction:.0%} busy and "
                 f"the device still waits {f.data_wait_share:.0%} of the time; more workers "

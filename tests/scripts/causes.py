@@ -10,6 +10,12 @@ samples/s at the end (`rate N samples/s`), so a test compares bare runs at two s
   the loop on that batch while the others' batches sit finished (--any-order: the fix).
 - shm: 12 MB batches through a small /dev/shm (run it inside a mount namespace whose
   /dev/shm is a small tmpfs): the workers' batches in flight do not fit.
+- cpu_heavy: a fixed 3 ms of CPU work per sample, 10 ms "device" steps: starving at 0
+  workers, more so while other jobs keep the cores busy (contention: workers still gain).
+- tiny: scalar samples in batches of 512: the per-sample fetch and collate is the whole
+  cost, and workers add pickling (--batched: `__getitems__`, one fetch per batch: the fix).
+- startup: short epochs with a 60 MB dataset object and the spawn start method, workers
+  not persistent: every epoch starts them again and pickles the dataset to each.
 - fds: batches of 300 small tensors with the open-files limit set to 128 in this process
   (torch's default file_descriptor sharing keeps one descriptor per tensor in flight).
 """
@@ -70,6 +76,43 @@ class Big(Dataset):
         return torch.full((3 * 1024 * 1024 // 4,), float(i))  # 3 MB a sample: 12 MB a batch
 
 
+class Busy(Dataset):
+    def __len__(self) -> int:
+        return 100_000
+
+    def __getitem__(self, i: int):
+        x = 0
+        for k in range(60_000):  # decoding and augmenting: about 3 ms of CPU, fixed work
+            x += k * k
+        return torch.full((4,), float(i + x % 7))
+
+
+class Tiny(Dataset):
+    def __init__(self, batched: bool) -> None:
+        self.data = torch.arange(1_000_000, dtype=torch.float32)
+        if batched:
+            self.__getitems__ = lambda idx: self.data[torch.tensor(idx)]
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+    def __getitem__(self, i: int):
+        return self.data[i]
+
+
+class Heavy(Dataset):
+    """A dataset object that carries its index as 60 MB of Python-side data."""
+
+    def __init__(self) -> None:
+        self.index = bytes(60 * 1024 * 1024)
+
+    def __len__(self) -> int:
+        return 256
+
+    def __getitem__(self, i: int):
+        return torch.full((4,), float(i))
+
+
 class ManyTensors(Dataset):
     def __len__(self) -> int:
         return 10_000
@@ -78,7 +121,8 @@ class ManyTensors(Dataset):
         return [torch.full((2,), float(i)) for _ in range(300)]
 
 
-def build(kind: str, workers: int, in_any_order: bool = False) -> DataLoader:
+def build(kind: str, workers: int, in_any_order: bool = False,
+          batched: bool = False) -> DataLoader:
     if kind == "idle_shards":
         return DataLoader(OneShard(100_000), batch_size=8, num_workers=workers)
     if kind == "mem_growth":
@@ -88,6 +132,14 @@ def build(kind: str, workers: int, in_any_order: bool = False) -> DataLoader:
                           in_order=not in_any_order)
     if kind == "shm":
         return DataLoader(Big(), batch_size=4, num_workers=workers, prefetch_factor=2)
+    if kind == "cpu_heavy":
+        return DataLoader(Busy(), batch_size=8, num_workers=workers)
+    if kind == "tiny":
+        return DataLoader(Tiny(batched), batch_size=512, num_workers=workers, shuffle=True,
+                          collate_fn=None if not batched else lambda b: b)
+    if kind == "startup":
+        return DataLoader(Heavy(), batch_size=64, num_workers=workers,
+                          multiprocessing_context="spawn" if workers else None)
     if kind == "fds":
         soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
         resource.setrlimit(resource.RLIMIT_NOFILE, (min(128, hard), hard))
@@ -103,21 +155,26 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=8.0)
     ap.add_argument("--sharing", default=None, help="torch's sharing strategy (the fds fix)")
     ap.add_argument("--any-order", action="store_true", help="in_order=False (the fix)")
+    ap.add_argument("--batched", action="store_true", help="tiny: __getitems__ (the fix)")
+    ap.add_argument("--step-ms", type=float, default=3.0, help="the modelled device step")
     a = ap.parse_args()
     if a.sharing:
         torch.multiprocessing.set_sharing_strategy(a.sharing)
-    loader = build(a.kind, a.workers, a.any_order)
-    start, n = time.perf_counter(), 0
+    loader = build(a.kind, a.workers, a.any_order, a.batched)
+    start, n, samples = time.perf_counter(), 0, 0
     first = None
-    for _batch in loader:
-        if first is None:
-            first = time.perf_counter()
-        time.sleep(0.003)  # the "step"
-        n += 1
-        if time.perf_counter() - start > a.seconds:
-            break
+    while time.perf_counter() - start <= a.seconds:  # epochs until the time is up
+        for batch in loader:
+            if first is None:
+                first = time.perf_counter()
+            time.sleep(a.step_ms / 1000)  # sleep-ok: the modelled device step
+            n += 1
+            samples += len(batch) if isinstance(batch, torch.Tensor) else 1
+            if time.perf_counter() - start > a.seconds:
+                break
     took = time.perf_counter() - (first or start)
-    print(f"rate {n / took:.1f} batches/s ({n} batches)", flush=True)
+    print(f"rate {n / took:.1f} batches/s ({n} batches, {samples / took:.0f} samples/s)",
+          flush=True)
 
 
 if __name__ == "__main__":
