@@ -217,3 +217,18 @@ def test_a_busy_box_still_gets_the_workers_the_scheduler_would_give(tmp_path, no
     none, advised = bare("cpu_heavy", "--workers", "0", "--seconds", "4", "--step-ms", "10"), \
         bare("cpu_heavy", "--workers", n, "--seconds", "4", "--step-ms", "10")
     assert rate(advised) > 1.1 * rate(none), (rate(none), rate(advised))
+
+
+def test_workers_that_touch_their_pages_once_are_warm_not_growing():
+    """Measured on the tiny reproducer: two workers' USS read 25 MB, jumped once to 97 MB as
+    they touched the dataset, and the next epoch's workers started at 25 MB again; that is no
+    growth toward the OOM killer. A cache growing at every sample is."""
+    ts = [float(t) for t in range(20)]
+    warm = pd.DataFrame({"ts": ts, "workers": [2] * 12 + [0] * 2 + [2] * 6,
+                         "workers_uss_mb": [25.0] * 9 + [97.0] * 5 + [25.0] * 6,
+                         "workers_rss_mb": [354.0] * 20, "mem_available_mb": 20000.0})
+    assert causes.worker_memory(warm) is None
+    growing = warm.assign(workers=2, workers_rss_mb=[354.0 + 10 * t for t in ts])
+    f = causes.worker_memory(growing)
+    assert f is not None and f.numbers["mb_per_min"] == pytest.approx(600.0)
+    assert f.numbers["minutes_left"] == pytest.approx(20000.0 / 600.0)

@@ -134,19 +134,35 @@ def _slope(ts: pd.Series, ys: pd.Series) -> float:
     return float(((t - t.mean()) * (ys - ys.mean())).sum()) / var if var > 0 else math.nan
 
 
-def worker_memory(host: pd.DataFrame) -> Finding | None:
-    if host.empty or "ts" not in host.columns:
+def _growth(host: pd.DataFrame, col: str) -> tuple[pd.DataFrame, float] | None:
+    """(the stretch, MB/min) where the workers' `col` grows, sustained: over the last set
+    of workers (a restart at an epoch starts them small again), at least MEM_GROWTH_MIN_S
+    long, and still growing in its later half, rising at least twice (workers that touch
+    their pages once, then hold them, are warm, not growing)."""
+    if col not in host.columns:
         return None
-    col = next((c for c in ("workers_uss_mb", "workers_rss_mb")
-                if c in host.columns and host[c].notna().sum() >= 5), None)
-    if col is None:
+    h = host[["ts", col, "workers", "mem_available_mb"]].copy()
+    h["gen"] = (h["workers"].fillna(0) <= 0).cumsum()  # a new set after each gap
+    h = h[(h["workers"].fillna(0) > 0) & (h[col] > 0)].dropna(subset=[col])
+    if h.empty:
         return None
-    h = host[["ts", col, "workers", "mem_available_mb"]].dropna(subset=[col])
-    h = h[h["workers"].fillna(0) > 0] if "workers" in h.columns else h
+    h = h[h["gen"] == h["gen"].iloc[-1]]
     if len(h) < 5 or float(h["ts"].iloc[-1] - h["ts"].iloc[0]) < MEM_GROWTH_MIN_S:
         return None
+    later = h[h["ts"] >= (h["ts"].iloc[0] + h["ts"].iloc[-1]) / 2]
     per_min = _slope(h["ts"], h[col]) * 60.0
-    if not per_min > MEM_GROWTH_MB_MIN:
+    if not (per_min > MEM_GROWTH_MB_MIN and _slope(later["ts"], later[col]) * 60.0 >
+            MEM_GROWTH_MB_MIN and (later[col].diff() > 0).sum() >= 2):
+        return None
+    return h, per_min
+
+
+def worker_memory(host: pd.DataFrame) -> Finding | None:
+    if host.empty or "ts" not in host.columns or "workers" not in host.columns:
+        return None
+    col, h, per_min = next(((c, *g) for c in ("workers_uss_mb", "workers_rss_mb")
+                            if (g := _growth(host, c)) is not None), (None, None, None))
+    if col is None:
         return None
     workers = max(1, int(h["workers"].iloc[-1] or 1))
     now = float(h[col].iloc[-1])

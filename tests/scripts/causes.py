@@ -12,7 +12,7 @@ samples/s at the end (`rate N samples/s`), so a test compares bare runs at two s
   /dev/shm is a small tmpfs): the workers' batches in flight do not fit.
 - cpu_heavy: a fixed 3 ms of CPU work per sample, 10 ms "device" steps: starving at 0
   workers, more so while other jobs keep the cores busy (contention: workers still gain).
-- tiny: scalar samples in batches of 512: the per-sample fetch and collate is the whole
+- tiny: scalar samples in batches of 1024: the per-sample fetch and collate is the whole
   cost, and workers add pickling (--batched: `__getitems__`, one fetch per batch: the fix).
 - startup: short epochs with a 60 MB dataset object and the spawn start method, workers
   not persistent: every epoch starts them again and pickles the dataset to each.
@@ -90,14 +90,15 @@ class Busy(Dataset):
 class Tiny(Dataset):
     def __init__(self, batched: bool) -> None:
         self.data = torch.arange(1_000_000, dtype=torch.float32)
-        if batched:
-            self.__getitems__ = lambda idx: self.data[torch.tensor(idx)]
+        if batched:  # one fetch for the whole batch
+            self.__getitems__ = lambda idx: {"x": self.data[torch.tensor(idx)],
+                                             "y": torch.tensor(idx) % 10}
 
     def __len__(self) -> int:
         return len(self.data)
 
     def __getitem__(self, i: int):
-        return self.data[i]
+        return {"x": self.data[i], "y": i % 10}
 
 
 class Heavy(Dataset):
@@ -135,7 +136,7 @@ def build(kind: str, workers: int, in_any_order: bool = False,
     if kind == "cpu_heavy":
         return DataLoader(Busy(), batch_size=8, num_workers=workers)
     if kind == "tiny":
-        return DataLoader(Tiny(batched), batch_size=512, num_workers=workers, shuffle=True,
+        return DataLoader(Tiny(batched), batch_size=1024, num_workers=workers, shuffle=True,
                           collate_fn=None if not batched else lambda b: b)
     if kind == "startup":
         return DataLoader(Heavy(), batch_size=64, num_workers=workers,
@@ -169,7 +170,8 @@ def main() -> None:
                 first = time.perf_counter()
             time.sleep(a.step_ms / 1000)  # sleep-ok: the modelled device step
             n += 1
-            samples += len(batch) if isinstance(batch, torch.Tensor) else 1
+            samples += len(batch) if isinstance(batch, torch.Tensor) else \
+                len(batch["x"]) if isinstance(batch, dict) else 1
             if time.perf_counter() - start > a.seconds:
                 break
     took = time.perf_counter() - (first or start)
