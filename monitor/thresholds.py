@@ -221,6 +221,11 @@ CALIBRATION_REUSE_S = 600.0  # a figure this recent stands: a session's runs mee
 
 # The causes in monitor/diagnosis/causes.py.
 IDLE_WORKER_MIN_BATCHES = 20  # batches in the window before a worker with none is idle
+# Per-sample overhead: a batch of at least this many samples, each costing the loop no more
+# than this to fetch and collate one at a time (a Python call per sample is a few µs; a
+# decoded image is milliseconds): the per-sample calls, not the data, are the cost.
+PER_SAMPLE_MIN_BATCH = 64
+PER_SAMPLE_MAX_S = 50e-6
 MEM_GROWTH_MB_MIN = 30.0  # workers' memory growing faster than this (MB/min, all together)
 MEM_GROWTH_MIN_S = 5.0  # ... over at least this long a stretch of the window
 SHM_HEADROOM = 0.8  # in-flight batches past this share of /dev/shm's free space: it fills

@@ -228,7 +228,36 @@ def test_workers_that_touch_their_pages_once_are_warm_not_growing():
                          "workers_uss_mb": [25.0] * 9 + [97.0] * 5 + [25.0] * 6,
                          "workers_rss_mb": [354.0] * 20, "mem_available_mb": 20000.0})
     assert causes.worker_memory(warm) is None
-    growing = warm.assign(workers=2, workers_rss_mb=[354.0 + 10 * t for t in ts])
+    # RSS rising while USS holds: pages shared with the main process, touched, not spent
+    touched = warm.assign(workers_rss_mb=[354.0 + 2 * t for t in ts])
+    assert causes.worker_memory(touched) is None
+    growing = warm.assign(workers=2, workers_uss_mb=[25.0 + 10 * t for t in ts])
     f = causes.worker_memory(growing)
     assert f is not None and f.numbers["mb_per_min"] == pytest.approx(600.0)
     assert f.numbers["minutes_left"] == pytest.approx(20000.0 / 600.0)
+    # where USS is not measured, RSS is read
+    no_uss = growing.assign(workers_uss_mb=None, workers_rss_mb=[354.0 + 10 * t for t in ts])
+    assert causes.worker_memory(no_uss).numbers["mb_per_min"] == pytest.approx(600.0)
+
+
+@pytest.mark.slow
+def test_tiny_samples_in_big_batches_are_per_sample_overhead(tmp_path, no_leaks):
+    """Scalars in batches of 1024, fetched and collated one by one: workers do not help, a
+    batched fetch (`__getitems__`) does, measured bare; the product names the per-sample
+    cost and advises the batched fetch, and no workers."""
+    args = ("--seconds", "3", "--step-ms", "1")
+    none, two, batched = (bare("tiny", "--workers", "0", *args),
+                          bare("tiny", "--workers", "2", *args),
+                          bare("tiny", "--workers", "0", "--batched", *args))
+    assert rate(two) < 1.5 * rate(none) < 1.5 * rate(batched), \
+        (rate(none), rate(two), rate(batched))
+    rc, d = monitored(tmp_path / "t.db", "tiny", "--workers", "0", *args)
+    assert rc == 0
+    f = finding(d, causes.PER_SAMPLE)
+    assert f["numbers"]["batch"] == 1024 and f["numbers"]["per_sample_s"] < 50e-6
+    assert d["verdict_text"].startswith("Per-sample overhead: the loop waits ")
+    first = d["advice"][0]
+    assert first["param"] == "dataset" and "__getitems__" in first["reason"]
+    assert first["predicted_throughput"] > d["throughput"]
+    assert not more_workers(d) and "persistent_workers" not in \
+        [a["param"] for a in d["advice"]], d["advice"]

@@ -12,6 +12,9 @@ unmodified script. Pure: frames and the probe's `loader` report in, findings out
   holds, x the batch's bytes) against the size and free space of /dev/shm.
 - open files: torch's `file_descriptor` sharing holds a descriptor per tensor in flight;
   against `ulimit -n`.
+- per-sample overhead: big batches of samples that each cost the loop a few µs, fetched one
+  at a time: Python's per-sample call and collate are the cost (workers add a hand-off per
+  batch); a batched fetch (`__getitems__`) is the fix.
 - a loader error that happened, named from its message: a worker killed by a signal (Bus
   error: /dev/shm; Killed: the OOM killer), 'received 0 items of ancdata' (descriptors).
 
@@ -35,12 +38,16 @@ from monitor.thresholds import (
     IDLE_WORKER_MIN_BATCHES,
     MEM_GROWTH_MB_MIN,
     MEM_GROWTH_MIN_S,
+    PER_SAMPLE_MAX_S,
+    PER_SAMPLE_MIN_BATCH,
     SHM_HEADROOM,
+    STARVING_SHARE,
 )
 
 IDLE_WORKERS, MEMORY_GROWTH, SHM, OPEN_FILES, OOM, HEAD_OF_LINE = (
     "idle-workers", "worker-memory-growth", "shm-exhausted", "open-files-limit", "oom-killed",
     "head-of-line")
+PER_SAMPLE = "per-sample-overhead"
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,7 +68,8 @@ def find(steps: pd.DataFrame, host: pd.DataFrame, report: dict[str, Any] | None,
          errors: list[str], throughput: float) -> tuple[Finding, ...]:
     """Every finding the window's evidence supports, the ones that happened first."""
     happened = [f for f in (failure(e, report) for e in errors[-1:]) if f is not None]
-    coming = [idle_workers(steps, report, throughput), head_of_line(steps),
+    coming = [idle_workers(steps, report, throughput), per_sample(steps, report),
+              head_of_line(steps),
               worker_memory(host), shm(report), open_files(report)]
     seen = {f.cause for f in happened}  # a failure that happened says what the warning would
     return tuple(happened + [f for f in coming if f is not None and f.cause not in seen])
@@ -101,6 +109,43 @@ def idle_workers(steps: pd.DataFrame, report: dict[str, Any] | None,
                      f"{len(idle)} fewer processes (their memory and start-up)"))
     return Finding(IDLE_WORKERS, text, {"workers": nw, "idle": idle, "batches": counts,
                                         "shards": shards}, advice, no_more_workers=True)
+
+
+def per_sample(steps: pd.DataFrame, report: dict[str, Any] | None) -> Finding | None:
+    """Batches of many samples, each costing the loop a few µs, fetched one by one: the
+    per-sample call and collate are the whole cost."""
+    if steps.empty or not report or report.get("batched_fetch") is not False or \
+            len(steps) < 10:
+        return None
+    batch = float(steps["samples"].median())
+    samples, wait = float(steps["samples"].sum()), float(steps["wait_s"].sum())
+    loop = wait + float(steps["compute_s"].sum())
+    if batch < PER_SAMPLE_MIN_BATCH or samples <= 0 or loop <= 0 or \
+            wait / loop < STARVING_SHARE:
+        return None
+    per = wait / samples
+    if per > PER_SAMPLE_MAX_S:
+        return None
+    nw = int(report.get("num_workers") or 0)
+    size = float(report.get("batch_bytes") or 0) / batch
+    up_to = samples / max(float(steps["compute_s"].sum()), 1e-9)  # all of the wait gone
+    now = samples / loop
+    where = ("in the main process" if nw == 0 else
+             f"through {nw} workers, which add a pickle and a hand-off per batch: more of "
+             "them will not help")
+    text = (f"per-sample overhead: the loop waits {per * 1e6:,.1f} µs a sample, fetched and "
+            f"collated one at a time in batches of {batch:,.0f} ({size:,.0f} B a sample) "
+            f"{where}; Python's call per sample, not the data, is the cost.")
+    kind = "yield whole batches from the IterableDataset and pass batch_size=None" \
+        if report.get("iterable") else ("give the dataset __getitems__(indices) returning "
+                                        "the batch at once (a tensor, array or Arrow table "
+                                        "indexed by the whole list), or pass a BatchSampler "
+                                        "as sampler= with batch_size=None")
+    fix = (f"fetch the batch at once: {kind}; up to {(up_to / now - 1) * 100:+.0f}% "
+           f"({up_to:,.0f} samples/s) if the fetch then costs nothing")
+    return Finding(PER_SAMPLE, text, {"per_sample_s": per, "batch": batch,
+                                      "bytes_per_sample": size, "up_to": up_to},
+                   (Advice("dataset", "batched fetch", up_to, fix),), no_more_workers=True)
 
 
 def head_of_line(steps: pd.DataFrame) -> Finding | None:
@@ -160,10 +205,14 @@ def _growth(host: pd.DataFrame, col: str) -> tuple[pd.DataFrame, float] | None:
 def worker_memory(host: pd.DataFrame) -> Finding | None:
     if host.empty or "ts" not in host.columns or "workers" not in host.columns:
         return None
-    col, h, per_min = next(((c, *g) for c in ("workers_uss_mb", "workers_rss_mb")
-                            if (g := _growth(host, c)) is not None), (None, None, None))
-    if col is None:
+    # USS where it is measured: RSS also grows as workers touch pages they share (a forked
+    # dataset read, not copied), which is no memory spent
+    col = next((c for c in ("workers_uss_mb", "workers_rss_mb") if c in host.columns
+                and (host[c] > 0).sum() >= 5), None)
+    g = _growth(host, col) if col is not None else None
+    if g is None:
         return None
+    h, per_min = g
     workers = max(1, int(h["workers"].iloc[-1] or 1))
     now = float(h[col].iloc[-1])
     avail = h["mem_available_mb"].dropna()
@@ -326,9 +375,12 @@ def merge(advice: tuple[Advice, ...], findings: tuple[Finding, ...],
     if not findings:
         return advice
     blocked = any(f.no_more_workers for f in findings)
-    kept = tuple(a for a in advice if not (blocked and a.param == "num_workers"
-                                            and isinstance(a.value, int)
-                                            and a.value > workers_now))
+    more = blocked and any(a.param == "num_workers" and isinstance(a.value, int)
+                           and a.value > workers_now for a in advice)
+    kept = tuple(a for a in advice if not (more and (
+        a.param == "num_workers" and isinstance(a.value, int) and a.value > workers_now
+        # kept alive between epochs: the workers advised from none, dropped with them
+        or a.param == "persistent_workers" and workers_now == 0)))
     first: list[Advice] = []
     for a in (a for f in findings for a in f.advice):
         if a not in first:

@@ -117,8 +117,13 @@ def report(loader: Any, batch: Any) -> dict[str, Any]:
         if isinstance(v, int) and not isinstance(v, bool):
             shards = v
             break
+    # a batched fetch: the dataset takes the batch's indices at once (`__getitems__`), or
+    # the sampler hands whole batches to a loader that does not batch (batch_size=None)
+    batched = bool(getattr(ds, "__getitems__", None)) or \
+        getattr(loader, "batch_size", 0) is None
     return {
         "batch_bytes": nbytes, "batch_tensors": tensors, "num_workers": nw,
+        "batch_size": getattr(loader, "batch_size", None), "batched_fetch": batched,
         "prefetch_factor": pf, "in_flight": nw * (pf or 0),
         "shm_total_mb": shm_total, "shm_free_mb": shm_free,
         "nofile_limit": None if soft == resource.RLIM_INFINITY else int(soft),
