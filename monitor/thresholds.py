@@ -221,11 +221,18 @@ CALIBRATION_REUSE_S = 600.0  # a figure this recent stands: a session's runs mee
 
 # The causes in monitor/diagnosis/causes.py.
 IDLE_WORKER_MIN_BATCHES = 20  # batches in the window before a worker with none is idle
+# Worker start-up: an epoch's first batch, from its iter(), at least this long (and
+# STARTUP_STEPS_X median steps) with workers that are not kept between epochs.
+STARTUP_MIN_S = 0.3
+STARTUP_STEPS_X = 5.0
 # Per-sample overhead: a batch of at least this many samples, each costing the loop no more
 # than this to fetch and collate one at a time (a Python call per sample is a few µs; a
-# decoded image is milliseconds): the per-sample calls, not the data, are the cost.
-PER_SAMPLE_MIN_BATCH = 64
-PER_SAMPLE_MAX_S = 50e-6
+# decoded image is milliseconds), with the loop waiting at least PER_SAMPLE_WAIT_SHARE of
+# its time: the per-sample calls, not the data, are the cost. (Batches of 64 handed over by
+# persistent workers read 25 µs a sample at a 14% wait: a hand-off, not this.)
+PER_SAMPLE_MIN_BATCH = 128
+PER_SAMPLE_MAX_S = 20e-6
+PER_SAMPLE_WAIT_SHARE = 0.3
 MEM_GROWTH_MB_MIN = 30.0  # workers' memory growing faster than this (MB/min, all together)
 MEM_GROWTH_MIN_S = 5.0  # ... over at least this long a stretch of the window
 SHM_HEADROOM = 0.8  # in-flight batches past this share of /dev/shm's free space: it fills

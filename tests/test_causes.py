@@ -261,3 +261,26 @@ def test_tiny_samples_in_big_batches_are_per_sample_overhead(tmp_path, no_leaks)
     assert first["predicted_throughput"] > d["throughput"]
     assert not more_workers(d) and "persistent_workers" not in \
         [a["param"] for a in d["advice"]], d["advice"]
+
+
+@pytest.mark.slow
+def test_workers_started_again_every_epoch_say_what_their_start_is_made_of(tmp_path,
+                                                                          no_leaks):
+    """Short epochs, spawn, a 60 MB dataset object, workers not persistent: each epoch's
+    start is named with the start method, iter()'s time and the pickled size; the fix,
+    persistent_workers, measured bare against restarting."""
+    args = ("--workers", "2", "--step-ms", "10")
+    again, kept = bare("startup", *args, "--seconds", "4"), \
+        bare("startup", *args, "--seconds", "4", "--persistent")
+    assert rate(kept) > 3 * rate(again), (rate(again), rate(kept))
+    rc, d = monitored(tmp_path / "s.db", "startup", *args, "--seconds", "7")
+    assert rc == 0
+    f = finding(d, causes.STARTUP)
+    n = f["numbers"]
+    assert n["start_method"] == "spawn" and n["pickled_bytes"] > 60e6 and n["iter_s"] > 0.3
+    assert "spawn starts the workers in turn" in f["text"] and "MB pickled" in f["text"]
+    first = d["advice"][0]
+    assert first["param"] == "persistent_workers" and first["value"] is True
+    assert first["predicted_throughput"] > 2 * d["throughput"]
+    assert [a for a in d["advice"] if a["param"] == "dataset"], d["advice"]
+    assert [a["param"] for a in d["advice"]].count("persistent_workers") == 1

@@ -154,7 +154,7 @@ def steady_window(store: Store, run_id: int) -> Window | None:
                   store.ranks(run_id), _warmup(store, run_id, steps, last), report, errors)
 
 
-LOADER_KINDS = ("loader", "loader error", "stalled")
+LOADER_KINDS = ("loader", "workers ready", "loader error", "stalled")
 
 
 def loader_notes(events: pd.DataFrame) -> tuple[dict[str, Any] | None, tuple[str, ...]]:
@@ -163,6 +163,11 @@ def loader_notes(events: pd.DataFrame) -> tuple[dict[str, Any] | None, tuple[str
         return None, ()
     rep = events[events["kind"] == "loader"]
     report = json.loads(rep["data"].iloc[-1]) if not rep.empty else None
+    ready = events[events["kind"] == "workers ready"]
+    if report is not None and not ready.empty:  # the workers' first batches, that epoch's
+        last = json.loads(ready["data"].iloc[-1])
+        if last.get("epoch") == report.get("epoch"):
+            report = {**report, "ready_s": last.get("ready_s")}
     errors = tuple(str(x) for k, x in zip(events["kind"], events["label"], strict=True)
                    if k == "loader error" or (k == "stalled" and "Open files:" in str(x)))
     return report, errors

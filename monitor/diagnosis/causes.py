@@ -15,6 +15,9 @@ unmodified script. Pure: frames and the probe's `loader` report in, findings out
 - per-sample overhead: big batches of samples that each cost the loop a few µs, fetched one
   at a time: Python's per-sample call and collate are the cost (workers add a hand-off per
   batch); a batched fetch (`__getitems__`) is the fix.
+- worker start-up: workers not kept between epochs start again at each: the epoch's
+  iter() (where spawn and forkserver pickle the dataset object to each worker), then each
+  worker's first batch (it imports torch and unpickles the dataset), from the probe.
 - a loader error that happened, named from its message: a worker killed by a signal (Bus
   error: /dev/shm; Killed: the OOM killer), 'received 0 items of ancdata' (descriptors).
 
@@ -40,14 +43,16 @@ from monitor.thresholds import (
     MEM_GROWTH_MIN_S,
     PER_SAMPLE_MAX_S,
     PER_SAMPLE_MIN_BATCH,
+    PER_SAMPLE_WAIT_SHARE,
     SHM_HEADROOM,
-    STARVING_SHARE,
+    STARTUP_MIN_S,
+    STARTUP_STEPS_X,
 )
 
 IDLE_WORKERS, MEMORY_GROWTH, SHM, OPEN_FILES, OOM, HEAD_OF_LINE = (
     "idle-workers", "worker-memory-growth", "shm-exhausted", "open-files-limit", "oom-killed",
     "head-of-line")
-PER_SAMPLE = "per-sample-overhead"
+PER_SAMPLE, STARTUP = "per-sample-overhead", "worker-startup"
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +74,7 @@ def find(steps: pd.DataFrame, host: pd.DataFrame, report: dict[str, Any] | None,
     """Every finding the window's evidence supports, the ones that happened first."""
     happened = [f for f in (failure(e, report) for e in errors[-1:]) if f is not None]
     coming = [idle_workers(steps, report, throughput), per_sample(steps, report),
+              startup(steps, report, throughput),
               head_of_line(steps),
               worker_memory(host), shm(report), open_files(report)]
     seen = {f.cause for f in happened}  # a failure that happened says what the warning would
@@ -121,7 +127,7 @@ def per_sample(steps: pd.DataFrame, report: dict[str, Any] | None) -> Finding | 
     samples, wait = float(steps["samples"].sum()), float(steps["wait_s"].sum())
     loop = wait + float(steps["compute_s"].sum())
     if batch < PER_SAMPLE_MIN_BATCH or samples <= 0 or loop <= 0 or \
-            wait / loop < STARVING_SHARE:
+            wait / loop < PER_SAMPLE_WAIT_SHARE:
         return None
     per = wait / samples
     if per > PER_SAMPLE_MAX_S:
@@ -146,6 +152,57 @@ def per_sample(steps: pd.DataFrame, report: dict[str, Any] | None) -> Finding | 
     return Finding(PER_SAMPLE, text, {"per_sample_s": per, "batch": batch,
                                       "bytes_per_sample": size, "up_to": up_to},
                    (Advice("dataset", "batched fetch", up_to, fix),), no_more_workers=True)
+
+
+def startup(steps: pd.DataFrame, report: dict[str, Any] | None,
+            throughput: float) -> Finding | None:
+    """Workers started again at each epoch, and what that start is made of."""
+    r = report or {}
+    nw, first = int(r.get("num_workers") or 0), r.get("first_batch_s")
+    if nw == 0 or r.get("persistent_workers") or first is None or steps.empty:
+        return None
+    step = float((steps["wait_s"] + steps["compute_s"]).median())
+    if first < max(STARTUP_MIN_S, STARTUP_STEPS_X * step):
+        return None
+    method, iter_s = r.get("start_method") or "fork", float(r.get("iter_s") or 0.0)
+    pickled = r.get("dataset_pickled_bytes")
+    parts = [f"each epoch starts its {nw} workers again (start method {method}, "
+             f"persistent_workers off): the first batch came {first:.2f} s after iter()"]
+    if method in ("spawn", "forkserver"):
+        size = f" ({pickled / 1e6:,.1f} MB pickled)" if pickled else ""
+        parts.append(f"iter() itself took {iter_s:.2f} s: {method} starts the workers in "
+                     "turn, each a new interpreter that imports torch and unpickles the "
+                     f"dataset object{size}")
+    ready = r.get("ready_s") or []
+    if ready:
+        parts.append("the workers' first batches came at " + ", ".join(
+            f"{t:.2f}" for t in ready) + " s")
+    n, lost = _starts_lost(steps, step)
+    loop = float((steps["wait_s"] + steps["compute_s"]).sum())
+    pred = float(steps["samples"].sum()) / (loop - lost) if n and loop > lost > 0 else None
+    gain = f": {lost:.1f} s of this window back, {(pred / throughput - 1) * 100:+.0f}%" \
+        if pred and throughput > 0 else ""
+    advice = [Advice("persistent_workers", True, pred, "keeps the workers between epochs, "
+                     f"so their start-up is paid once{gain}")]
+    if method in ("spawn", "forkserver") and pickled and pickled > 10e6:
+        advice.append(Advice("dataset", "a small dataset object", None, "hold paths or "
+                             "offsets in the dataset and open the data in the worker (lazily "
+                             "in __getitem__, or in worker_init_fn): every worker receives "
+                             f"the whole object, {pickled / 1e6:,.0f} MB, pickled"))
+    return Finding(STARTUP, "; ".join(parts) + ".",
+                   {"first_batch_s": first, "iter_s": iter_s, "ready_s": list(ready),
+                    "start_method": method, "pickled_bytes": pickled, "epoch_starts": n,
+                    "lost_s": lost}, tuple(advice))
+
+
+def _starts_lost(steps: pd.DataFrame, step: float) -> tuple[int, float]:
+    """(epoch starts, seconds they cost beyond a typical wait): each epoch's first wait,
+    the window's first epoch's too where its first wait is plainly a start."""
+    typical = float(steps["wait_s"].median())
+    first = steps.sort_values("ts").groupby("epoch")["wait_s"].first()
+    if len(first) and first.iloc[0] < STARTUP_STEPS_X * max(step, 1e-6):
+        first = first.iloc[1:]  # the window began inside that epoch
+    return len(first), float((first - typical).clip(lower=0).sum())
 
 
 def head_of_line(steps: pd.DataFrame) -> Finding | None:
@@ -385,4 +442,5 @@ def merge(advice: tuple[Advice, ...], findings: tuple[Finding, ...],
     for a in (a for f in findings for a in f.advice):
         if a not in first:
             first.append(a)
-    return tuple(first) + tuple(a for a in kept if a not in first)
+    said = {(a.param, str(a.value)) for a in first}  # a setting the findings advise already
+    return tuple(first) + tuple(a for a in kept if (a.param, str(a.value)) not in said)

@@ -60,6 +60,8 @@ class Recorder:
         self.probe.on_fault = lambda exc, where: self.fault(exc, where)
         self.probe.on_first_batch = self._loader_report
         self.probe.on_loader_error = self._loader_error
+        self.probe.on_workers_ready = self._workers_ready
+        self.pickled: dict[int, int | None] = {}  # id(dataset) -> its pickled bytes
         self.broken: set[int] = set()  # loaders no longer timed: the probe failed on them
         self.loader_cls: str | None = None
         self.fixed: str | None = None  # why the timed loader cannot be re-tuned live
@@ -110,9 +112,23 @@ class Recorder:
         loader = self.timed_loader
         base = base_loader(loader) if loader is not None else None
         figures = workers.report(base if base is not None else loader, batch)
+        it = self.open
+        if it is not None:  # what the epoch's start took: iter(), then the first batch
+            figures["iter_s"] = it.iter_s
+            figures["first_batch_s"] = self.probe.clock() - it.t_start
+        ds = getattr(base if base is not None else loader, "dataset", None)
+        if figures.get("start_method") in ("spawn", "forkserver") and ds is not None:
+            if id(ds) not in self.pickled:  # once a dataset: a worker's pickle, counted
+                self.pickled[id(ds)] = workers.pickled_bytes(ds)
+            figures["dataset_pickled_bytes"] = self.pickled[id(ds)]
         self._event("loader", f"epoch {self.epoch}: batch {figures['batch_bytes'] / 1e6:.1f} "
                     f"MB in {figures['batch_tensors']} tensors, {figures['in_flight']} in "
                     "flight", {**figures, "epoch": self.epoch})
+
+    def _workers_ready(self, ready_s: list[float]) -> None:
+        """Each worker's first batch, seconds after the epoch's iter() (by worker index)."""
+        self._event("workers ready", f"epoch {self.epoch}: {len(ready_s)} workers ready by "
+                    f"{max(ready_s):.2f} s", {"epoch": self.epoch, "ready_s": ready_s})
 
     def _loader_error(self, exc: BaseException) -> None:
         """The loader raised into the loop (its own error, passed on untouched)."""

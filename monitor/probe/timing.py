@@ -108,6 +108,9 @@ class Probe:
         # own error on its way to the loop (both called inside the probe's guards).
         self.on_first_batch: Callable[[Any, Any], None] | None = None
         self.on_loader_error: Callable[[BaseException], None] | None = None
+        # ... and each worker's first batch, once all have delivered one (seconds from the
+        # epoch's iter(), by worker index)
+        self.on_workers_ready: Callable[[list[float]], None] | None = None
         self.stopped = False
         self.device = DeviceClock()  # CUDA events, once the script uses CUDA
 
@@ -231,6 +234,8 @@ class TimedIterator:
         probe.waiting_first = True
         probe.waiting_since = self._t_req
         self._inner = make_iter()
+        self.t_start = self._t_req
+        self.iter_s = probe.clock() - self._t_req  # the loader's own iter(): workers started
         self._hook(self._inner)
         self._t_got: float | None = None
         self._batch: Any = None
@@ -250,7 +255,7 @@ class TimedIterator:
 
     def _hook(self, inner: Any) -> None:
         try:
-            workers.hook(inner, self.probe)
+            workers.hook(inner, self.probe, self.t_start)
         except Exception:  # worker figures are extra: the timing goes on without them
             pass
 

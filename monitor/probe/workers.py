@@ -11,13 +11,16 @@ the training process (standard library only; torch read from sys.modules).
   tensor count, the workers and prefetch in flight, /dev/shm's size and free space (batches
   pass through it), the open-files limit and descriptors open now (torch's default
   `file_descriptor` sharing holds one per tensor in flight), the sharing strategy and the
-  start method.
+  start method; the loader's own iter() time (where spawn and forkserver pickle the dataset
+  to each worker) and, once a loader, the dataset's pickled size where it is pickled.
+- Each worker's first batch after the epoch's iter(): what an epoch's start is made of.
 - The loader's own error, as it passes to the loop untouched (a worker killed by a signal,
   'received 0 items of ancdata'), so the run's reason can name the cause.
 """
 from __future__ import annotations
 
 import os
+import pickle
 import resource
 import sys
 from typing import Any
@@ -25,21 +28,31 @@ from typing import Any
 MAX_WALK = 256  # items looked at when counting a batch's tensors and bytes
 
 
-def hook(it: Any, probe: Any) -> bool:
+def hook(it: Any, probe: Any, t_start: float | None = None) -> bool:
     """Count per batch which worker produced it (probe.batch_worker) and the finished
-    batches held behind it (probe.batch_held). False when `it` is no multiprocessing
-    DataLoader iterator (0 workers, a generator, another library's loader)."""
+    batches held behind it (probe.batch_held); once every worker has delivered its first
+    batch, hand their times from `t_start` (the epoch's iter()) to probe.on_workers_ready.
+    False when `it` is no multiprocessing DataLoader iterator (0 workers, a generator,
+    another library's loader)."""
     orig = getattr(it, "_process_data", None)
     info = getattr(it, "_task_info", None)
     if orig is None or not isinstance(info, dict) or getattr(orig, "_starvation_hook", False):
         return False
+    first: dict[int, float] = {}
+    n = int(getattr(it, "_num_workers", 0) or 0)
 
     def _process_data(*args: Any, **kwargs: Any) -> Any:
         # (data, worker_idx, ...): torchdata's StatefulDataLoader passes a state too, so
         # whatever comes is passed on as it came
         try:
-            probe.batch_worker = int(args[1])
+            w = int(args[1])
+            probe.batch_worker = w
             probe.batch_held = sum(1 for v in info.values() if len(v) == 2)
+            if t_start is not None and w not in first and len(first) < n:
+                first[w] = probe.clock() - t_start
+                ready = probe.on_workers_ready
+                if len(first) == n and ready is not None:
+                    ready([first[i] for i in sorted(first)])
         except Exception:  # never in the way of the batch
             pass
         return orig(*args, **kwargs)
@@ -78,6 +91,31 @@ def _open_fds() -> int | None:
     try:
         return len(os.listdir("/proc/self/fd"))
     except OSError:
+        return None
+
+
+class _Count:
+    """A file that only counts what is written to it."""
+
+    def __init__(self) -> None:
+        self.n = 0
+
+    def write(self, b: bytes) -> int:
+        self.n += len(b)
+        return len(b)
+
+
+def pickled_bytes(obj: Any) -> int | None:
+    """About the bytes a spawned worker receives of `obj` (the dataset), counted without
+    holding them; None when it does not pickle here. Plain pickle, not multiprocessing's
+    ForkingPickler: torch's reducers there would move the dataset's tensors into shared
+    memory as a side effect (the same size either way: a tensor's bytes go to the worker,
+    through the pipe or through /dev/shm)."""
+    try:
+        out = _Count()
+        pickle.Pickler(out, protocol=4).dump(obj)
+        return out.n
+    except Exception:
         return None
 
 
@@ -129,6 +167,7 @@ def report(loader: Any, batch: Any) -> dict[str, Any]:
         "nofile_limit": None if soft == resource.RLIM_INFINITY else int(soft),
         "open_fds": _open_fds(), "sharing_strategy": sharing,
         "start_method": start_method(loader) if nw > 0 else None,
+        "persistent_workers": bool(getattr(loader, "persistent_workers", False)),
         "iterable": bool(iterable is not None and isinstance(ds, iterable)),
         "dataset": type(ds).__name__ if ds is not None else None, "shards": shards,
     }

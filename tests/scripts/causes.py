@@ -123,7 +123,7 @@ class ManyTensors(Dataset):
 
 
 def build(kind: str, workers: int, in_any_order: bool = False,
-          batched: bool = False) -> DataLoader:
+          batched: bool = False, persistent: bool = False) -> DataLoader:
     if kind == "idle_shards":
         return DataLoader(OneShard(100_000), batch_size=8, num_workers=workers)
     if kind == "mem_growth":
@@ -140,7 +140,8 @@ def build(kind: str, workers: int, in_any_order: bool = False,
                           collate_fn=None if not batched else lambda b: b)
     if kind == "startup":
         return DataLoader(Heavy(), batch_size=64, num_workers=workers,
-                          multiprocessing_context="spawn" if workers else None)
+                          multiprocessing_context="spawn" if workers else None,
+                          persistent_workers=persistent and workers > 0)
     if kind == "fds":
         soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
         resource.setrlimit(resource.RLIMIT_NOFILE, (min(128, hard), hard))
@@ -157,11 +158,12 @@ def main() -> None:
     ap.add_argument("--sharing", default=None, help="torch's sharing strategy (the fds fix)")
     ap.add_argument("--any-order", action="store_true", help="in_order=False (the fix)")
     ap.add_argument("--batched", action="store_true", help="tiny: __getitems__ (the fix)")
+    ap.add_argument("--persistent", action="store_true", help="persistent_workers (the fix)")
     ap.add_argument("--step-ms", type=float, default=3.0, help="the modelled device step")
     a = ap.parse_args()
     if a.sharing:
         torch.multiprocessing.set_sharing_strategy(a.sharing)
-    loader = build(a.kind, a.workers, a.any_order, a.batched)
+    loader = build(a.kind, a.workers, a.any_order, a.batched, a.persistent)
     start, n, samples = time.perf_counter(), 0, 0
     first = None
     while time.perf_counter() - start <= a.seconds:  # epochs until the time is up
