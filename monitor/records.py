@@ -79,6 +79,8 @@ class HostSample:
     workers_read_kb_s: float | None = col("workers' reads", "KB/s", default=None)
     rank: int | None = col("rank whose process this row samples (None: the whole tree)",
                            default=None)
+    # each worker since the last pass (JSON list of {pid, cpu_pct, rss_mb, uss_mb, status})
+    workers_detail: str | None = col("each DataLoader worker (JSON list)", default=None)
 
 
 @dataclass(frozen=True, slots=True)

@@ -43,6 +43,13 @@ def test_counts_workers_and_their_cpu(tree):
     assert rec.run_id == 7 and rec.workers == 2
     assert rec.workers_cpu_pct > 50  # two busy loops on two cores
     assert rec.workers_rss_mb > 1 and rec.proc_rss_mb > 1
+    # each worker on its own, summing to the workers' figures
+    each = json.loads(rec.workers_detail)
+    assert sorted(w["pid"] for w in each) == sorted(k.pid for k in
+                                                   psutil.Process(tree.pid).children())
+    assert sum(w["cpu_pct"] for w in each) == pytest.approx(rec.workers_cpu_pct, rel=0.05)
+    assert sum(w["rss_mb"] for w in each) == pytest.approx(rec.workers_rss_mb)
+    assert all(w["status"] in ("running", "sleeping") for w in each)
     cores = json.loads(rec.cpu_per_core)
     assert len(cores) == psutil.cpu_count() and rec.mem_total_mb > rec.mem_used_mb > 0
 

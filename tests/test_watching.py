@@ -175,6 +175,13 @@ def test_workers_left_idle_are_named_in_the_page(server):  # noqa: F811
         ).to_be_visible(timeout=60_000)
         expect(page.get_by_text(re.compile(r"split the data into at least 4 shards")).first
                ).to_be_visible(timeout=10_000)
+        # the worker table: worker 0 made every batch, the three others none
+        expect(page.get_by_text("DataLoader workers in this window").first
+               ).to_be_visible(timeout=10_000)
+        table = page.locator("table", has=page.get_by_text("of batches"))
+        expect(table.first).to_be_visible(timeout=10_000)
+        assert table.first.get_by_text("100%").count() == 1
+        assert table.first.get_by_text(re.compile(r"^no batch")).count() == 3
 
     _page_of_a_job(server, "causes.py", ["idle_shards", "--workers", "4", "--seconds", "60"],
                    30, check)

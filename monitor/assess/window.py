@@ -79,6 +79,7 @@ class Assessment:
     end: float = math.nan
     ranks: tuple[RankFigures, ...] = ()  # per rank, for a job of several
     findings: tuple[Finding, ...] = ()  # the causes named (monitor/diagnosis/causes.py)
+    workers: tuple[dict[str, Any], ...] = ()  # each DataLoader worker (causes.worker_table)
     world_size: int = 1  # the job's ranks, as its probes report (this store may hold fewer)
 
     @property
@@ -112,6 +113,7 @@ class Assessment:
             "world_size": max(1, len(self.ranks), self.world_size),
             "ranks_held": [r.rank for r in self.ranks],
             "findings": [x.to_dict() for x in self.findings],
+            "workers": [_clean(w) for w in self.workers],
             "ranks": [_clean(r.to_dict()) for r in self.ranks],
         }
 
@@ -154,7 +156,7 @@ def steady_window(store: Store, run_id: int) -> Window | None:
                   store.ranks(run_id), _warmup(store, run_id, steps, last), report, errors)
 
 
-LOADER_KINDS = ("loader", "workers ready", "loader error", "stalled")
+LOADER_KINDS = ("loader", "epoch", "workers ready", "loader error", "stalled")
 
 
 def loader_notes(events: pd.DataFrame) -> tuple[dict[str, Any] | None, tuple[str, ...]]:
@@ -163,6 +165,10 @@ def loader_notes(events: pd.DataFrame) -> tuple[dict[str, Any] | None, tuple[str
         return None, ()
     rep = events[events["kind"] == "loader"]
     report = json.loads(rep["data"].iloc[-1]) if not rep.empty else None
+    pids = events[events["kind"] == "epoch"]
+    if report is not None and not pids.empty:  # the workers by index (the iterator's order)
+        report = {**report, "worker_pids": json.loads(pids["data"].iloc[-1]).get(
+            "worker_pids")}
     ready = events[events["kind"] == "workers ready"]
     if report is not None and not ready.empty:  # the workers' first batches, that epoch's
         last = json.loads(ready["data"].iloc[-1])
@@ -249,7 +255,8 @@ def assess(window: Window, ctx: Context, parts: int = 1) -> Assessment:
             dg = dataclasses.replace(dg, headline=causes.headline(dg.headline, found, f),
                                      advice=causes.merge(dg.advice, found,
                                                          int(f.config.get("num_workers") or 0)))
-        return Assessment(features=f, diagnosis=dg, findings=found, ranks=tuple(
+        return Assessment(features=f, diagnosis=dg, findings=found,
+                          workers=causes.worker_table(steps, host, report), ranks=tuple(
             _figures(window, r, f) for r in ranks) if ranks else (), **base)
     return _assess_job(window, ctx, ranks, base)
 

@@ -26,13 +26,15 @@ offers no num_workers increase beside it (monitor/assess/window.py merges them).
 """
 from __future__ import annotations
 
+import json
 import math
 import re
-from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import pandas as pd
 
+from monitor.diagnosis.costs import per_sample, startup
+from monitor.diagnosis.finding import Finding
 from monitor.diagnosis.rules import Advice
 from monitor.thresholds import (
     FD_HEADROOM,
@@ -41,32 +43,12 @@ from monitor.thresholds import (
     IDLE_WORKER_MIN_BATCHES,
     MEM_GROWTH_MB_MIN,
     MEM_GROWTH_MIN_S,
-    PER_SAMPLE_MAX_S,
-    PER_SAMPLE_MIN_BATCH,
-    PER_SAMPLE_WAIT_SHARE,
     SHM_HEADROOM,
-    STARTUP_MIN_S,
-    STARTUP_STEPS_X,
 )
 
 IDLE_WORKERS, MEMORY_GROWTH, SHM, OPEN_FILES, OOM, HEAD_OF_LINE = (
     "idle-workers", "worker-memory-growth", "shm-exhausted", "open-files-limit", "oom-killed",
     "head-of-line")
-PER_SAMPLE, STARTUP = "per-sample-overhead", "worker-startup"
-
-
-@dataclass(frozen=True, slots=True)
-class Finding:
-    cause: str
-    text: str
-    numbers: dict[str, Any] = field(default_factory=dict)
-    advice: tuple[Advice, ...] = ()
-    no_more_workers: bool = False  # more workers would not help (or would make it worse)
-
-    def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["advice"] = [a.to_dict() for a in self.advice]
-        return d
 
 
 def find(steps: pd.DataFrame, host: pd.DataFrame, report: dict[str, Any] | None,
@@ -79,6 +61,43 @@ def find(steps: pd.DataFrame, host: pd.DataFrame, report: dict[str, Any] | None,
               worker_memory(host), shm(report), open_files(report)]
     seen = {f.cause for f in happened}  # a failure that happened says what the warning would
     return tuple(happened + [f for f in coming if f is not None and f.cause not in seen])
+
+
+def worker_table(steps: pd.DataFrame, host: pd.DataFrame,
+                 report: dict[str, Any] | None) -> tuple[dict[str, Any], ...]:
+    """Each worker over the window: batches it produced (the steps' `worker`), and, by its
+    PID (the epoch's worker_pids, in index order), its mean CPU, its memory and state as
+    last sampled (the host rows' workers_detail)."""
+    nw = int((report or {}).get("num_workers") or 0)
+    if nw == 0 or steps.empty or "worker" not in steps.columns:
+        return ()
+    counts = steps["worker"].dropna().astype(int).value_counts().to_dict()
+    total = max(1, sum(counts.values()))
+    pids = list((report or {}).get("worker_pids") or [])
+    seen: dict[int, list[dict[str, Any]]] = {}
+    if not host.empty and "workers_detail" in host.columns:
+        for text in host["workers_detail"].dropna():
+            for w in json.loads(text):
+                seen.setdefault(int(w["pid"]), []).append(w)
+    rows = []
+    for i in range(nw):
+        pid = pids[i] if i < len(pids) else None
+        mine = seen.get(pid, []) if pid is not None else []
+        cpu = [w["cpu_pct"] for w in mine if w.get("cpu_pct") is not None]
+        last = mine[-1] if mine else {}
+        n = int(counts.get(i, 0))
+        rows.append({"worker": i, "pid": pid, "batches": n, "share": n / total,
+                     "cpu_pct": sum(cpu) / len(cpu) if cpu else None,
+                     "rss_mb": last.get("rss_mb"), "uss_mb": last.get("uss_mb"),
+                     "state": _state(n, last.get("status"))})
+    return tuple(rows)
+
+
+def _state(batches: int, status: str | None) -> str:
+    said = {"zombie": "exited", "disk-sleep": "in I/O (disk sleep)"}.get(status or "",
+                                                                        status or "")
+    return f"no batch, {said}" if batches == 0 and said else "no batch" if batches == 0 \
+        else said
 
 
 def idle_workers(steps: pd.DataFrame, report: dict[str, Any] | None,
@@ -115,94 +134,6 @@ def idle_workers(steps: pd.DataFrame, report: dict[str, Any] | None,
                      f"{len(idle)} fewer processes (their memory and start-up)"))
     return Finding(IDLE_WORKERS, text, {"workers": nw, "idle": idle, "batches": counts,
                                         "shards": shards}, advice, no_more_workers=True)
-
-
-def per_sample(steps: pd.DataFrame, report: dict[str, Any] | None) -> Finding | None:
-    """Batches of many samples, each costing the loop a few µs, fetched one by one: the
-    per-sample call and collate are the whole cost."""
-    if steps.empty or not report or report.get("batched_fetch") is not False or \
-            len(steps) < 10:
-        return None
-    batch = float(steps["samples"].median())
-    samples, wait = float(steps["samples"].sum()), float(steps["wait_s"].sum())
-    loop = wait + float(steps["compute_s"].sum())
-    if batch < PER_SAMPLE_MIN_BATCH or samples <= 0 or loop <= 0 or \
-            wait / loop < PER_SAMPLE_WAIT_SHARE:
-        return None
-    per = wait / samples
-    if per > PER_SAMPLE_MAX_S:
-        return None
-    nw = int(report.get("num_workers") or 0)
-    size = float(report.get("batch_bytes") or 0) / batch
-    up_to = samples / max(float(steps["compute_s"].sum()), 1e-9)  # all of the wait gone
-    now = samples / loop
-    where = ("in the main process" if nw == 0 else
-             f"through {nw} workers, which add a pickle and a hand-off per batch: more of "
-             "them will not help")
-    text = (f"per-sample overhead: the loop waits {per * 1e6:,.1f} µs a sample, fetched and "
-            f"collated one at a time in batches of {batch:,.0f} ({size:,.0f} B a sample) "
-            f"{where}; Python's call per sample, not the data, is the cost.")
-    kind = "yield whole batches from the IterableDataset and pass batch_size=None" \
-        if report.get("iterable") else ("give the dataset __getitems__(indices) returning "
-                                        "the batch at once (a tensor, array or Arrow table "
-                                        "indexed by the whole list), or pass a BatchSampler "
-                                        "as sampler= with batch_size=None")
-    fix = (f"fetch the batch at once: {kind}; up to {(up_to / now - 1) * 100:+.0f}% "
-           f"({up_to:,.0f} samples/s) if the fetch then costs nothing")
-    return Finding(PER_SAMPLE, text, {"per_sample_s": per, "batch": batch,
-                                      "bytes_per_sample": size, "up_to": up_to},
-                   (Advice("dataset", "batched fetch", up_to, fix),), no_more_workers=True)
-
-
-def startup(steps: pd.DataFrame, report: dict[str, Any] | None,
-            throughput: float) -> Finding | None:
-    """Workers started again at each epoch, and what that start is made of."""
-    r = report or {}
-    nw, first = int(r.get("num_workers") or 0), r.get("first_batch_s")
-    if nw == 0 or r.get("persistent_workers") or first is None or steps.empty:
-        return None
-    step = float((steps["wait_s"] + steps["compute_s"]).median())
-    if first < max(STARTUP_MIN_S, STARTUP_STEPS_X * step):
-        return None
-    method, iter_s = r.get("start_method") or "fork", float(r.get("iter_s") or 0.0)
-    pickled = r.get("dataset_pickled_bytes")
-    parts = [f"each epoch starts its {nw} workers again (start method {method}, "
-             f"persistent_workers off): the first batch came {first:.2f} s after iter()"]
-    if method in ("spawn", "forkserver"):
-        size = f" ({pickled / 1e6:,.1f} MB pickled)" if pickled else ""
-        parts.append(f"iter() itself took {iter_s:.2f} s: {method} starts the workers in "
-                     "turn, each a new interpreter that imports torch and unpickles the "
-                     f"dataset object{size}")
-    ready = r.get("ready_s") or []
-    if ready:
-        parts.append("the workers' first batches came at " + ", ".join(
-            f"{t:.2f}" for t in ready) + " s")
-    n, lost = _starts_lost(steps, step)
-    loop = float((steps["wait_s"] + steps["compute_s"]).sum())
-    pred = float(steps["samples"].sum()) / (loop - lost) if n and loop > lost > 0 else None
-    gain = f": {lost:.1f} s of this window back, {(pred / throughput - 1) * 100:+.0f}%" \
-        if pred and throughput > 0 else ""
-    advice = [Advice("persistent_workers", True, pred, "keeps the workers between epochs, "
-                     f"so their start-up is paid once{gain}")]
-    if method in ("spawn", "forkserver") and pickled and pickled > 10e6:
-        advice.append(Advice("dataset", "a small dataset object", None, "hold paths or "
-                             "offsets in the dataset and open the data in the worker (lazily "
-                             "in __getitem__, or in worker_init_fn): every worker receives "
-                             f"the whole object, {pickled / 1e6:,.0f} MB, pickled"))
-    return Finding(STARTUP, "; ".join(parts) + ".",
-                   {"first_batch_s": first, "iter_s": iter_s, "ready_s": list(ready),
-                    "start_method": method, "pickled_bytes": pickled, "epoch_starts": n,
-                    "lost_s": lost}, tuple(advice))
-
-
-def _starts_lost(steps: pd.DataFrame, step: float) -> tuple[int, float]:
-    """(epoch starts, seconds they cost beyond a typical wait): each epoch's first wait,
-    the window's first epoch's too where its first wait is plainly a start."""
-    typical = float(steps["wait_s"].median())
-    first = steps.sort_values("ts").groupby("epoch")["wait_s"].first()
-    if len(first) and first.iloc[0] < STARTUP_STEPS_X * max(step, 1e-6):
-        first = first.iloc[1:]  # the window began inside that epoch
-    return len(first), float((first - typical).clip(lower=0).sum())
 
 
 def head_of_line(steps: pd.DataFrame) -> Finding | None:

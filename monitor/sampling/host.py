@@ -124,6 +124,7 @@ class HostSampler:
         self._ranks: dict[int, int] = {}  # rank -> PID of a distributed job's processes
         self._passes = 0
         self._uss: dict[int | None, float] = {}
+        self._uss_each: dict[int | None, dict[int, float | None]] = {}  # by worker PID
         self._wcpu: dict[int | None, dict[str, Any]] = {}  # workers' CPU seconds, last pass
         self._threads: dict[int, int | None] = {}  # thread count by PID, last pass
         psutil.cpu_percent(percpu=True)  # prime: the first call has nothing to compare with
@@ -134,7 +135,7 @@ class HostSampler:
             self._procs = {}
             self._kids, self._ranks = {}, {}
             self._passes, self._uss, self._prev = 0, {}, {}
-            self._wcpu, self._threads = {}, {}
+            self._wcpu, self._threads, self._uss_each = {}, {}, {}
 
     def follow_ranks(self, ranks: dict[int, int]) -> None:
         """The rank -> PID map of a distributed job under the followed process: each rank
@@ -245,15 +246,37 @@ class HostSampler:
         if self._passes % USS_EVERY == 0 or key not in self._uss:  # smaps: 1 pass in 8
             uss = [_safe(lambda w=w: w.memory_full_info().uss / MB) for w in workers]
             self._uss[key] = sum(u for u in uss if u is not None)
+            self._uss_each[key] = {w.pid: u for w, u in zip(workers, uss, strict=True)}
+        before = self._wcpu.get(key)
+        workers_cpu = self._workers_cpu(key, workers, room)
         return dict(
             proc_cpu_pct=proc_cpu,
             proc_rss_mb=_safe(lambda: main.memory_info().rss / MB),
             workers=len(workers),
-            workers_cpu_pct=self._workers_cpu(key, workers, room),
+            workers_cpu_pct=workers_cpu,
             workers_rss_mb=sum(r for r in w_rss if r is not None),
             workers_uss_mb=self._uss.get(key),
+            workers_detail=self._detail(key, workers, w_rss, before),
             **self._time_split(key, main, workers),
         )
+
+    def _detail(self, key: int | None, workers: list[Any], rss: list[float | None],
+                before: dict | None) -> str | None:
+        """Each worker: its CPU since the last pass (% of a core), RSS, USS (as last read)
+        and state, as JSON."""
+        if not workers:
+            return None
+        now, cur = self._wcpu.get(key), []
+        for w, r in zip(workers, rss, strict=True):
+            pct = None
+            if before and now and now["t"] > before["t"] and w.pid in before["cpu"] \
+                    and w.pid in now["cpu"]:
+                pct = 100.0 * (now["cpu"][w.pid] - before["cpu"][w.pid]) / \
+                    (now["t"] - before["t"])
+            cur.append({"pid": w.pid, "cpu_pct": pct, "rss_mb": r,
+                        "uss_mb": self._uss_each.get(key, {}).get(w.pid),
+                        "status": _safe(w.status)})
+        return json.dumps(cur)
 
     def _time_split(self, key: int | None, main: Any, workers: list[Any]) -> dict:
         """Run-queue wait and reads of the main process and its workers since the last pass
@@ -329,4 +352,4 @@ class HostSampler:
 _EMPTY = dict(proc_cpu_pct=None, proc_rss_mb=None, workers=None, workers_cpu_pct=None,
               workers_rss_mb=None, workers_uss_mb=None, proc_runq_pct=None,
               workers_runq_pct=None, workers_reaped_cpu_pct=None, proc_read_kb_s=None,
-              workers_read_kb_s=None)
+              workers_read_kb_s=None, workers_detail=None)

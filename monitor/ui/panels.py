@@ -88,6 +88,14 @@ def render_explain(a: Assessment,
     dg = a.diagnosis
     for f in a.findings:  # the causes named (monitor/diagnosis/causes.py), first
         st.warning(plain(f"{f.cause}: {f.text}"))
+    if a.workers:
+        st.caption("DataLoader workers in this window")
+        st.table(pd.DataFrame([[w["worker"], "–" if w["pid"] is None else str(w["pid"]),
+                                w["batches"], f"{w['share']:.0%}", _num(w["cpu_pct"], "%"),
+                                _num(w["uss_mb"], " MB"), plain(str(w["state"]))]
+                               for w in a.workers],
+                              columns=["worker", "PID", "batches", "of batches", "CPU",
+                                       "USS", "state"]).set_index("worker"))
     if dg.bound.get("text"):
         st.text(f"Bound: {dg.bound['text']}")
     for i, adv in enumerate(dg.advice, 1):
@@ -100,6 +108,10 @@ def render_explain(a: Assessment,
     with st.expander("Explain: the numbers behind the verdict"):
         rows = evidence_rows(a.features.to_dict())
         st.table(pd.DataFrame(rows, columns=["measure", "value"]).set_index("measure"))
+
+
+def _num(v: float | None, unit: str) -> str:
+    return "–" if v is None or v != v else f"{v:,.0f}{unit}"
 
 
 def render_outcomes(rows: list[dict[str, Any]]) -> None:
