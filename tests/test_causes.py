@@ -273,7 +273,7 @@ def test_workers_started_again_every_epoch_say_what_their_start_is_made_of(tmp_p
     again, kept = bare("startup", *args, "--seconds", "4"), \
         bare("startup", *args, "--seconds", "4", "--persistent")
     assert rate(kept) > 3 * rate(again), (rate(again), rate(kept))
-    rc, d = monitored(tmp_path / "s.db", "startup", *args, "--seconds", "7")
+    rc, d = monitored(tmp_path / "s.db", "startup", *args, "--seconds", "10")
     assert rc == 0
     f = finding(d, causes.STARTUP)
     n = f["numbers"]

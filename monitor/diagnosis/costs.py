@@ -63,8 +63,9 @@ def startup(steps: pd.DataFrame, report: dict[str, Any] | None,
     """Workers started again at each epoch, and what that start is made of."""
     r = report or {}
     nw, first = int(r.get("num_workers") or 0), r.get("first_batch_s")
-    if nw == 0 or r.get("persistent_workers") or first is None or steps.empty:
-        return None
+    if nw == 0 or r.get("persistent_workers") or first is None or steps.empty or \
+            "epoch" not in steps.columns or steps["epoch"].nunique() < 2:
+        return None  # one epoch: its workers started once, as persistent ones would
     step = float((steps["wait_s"] + steps["compute_s"]).median())
     if first < max(STARTUP_MIN_S, STARTUP_STEPS_X * step):
         return None
