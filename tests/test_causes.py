@@ -284,3 +284,27 @@ def test_workers_started_again_every_epoch_say_what_their_start_is_made_of(tmp_p
     assert first["predicted_throughput"] > 2 * d["throughput"]
     assert [a for a in d["advice"] if a["param"] == "dataset"], d["advice"]
     assert [a["param"] for a in d["advice"]].count("persistent_workers") == 1
+
+
+@pytest.mark.slow
+def test_a_jobs_ranks_have_their_causes_named_too(tmp_path, no_leaks):
+    """Two torchrun ranks, each with a one-shard iterable dataset under 3 workers: the
+    job's verdict names the idle workers of the rank it speaks for, from that rank's own
+    loader report, with its worker table (PIDs from that rank's epoch)."""
+    torchrun = str(Path(sys.executable).parent / "torchrun")
+    r = subprocess.run([sys.executable, "-m", "monitor", "run", "--db", str(tmp_path / "r.db"),
+                        "--json", "--", torchrun, "--nproc-per-node", "2", str(SCRIPT),
+                        "idle_shards", "--workers", "3", "--seconds", "4"], cwd=ROOT, env=ENV,
+                       capture_output=True, text=True, timeout=240)
+    assert r.returncode == 0, r.stderr[-2000:]
+    d = json.loads(r.stdout.strip().splitlines()[-1])
+    assert d["world_size"] == 2
+    f = finding(d, causes.IDLE_WORKERS)
+    who = int(re.match(r"rank (\d+): ", f["text"]).group(1))
+    assert "iterable dataset OneShard feeds only 1" in f["text"] and who in (0, 1)
+    assert [(w["worker"], w["batches"] > 0) for w in d["workers"]] == \
+        [(0, True), (1, False), (2, False)]
+    pids = Store(tmp_path / "r.db").events(d["run_id"], kinds=("epoch",))
+    mine = [json.loads(x)["worker_pids"] for x in pids["data"] if json.loads(x)["rank"] == who]
+    assert [w["pid"] for w in d["workers"]] == mine[-1]
+    assert not more_workers(d), d["advice"]

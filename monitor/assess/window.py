@@ -163,17 +163,22 @@ def loader_notes(events: pd.DataFrame) -> tuple[dict[str, Any] | None, tuple[str
     """The probe's last `loader` report and the loader's errors, from a run's events."""
     if events is None or events.empty:
         return None, ()
+    def last(kind: str) -> dict[int, dict[str, Any]]:  # a job's ranks each write theirs
+        out: dict[int, dict[str, Any]] = {}
+        for text in events.loc[events["kind"] == kind, "data"]:
+            d = json.loads(text) if text else {}
+            out[int(d.get("rank") or 0)] = d
+        return out
+    reports, pids, ready = last("loader"), last("epoch"), last("workers ready")
+    for r, d in reports.items():  # the workers by index (the iterator's order), their start
+        d["worker_pids"] = pids.get(r, {}).get("worker_pids")
+        if ready.get(r, {}).get("epoch") == d.get("epoch"):
+            d["ready_s"] = ready[r].get("ready_s")
+    report = None
     rep = events[events["kind"] == "loader"]
-    report = json.loads(rep["data"].iloc[-1]) if not rep.empty else None
-    pids = events[events["kind"] == "epoch"]
-    if report is not None and not pids.empty:  # the workers by index (the iterator's order)
-        report = {**report, "worker_pids": json.loads(pids["data"].iloc[-1]).get(
-            "worker_pids")}
-    ready = events[events["kind"] == "workers ready"]
-    if report is not None and not ready.empty:  # the workers' first batches, that epoch's
-        last = json.loads(ready["data"].iloc[-1])
-        if last.get("epoch") == report.get("epoch"):
-            report = {**report, "ready_s": last.get("ready_s")}
+    if not rep.empty:
+        report = {**reports[int(json.loads(rep["data"].iloc[-1]).get("rank") or 0)],
+                  "by_rank": reports}
     errors = tuple(str(x) for k, x in zip(events["kind"], events["label"], strict=True)
                    if k == "loader error" or (k == "stalled" and "Open files:" in str(x)))
     return report, errors
@@ -338,7 +343,19 @@ def _assess_job(window: Window, ctx: Context, ranks: list[int], base: dict) -> A
         device_busy_mean=statistics.mean(f.device_busy_mean for f in per.values()))
     slow = stragglers({r: f.wait_per_step_s for r, f in per.items()})
     dg = straggler_diagnosis(job, per, own, slow) if slow else own[rep]
-    return Assessment(features=job, diagnosis=dg,
+    # the causes, of the rank the verdict speaks for (the straggler, else the most starved)
+    who = slow[0] if slow and slow[0] in per else rep
+    mine = steps[steps["rank"] == who]
+    h = host[host["rank"] == who] if "rank" in host.columns else host.iloc[0:0]
+    report = ((window.loader_report or {}).get("by_rank") or {}).get(who) or \
+        {"num_workers": per[who].num_workers}
+    found = tuple(dataclasses.replace(x, text=f"rank {who}: {x.text}") for x in causes.find(
+        mine, h, report, list(window.loader_errors), per[who].throughput))
+    if found:
+        dg = dataclasses.replace(dg, headline=causes.headline(dg.headline, found, job),
+                                 advice=causes.merge(dg.advice, found, per[who].num_workers))
+    return Assessment(features=job, diagnosis=dg, findings=found,
+                      workers=causes.worker_table(mine, h, report),
                       ranks=tuple(_figures(window, r, per[r]) for r in ranks), **base)
 
 

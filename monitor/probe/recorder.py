@@ -422,4 +422,4 @@ class Recorder:
         pids = [p for p in pids if p]
         if pids:
             self.store.add_event(self.run_id, "epoch", f"epoch {self.epoch}",
-                                 {"worker_pids": pids})
+                                 {"worker_pids": pids, "rank": self.rank})
