@@ -180,8 +180,12 @@ def test_workers_left_idle_are_named_in_the_page(server):  # noqa: F811
                ).to_be_visible(timeout=10_000)
         table = page.locator("table", has=page.get_by_text("of batches"))
         expect(table.first).to_be_visible(timeout=10_000)
-        assert table.first.get_by_text("100%").count() == 1
-        assert table.first.get_by_text(re.compile(r"^no batch")).count() == 3
+        # rows in worker order, each: PID, batches, of batches, CPU, USS, state
+        rows = [[c.strip() for c in r.split("\t")]
+                for r in table.first.locator("tbody tr").all_inner_texts()]
+        assert len(rows) == 4 and rows[0][2] == "100%" and int(rows[0][1]) > 0, rows
+        assert all(r[1] == "0" and r[2] == "0%" and r[5].startswith("no batch")
+                   for r in rows[1:]), rows
 
     _page_of_a_job(server, "causes.py", ["idle_shards", "--workers", "4", "--seconds", "60"],
                    30, check)
