@@ -6,6 +6,7 @@ the CLI print.
 """
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -175,5 +176,13 @@ def sql_type(annotation: str) -> str:
     return "TEXT"
 
 
+_GETTERS: dict[type, Any] = {}  # a record type's fields, read at once (attrgetter)
+
+
 def as_row(record: Any) -> tuple:
-    return tuple(getattr(record, f.name) for f in fields(record))
+    get = _GETTERS.get(type(record))
+    if get is None:
+        names = [f.name for f in fields(record)]
+        get = _GETTERS[type(record)] = operator.attrgetter(*names) if len(names) > 1 else \
+            (lambda r, n=names[0]: (getattr(r, n),))
+    return get(record)

@@ -75,7 +75,9 @@ class Recorder:
         self.open: TimedIterator | None = None  # the timed epoch's iterator
         self.stopped: str | None = None  # why recording stopped (the training goes on)
         self.said_no_midepoch = False
-        self.watchdog = Watchdog(self.probe, on_stall=self._say).start()
+        # the watchdog's thread writes the steps (every FLUSH_S): the loop only appends
+        self.probe.inline_flush = False
+        self.watchdog = Watchdog(self.probe, interval=FLUSH_S, on_stall=self._say).start()
         atexit.register(self.close)
 
     @property
@@ -295,6 +297,7 @@ class Recorder:
         if self.store.meta(control.autotune_key(self.run_id)) != control.ON:
             return
         done = self.epoch - 1
+        self.flush()  # the epoch's last steps, before the tuner reads them
         self.store.set_meta(control.epoch_done_key(self.run_id, self.rank),
                             control.epoch_done_value(done, time.time()))
         deadline = time.monotonic() + AWAIT_TUNER_S

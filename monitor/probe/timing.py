@@ -112,6 +112,9 @@ class Probe:
         # epoch's iter(), by worker index)
         self.on_workers_ready: Callable[[list[float]], None] | None = None
         self.stopped = False
+        # False: another thread writes the buffer (the attach probe's watchdog, every
+        # flush_interval): the training thread only appends, never waits on the store
+        self.inline_flush = True
         self.device = DeviceClock()  # CUDA events, once the script uses CUDA
 
     def wall(self, t: float) -> float:
@@ -148,7 +151,7 @@ class Probe:
         self.copy_s = None
         self.batch_worker = self.batch_held = None
         self.step += 1
-        if t_next - self._last_flush >= self.flush_interval:
+        if self.inline_flush and t_next - self._last_flush >= self.flush_interval:
             self.flush()
 
     def _device_times(self) -> None:
@@ -373,7 +376,8 @@ class TimedIterator:
         self.ended = True
         self.probe.waiting_since = None
         self.probe.device.batch_done()
-        self.probe.flush()
+        if self.probe.inline_flush:  # else the writer thread has it within flush_interval
+            self.probe.flush()
 
     def _end_safely(self) -> None:
         try:

@@ -1,0 +1,42 @@
+"""A watched epoch while another connection holds the store's write lock: its steps must not
+wait on it (the watchdog's thread writes them). Prints `looped N` once the loop has run while
+the lock is held, then `stored N` once the steps arrived after the lock was let go."""
+import os
+import sqlite3
+import sys
+import time
+
+from monitor import watch
+from monitor.store import Store
+
+
+class Trivial:
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.num_workers, self.batch_size, self.pin_memory = 0, 1, False
+
+    def __iter__(self):
+        return iter(range(self.n))
+
+
+db = os.environ["STARVATION_MONITOR_DB"]
+for _ in watch(Trivial(10)):  # the run and its schema exist
+    pass
+n = int(sys.argv[1])
+it = iter(watch(Trivial(n)))
+next(it)  # the epoch has begun (its start writes its events on this thread, as yet)
+lock = sqlite3.connect(db, timeout=0, isolation_level=None)
+lock.execute("BEGIN EXCLUSIVE")  # another writer holds the store
+for _ in it:
+    pass
+print(f"looped {n}", flush=True)
+sys.stdin.readline()  # the test says when to let go
+lock.execute("COMMIT")
+lock.close()
+store, deadline = Store(db), time.monotonic() + 60
+while time.monotonic() < deadline:
+    got = len(store.steps(1))
+    if got >= n + 10:
+        break
+    time.sleep(0.1)  # sleep-ok: polling the store with a deadline
+print(f"stored {got}", flush=True)
