@@ -155,6 +155,7 @@ def main() -> None:
     ap.add_argument("kind")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--seconds", type=float, default=8.0)
+    ap.add_argument("--epochs", type=int, default=0, help="run exactly this many epochs")
     ap.add_argument("--sharing", default=None, help="torch's sharing strategy (the fds fix)")
     ap.add_argument("--any-order", action="store_true", help="in_order=False (the fix)")
     ap.add_argument("--batched", action="store_true", help="tiny: __getitems__ (the fix)")
@@ -166,7 +167,10 @@ def main() -> None:
     loader = build(a.kind, a.workers, a.any_order, a.batched, a.persistent)
     start, n, samples = time.perf_counter(), 0, 0
     first = None
-    while time.perf_counter() - start <= a.seconds:  # epochs until the time is up
+    epochs = 0
+    # epochs until the time is up, or exactly --epochs of them
+    while (epochs < a.epochs) if a.epochs else (time.perf_counter() - start <= a.seconds):
+        epochs += 1
         for batch in loader:
             if first is None:
                 first = time.perf_counter()
@@ -174,7 +178,7 @@ def main() -> None:
             n += 1
             samples += len(batch) if isinstance(batch, torch.Tensor) else \
                 len(batch["x"]) if isinstance(batch, dict) else 1
-            if time.perf_counter() - start > a.seconds:
+            if not a.epochs and time.perf_counter() - start > a.seconds:
                 break
     took = time.perf_counter() - (first or start)
     print(f"rate {n / took:.1f} batches/s ({n} batches, {samples / took:.0f} samples/s)",
