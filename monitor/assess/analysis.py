@@ -180,18 +180,24 @@ def sawtooth(busy: pd.DataFrame, bin_s: float = BUSY_BIN_S) -> tuple[float | Non
     return lag * bin_s, duty
 
 
-def epoch_stalls(steps: pd.DataFrame) -> tuple[int, float, float | None]:
+def epoch_stalls(steps: pd.DataFrame, first_over_s: float | None = None,
+                 ) -> tuple[int, float, float | None]:
     """(epoch starts seen, seconds lost at them, median time to first batch).
 
     An epoch's first wait includes starting its workers and filling the prefetch queue; what
-    it costs beyond a typical step's wait is lost to every epoch."""
+    it costs beyond a typical step's wait is lost to every epoch. The window's first epoch
+    may have started before it and is left out, unless its first wait is at least
+    `first_over_s` (plainly a start)."""
     if steps.empty or "epoch" not in steps.columns:
         return 0, 0.0, None
     typical = float(steps["wait_s"].median())
     first = steps.sort_values("ts").groupby("epoch")["wait_s"].first()
     epochs = steps.groupby("epoch")["step"].min()
-    starts = first[epochs.index[epochs.index > steps["epoch"].min()]] if len(first) > 1 \
-        else first.iloc[0:0]  # the window's first epoch may have started before it
+    if first_over_s is not None and len(first) and first.iloc[0] >= first_over_s:
+        starts = first
+    else:
+        starts = first[epochs.index[epochs.index > steps["epoch"].min()]] if len(first) > 1 \
+            else first.iloc[0:0]
     lost = float(np.clip(starts - typical, 0, None).sum())
     return int(len(starts)), lost, (float(starts.median()) if len(starts) else None)
 

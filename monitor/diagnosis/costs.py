@@ -8,6 +8,7 @@ from typing import Any
 
 import pandas as pd
 
+from monitor.assess.analysis import epoch_stalls
 from monitor.diagnosis.finding import Finding
 from monitor.diagnosis.rules import Advice
 from monitor.thresholds import (
@@ -82,7 +83,7 @@ def startup(steps: pd.DataFrame, report: dict[str, Any] | None,
     if ready:
         parts.append("the workers' first batches came at " + ", ".join(
             f"{t:.2f}" for t in ready) + " s")
-    n, lost = _starts_lost(steps, step)
+    n, lost, _ = epoch_stalls(steps, first_over_s=STARTUP_STEPS_X * max(step, 1e-6))
     loop = float((steps["wait_s"] + steps["compute_s"]).sum())
     pred = float(steps["samples"].sum()) / (loop - lost) if n and loop > lost > 0 else None
     gain = f": {lost:.1f} s of this window back, {(pred / throughput - 1) * 100:+.0f}%" \
@@ -98,13 +99,3 @@ def startup(steps: pd.DataFrame, report: dict[str, Any] | None,
                    {"first_batch_s": first, "iter_s": iter_s, "ready_s": list(ready),
                     "start_method": method, "pickled_bytes": pickled, "epoch_starts": n,
                     "lost_s": lost}, tuple(advice))
-
-
-def _starts_lost(steps: pd.DataFrame, step: float) -> tuple[int, float]:
-    """(epoch starts, seconds they cost beyond a typical wait): each epoch's first wait,
-    the window's first epoch's too where its first wait is plainly a start."""
-    typical = float(steps["wait_s"].median())
-    first = steps.sort_values("ts").groupby("epoch")["wait_s"].first()
-    if len(first) and first.iloc[0] < STARTUP_STEPS_X * max(step, 1e-6):
-        first = first.iloc[1:]  # the window began inside that epoch
-    return len(first), float((first - typical).clip(lower=0).sum())
