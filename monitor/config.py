@@ -26,10 +26,10 @@ MAX_WORKERS_CEILING = 1024  # a sanity bound; the machine's limit is passed to b
 # The DataLoader settings this tool measures, advises and moves (the sliders, the sweep's
 # parameters, a user workload's defaults), in the order they are shown.
 LOADER_SETTINGS = ("num_workers", "batch_size", "prefetch_factor", "pin_memory",
-                   "persistent_workers")
+                   "persistent_workers", "in_order")
 # Those a built DataLoader can change at its next iter() (an attached script's loader, the
 # live autotuner's moves).
-LIVE_SETTINGS = ("num_workers", "prefetch_factor", "pin_memory", "persistent_workers")
+LIVE_SETTINGS = ("num_workers", "prefetch_factor", "pin_memory", "persistent_workers", "in_order")
 # A run's settings as the page's sidebar and `monitor compare` show them.
 SHOWN_SETTINGS = ("preset", "workload", *LOADER_SETTINGS, "step_time_ms", "model_size")
 WORKER_CEILING_X = 3  # the worker ceiling: this many loaders per usable core
@@ -60,6 +60,7 @@ def normalise(settings: dict[str, Any], clear: bool = True) -> dict[str, Any]:
             return out
         out["prefetch_factor"] = None
         out["persistent_workers"] = False
+        out["in_order"] = True  # batches of the main process come in order
     elif out.get("prefetch_factor") is None:
         out["prefetch_factor"] = DEFAULT_PREFETCH
     return out
@@ -79,6 +80,9 @@ class LoaderConfig:
     prefetch_factor: int | None = None
     pin_memory: bool = False
     persistent_workers: bool = False
+    # False: workers' batches are handed over as they finish (torch 2.6+), so one slow sample
+    # no longer holds the batches queued behind it
+    in_order: bool = True
     step_time_ms: float | None = None  # device step; None: the preset's (or calibrated) one
     model_size: str = "auto"  # CUDA model: "auto" repeats a pass to take ~step_time_ms
     epoch_samples: int | None = None  # samples per epoch; None: the preset's
@@ -132,6 +136,11 @@ class LoaderConfig:
                     f"prefetch_factor={self.prefetch_factor} is out of range: use 1 to "
                     f"{MAX_PREFETCH_FACTOR} batches per worker"
                 )
+        if not isinstance(self.in_order, bool):
+            raise ConfigError("in_order must be true or false (false: batches as they finish)")
+        if not self.in_order and self.num_workers == 0:
+            raise ConfigError("in_order=False needs worker processes: set num_workers >= 1, "
+                              "or leave in_order on")
         if self.persistent_workers and self.num_workers == 0:
             raise ConfigError(
                 "persistent_workers needs worker processes: set num_workers >= 1, or turn "
@@ -223,6 +232,8 @@ class LoaderConfig:
         if self.num_workers > 0:
             kw["prefetch_factor"] = self.prefetch_factor or DEFAULT_PREFETCH
             kw["persistent_workers"] = self.persistent_workers
+            if not self.in_order:  # (torch before 2.6 has no in_order: only passed when off)
+                kw["in_order"] = False
         return kw
 
 

@@ -82,6 +82,9 @@ class HostSample:
                            default=None)
     # each worker since the last pass (JSON list of {pid, cpu_pct, rss_mb, uss_mb, status})
     workers_detail: str | None = col("each DataLoader worker (JSON list)", default=None)
+    # the memory limit that binds the workload (its cgroup's or an ancestor's; None: none)
+    cgroup_mem_limit_mb: float | None = col("cgroup memory limit", "MB", default=None)
+    cgroup_mem_used_mb: float | None = col("cgroup memory used", "MB", default=None)
 
 
 @dataclass(frozen=True, slots=True)

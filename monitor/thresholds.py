@@ -239,3 +239,12 @@ SHM_HEADROOM = 0.8  # in-flight batches past this share of /dev/shm's free space
 FD_HEADROOM = 0.8  # descriptors in flight past this share of `ulimit -n`
 HOL_WAIT_X = 5.0  # a wait this many times the median, with finished batches held behind it
 HOL_SHARE = 0.5  # ... holding this share of the window's data wait: head-of-line
+# The run's own history (monitor/assess/history.py): a generation's first steps (at least
+# HISTORY_SKIP_STEPS, or the workers' queue) are its start-up, not its rate; one counts with
+# HISTORY_MIN_STEPS after them, and is final HISTORY_FINAL_S after the next one began (the
+# probe's writer is behind by up to its flush interval). More workers made it slower: a
+# generation with fewer workers measured at least SLOWER_SHARE more than the one now.
+HISTORY_SKIP_STEPS = 5
+HISTORY_MIN_STEPS = 30
+HISTORY_FINAL_S = 2.0
+SLOWER_SHARE = 0.10

@@ -41,6 +41,7 @@ def monitored(db: Path, kind: str, *args: str, wrap: str | None = None) -> tuple
     if wrap:  # a shell line run in a mount namespace of its own
         cmd = ["unshare", "-m", "sh", "-c", wrap + " ".join(cmd)]
     r = subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=240)
+    assert r.stdout.strip(), r.stderr[-3000:]
     return r.returncode, json.loads(r.stdout.strip().splitlines()[-1])
 
 
@@ -68,6 +69,61 @@ def test_workers_left_idle_by_a_one_shard_iterable_dataset(tmp_path, no_leaks):
     assert d["advice"][0]["param"] == "dataset" and "shards" in d["advice"][0]["reason"]
     assert not more_workers(d), d["advice"]
     assert d["verdict_text"].startswith("3 of 4 DataLoader workers produced no batch")
+
+
+@pytest.fixture
+def memory_cgroup():
+    """A memory cgroup of the test's own, limited to 2 GB over what its parent now holds, or
+    a skip with the reason where this machine does not let the test make one."""
+    own = next((ln.split(":", 2) for ln in Path("/proc/self/cgroup").read_text().splitlines()
+                if ln.split(":", 2)[1:2] in (["memory"], [""])), None)
+    v1 = Path("/sys/fs/cgroup/memory")
+    if own is None or (own[1] != "memory" and v1.exists()):
+        pytest.skip("no memory cgroup controller this test can read")
+    base = v1 if own[1] == "memory" else Path("/sys/fs/cgroup")
+    limit_f = "memory.limit_in_bytes" if own[1] == "memory" else "memory.max"
+    cg = base / own[2].strip("/") / f"starvation-test-{os.getpid()}"
+    try:
+        cg.mkdir()
+        (cg / limit_f).write_text(str(2 << 30))
+    except OSError as exc:
+        if cg.exists():
+            cg.rmdir()
+        pytest.skip(f"cannot make a memory cgroup here ({exc.strerror}): needs root and a "
+                    "writable cgroup tree")
+    yield cg
+    wait_for(lambda: not (cg / "cgroup.procs").read_text().strip(), timeout=30)
+    cg.rmdir()
+
+
+@pytest.mark.slow
+def test_growing_worker_memory_in_a_limited_cgroup_counts_the_minutes_to_its_limit(
+        tmp_path, no_leaks, memory_cgroup):
+    """The job runs in a cgroup limited to 2 GB (a container's). Its workers' cache grows
+    about 2.5 GB a minute a worker: the finding counts the time to that limit, not to the
+    host's 20-odd GB; then the kernel kills a worker at the limit, and the run's stored
+    reason says so with the room that was left."""
+    db = tmp_path / "g.db"
+    rc, d = monitored(db, "mem_growth", "--workers", "2", "--seconds", "90", "--grow-kb", "256",
+                      wrap=f"echo $$ > {memory_cgroup}/cgroup.procs && exec ")
+    assert rc == 1, d["error"]  # the script's own exit: its loader raised
+    run = Store(db).run(d["run_id"])
+    assert run["status"] == "failed"
+    assert run["error"].startswith("the loader failed: a worker was killed by SIGKILL"), \
+        run["error"]
+    assert "the job's cgroup (limit 2,048 MB) had " in run["error"], run["error"]
+    f = finding(d, causes.OOM)
+    assert f["numbers"]["cgroup_limit_mb"] == pytest.approx(2048.0, rel=0.01)
+    assert f["numbers"]["memory_left_mb"] < 500, f["numbers"]
+    assert not more_workers(d), d["advice"]
+    # before it: the growth against the limit, from the samples the run stored
+    host = Store(db).host_samples(0.0)
+    host = host[host["run_id"] == d["run_id"]]
+    early = host.loc[:host["cgroup_mem_used_mb"].idxmax()]  # up to the fullest sample
+    g = causes.worker_memory(early)
+    assert g is not None and g.numbers["cgroup_limit_mb"] == pytest.approx(2048.0, rel=0.01)
+    assert g.numbers["available_mb"] < 2048.0 and "the job's cgroup (limit 2,048 MB) runs " \
+        "out of memory in about" in g.text, g.text
 
 
 @pytest.mark.slow
@@ -186,6 +242,35 @@ def test_one_slow_sample_holding_the_in_order_queue_is_head_of_line(tmp_path, no
     assert d["advice"][0]["param"] == "in_order" and d["advice"][0]["value"] is False
 
 
+@pytest.mark.slow
+def test_in_order_is_re_tuned_at_the_next_epoch_like_the_other_settings(tmp_path, no_leaks):
+    """The head-of-line fix asked of a running script: the probe turns in_order off before
+    the next epoch's iterator is built, says so in the run's events, and the epochs after it
+    wait less per step than the one held in order."""
+    db = tmp_path / "o.db"
+    p = subprocess.Popen([sys.executable, "-m", "monitor", "run", "--db", str(db), "--json",
+                          "--", sys.executable, str(SCRIPT), "head_of_line", "--workers", "4",
+                          "--epochs", "3", "--samples", "1024"], cwd=ROOT, env=ENV,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    store = Store(db) if wait_for(db.exists, timeout=60) else None
+    assert wait_for(lambda: len(store.steps(1)) >= 2, timeout=120)
+    cid = store.request_control(1, "config", {"in_order": False})
+    out, err = p.communicate(timeout=240)
+    assert p.returncode == 0, err[-2000:]
+    applied, result = store.control_result(cid)
+    assert applied and result.startswith("ok: applied at epoch"), result
+    at = int(re.search(r"epoch (\d+)", result).group(1))
+    assert f"epoch {at} in_order=False" in out and "epoch 0 in_order=True" in out, out
+    ev = store.events(1)
+    assert ev["label"].str.contains("in_order on→off").sum() == 1, list(ev["label"])
+    d = json.loads(out.strip().splitlines()[-1])
+    assert d["config"]["in_order"] is False
+    steps = store.steps(1)
+    held, free = steps[steps["epoch"] < at], steps[steps["epoch"] >= at]
+    assert free["wait_s"].mean() < held["wait_s"].mean(), (held["wait_s"].mean(),
+                                                           free["wait_s"].mean())
+
+
 @pytest.fixture
 def two_busy_jobs():
     """Two other jobs that keep both cores busy for as long as the test runs."""
@@ -235,6 +320,11 @@ def test_workers_that_touch_their_pages_once_are_warm_not_growing():
     f = causes.worker_memory(growing)
     assert f is not None and f.numbers["mb_per_min"] == pytest.approx(600.0)
     assert f.numbers["minutes_left"] == pytest.approx(20000.0 / 600.0)
+    # a container's cgroup limit leaving less room than the host: its minutes are counted
+    boxed = growing.assign(cgroup_mem_limit_mb=4000.0, cgroup_mem_used_mb=1000.0)
+    f = causes.worker_memory(boxed)
+    assert f.numbers["minutes_left"] == pytest.approx(3000.0 / 600.0)
+    assert "the job's cgroup (limit 4,000 MB) runs out of memory in about 5 min" in f.text
     # where USS is not measured, RSS is read
     no_uss = growing.assign(workers_uss_mb=None, workers_rss_mb=[354.0 + 10 * t for t in ts])
     assert causes.worker_memory(no_uss).numbers["mb_per_min"] == pytest.approx(600.0)
@@ -261,6 +351,38 @@ def test_tiny_samples_in_big_batches_are_per_sample_overhead(tmp_path, no_leaks)
     assert first["predicted_throughput"] > d["throughput"]
     assert not more_workers(d) and "persistent_workers" not in \
         [a["param"] for a in d["advice"]], d["advice"]
+
+
+@pytest.mark.slow
+def test_more_workers_that_made_the_run_slower_are_named_from_its_own_history(tmp_path,
+                                                                             no_leaks):
+    """The tiny reproducer with no device step: one worker's hand-off costs the loop more
+    than the fetch it takes over (bare, head to head). Moved 0 -> 1 worker mid-run, the run's
+    own history says so, with both figures, and the advice goes back to none."""
+    args = ("--seconds", "3", "--step-ms", "0")
+    none, one = bare("tiny", "--workers", "0", *args), bare("tiny", "--workers", "1", *args)
+    assert rate(one) < rate(none), (rate(none), rate(one))
+    db = tmp_path / "s.db"
+    p = subprocess.Popen([sys.executable, "-m", "monitor", "run", "--db", str(db), "--json",
+                          "--", sys.executable, str(SCRIPT), "tiny", "--workers", "0",
+                          "--epochs", "3", "--step-ms", "0"], cwd=ROOT, env=ENV,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    store = Store(db) if wait_for(db.exists, timeout=60) else None
+    assert wait_for(lambda: len(store.steps(1)) >= 2, timeout=120)
+    cid = store.request_control(1, "config", {"num_workers": 1})
+    out, err = p.communicate(timeout=240)
+    assert p.returncode == 0, err[-2000:]
+    assert store.control_result(cid)[1] == "ok: applied at epoch 1"
+    d = json.loads(out.strip().splitlines()[-1])
+    f = finding(d, causes.SLOWER)
+    n = f["numbers"]
+    assert n["best_workers"] == 0 and n["workers"] == 1 and n["best_steps"] >= 30, n
+    assert n["best_throughput"] > 1.1 * d["throughput"], (n, d["throughput"])
+    assert f["text"].startswith("more workers made it slower: this run measured ")
+    back = [a for a in d["advice"] if a["param"] == "num_workers"]
+    assert back and back[0]["value"] == 0, d["advice"]
+    assert back[0]["predicted_throughput"] == pytest.approx(n["best_throughput"])
+    assert not more_workers(d), d["advice"]
 
 
 @pytest.mark.slow

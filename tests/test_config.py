@@ -69,7 +69,17 @@ def test_attached_requests_are_validated_and_normalised():
                "pin_memory": False, "persistent_workers": False}
     assert LoaderConfig.live_request(current, num_workers=2) == {
         "num_workers": 2, "prefetch_factor": 2, "pin_memory": False,
-        "persistent_workers": False}
+        "persistent_workers": False, "in_order": True}
+    assert LoaderConfig.live_request({**current, "num_workers": 2}, in_order=False)[
+        "in_order"] is False
+    # batches of the main process come in order: in_order follows num_workers 0
+    assert LoaderConfig.live_request({**current, "num_workers": 2, "in_order": False},
+                                     num_workers=0)["in_order"] is True
+    with pytest.raises(ConfigError, match="in_order=False needs worker processes"):
+        LoaderConfig(num_workers=0, in_order=False)
+    assert LoaderConfig.build(num_workers=2, in_order=False).loader_kwargs()["in_order"] \
+        is False
+    assert "in_order" not in LoaderConfig.build(num_workers=2).loader_kwargs()
     assert LoaderConfig.live_request({**current, "num_workers": 2}, num_workers=0,
                                      prefetch_factor=4, persistent_workers=True)[
         "prefetch_factor"] is None

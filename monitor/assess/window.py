@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
-from monitor.assess import analysis
+from monitor.assess import analysis, history
 from monitor.diagnosis import Diagnosis, Features, causes, diagnose, features
 from monitor.diagnosis.causes import Finding
 from monitor.diagnosis.straggler import RankFigures, straggler_diagnosis, stragglers
@@ -63,6 +63,8 @@ class Window:
     # the probe's last `loader` report and the loader's errors (monitor/probe/workers.py)
     loader_report: dict[str, Any] | None = None
     loader_errors: tuple[str, ...] = ()
+    # the run's loader generations that ended, with what each measured (history.generations)
+    history: tuple[dict[str, Any], ...] = ()
 
     @property
     def accelerator(self) -> str:
@@ -153,7 +155,20 @@ def steady_window(store: Store, run_id: int) -> Window | None:
     report, errors = loader_notes(store.events(run_id, kinds=LOADER_KINDS))
     return Window(run, steps, _host_of(store, run_id, start, end),
                   f"steady state of the final settings ({end - start:.0f} s)",
-                  store.ranks(run_id), _warmup(store, run_id, steps, last), report, errors)
+                  store.ranks(run_id), _warmup(store, run_id, steps, last), report, errors,
+                  run_history(store, run_id, steps))
+
+
+def run_history(store: Store, run_id: int, steps: pd.DataFrame,
+                events: pd.DataFrame | None = None) -> tuple[dict[str, Any], ...]:
+    """The ended generations of a run of one rank (history.generations); a job's ranks
+    change on their own, and its findings speak for one rank's window only."""
+    ranks = steps["rank"].dropna().unique() if "rank" in steps.columns else []
+    if len(ranks) > 1:
+        return ()
+    if events is None:
+        events = store.events(run_id, kinds=("config",))
+    return history.generations(store, run_id, events, int(ranks[0]) if len(ranks) else None)
 
 
 LOADER_KINDS = ("loader", "epoch", "workers ready", "loader error", "stalled")
@@ -255,7 +270,8 @@ def assess(window: Window, ctx: Context, parts: int = 1) -> Assessment:
         f, dg = _one(window, ctx, _own_config(window, ranks), host, steps)
         report = window.loader_report or {  # a live window past the epoch's report
             "num_workers": int(f.config.get("num_workers") or 0)}
-        found = causes.find(steps, host, report, list(window.loader_errors), f.throughput)
+        found = causes.find(steps, host, report, list(window.loader_errors), f.throughput,
+                            window.history)
         if found:
             dg = dataclasses.replace(dg, headline=causes.headline(dg.headline, found, f),
                                      advice=causes.merge(dg.advice, found,

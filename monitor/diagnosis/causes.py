@@ -33,7 +33,14 @@ from typing import Any
 
 import pandas as pd
 
-from monitor.diagnosis.costs import PER_SAMPLE, STARTUP, per_sample, startup
+from monitor.diagnosis.costs import (
+    PER_SAMPLE,
+    SLOWER,
+    STARTUP,
+    per_sample,
+    slower_with_more,
+    startup,
+)
 from monitor.diagnosis.finding import Finding
 from monitor.diagnosis.rules import Advice
 from monitor.thresholds import (
@@ -50,17 +57,21 @@ IDLE_WORKERS, MEMORY_GROWTH, SHM, OPEN_FILES, OOM, HEAD_OF_LINE = (
     "idle-workers", "worker-memory-growth", "shm-exhausted", "open-files-limit", "oom-killed",
     "head-of-line")
 # The one vocabulary of causes a finding names (JSON `findings[].cause`, the page)
-CAUSES = (MEMORY_GROWTH, SHM, OPEN_FILES, OOM, IDLE_WORKERS, PER_SAMPLE, STARTUP,
+CAUSES = (MEMORY_GROWTH, SHM, OPEN_FILES, OOM, IDLE_WORKERS, PER_SAMPLE, SLOWER, STARTUP,
           HEAD_OF_LINE)
 
 
 def find(steps: pd.DataFrame, host: pd.DataFrame, report: dict[str, Any] | None,
-         errors: list[str], throughput: float) -> tuple[Finding, ...]:
-    """Every finding the window's evidence supports, the ones that happened first."""
-    happened = [f for f in (failure(e, report) for e in errors[-1:]) if f is not None]
+         errors: list[str], throughput: float,
+         history: tuple[dict[str, Any], ...] = ()) -> tuple[Finding, ...]:
+    """Every finding the window's evidence (and the run's ended generations, `history`)
+    supports, the ones that happened first."""
+    happened = [f for f in (failure(e, report, host) for e in errors[-1:]) if f is not None]
     # failures on their way first (they end the job), then what slows it
     coming = [worker_memory(host), shm(report), open_files(report),
               idle_workers(steps, report, throughput), per_sample(steps, report),
+              slower_with_more(history, int((report or {}).get("num_workers") or 0),
+                               throughput),
               startup(steps, report, throughput), head_of_line(steps)]
     seen = {f.cause for f in happened}  # a failure that happened says what the warning would
     return tuple(happened + [f for f in coming if f is not None and f.cause not in seen])
@@ -186,7 +197,9 @@ def _growth(host: pd.DataFrame, col: str) -> tuple[pd.DataFrame, float] | None:
     their pages once, then hold them, are warm, not growing)."""
     if col not in host.columns:
         return None
-    h = host[["ts", col, "workers", "mem_available_mb"]].copy()
+    h = host[["ts", col, "workers", *(c for c in ("mem_available_mb", "cgroup_mem_limit_mb",
+                                                  "cgroup_mem_used_mb") if c in host.columns)]
+             ].copy()
     h["gen"] = (h["workers"].fillna(0) <= 0).cumsum()  # a new set after each gap
     h = h[(h["workers"].fillna(0) > 0) & (h[col] > 0)].dropna(subset=[col])
     if h.empty:
@@ -215,11 +228,11 @@ def worker_memory(host: pd.DataFrame) -> Finding | None:
     h, per_min = g
     workers = max(1, int(h["workers"].iloc[-1] or 1))
     now = float(h[col].iloc[-1])
-    avail = h["mem_available_mb"].dropna()
-    left = float(avail.iloc[-1]) if not avail.empty else None
+    left, what, limit = _memory_left(h)
     minutes = left / per_min if left is not None and per_min > 0 else None
-    when = (f": at this rate the host runs out of memory in about {minutes:,.0f} min "
-            f"({left:,.0f} MB available)" if minutes is not None else "")
+    when = (f": at this rate {what} runs out of memory in about {minutes:,.0f} min "
+            f"({left:,.0f} MB {'left under its limit' if limit else 'available'})"
+            if minutes is not None else "")
     kind = "USS" if col == "workers_uss_mb" else "RSS"
     text = (f"the DataLoader workers' memory grows {per_min:,.0f} MB/min "
             f"({per_min / workers:,.0f} MB/min a worker, {kind} {now:,.0f} MB now){when}. "
@@ -230,9 +243,29 @@ def worker_memory(host: pd.DataFrame) -> Finding | None:
            "dicts; or run fewer workers, each with the memory it needs")
     return Finding(MEMORY_GROWTH, text, {"mb_per_min": per_min, "per_worker_mb_per_min":
                                          per_min / workers, "memory_mb": now,
-                                         "available_mb": left, "minutes_left": minutes},
+                                         "available_mb": left, "minutes_left": minutes,
+                                         "cgroup_limit_mb": limit},
                    (Advice("dataset", "bounded cache, arrays", None, fix),),
                    no_more_workers=True)
+
+
+def _memory_left(h: pd.DataFrame, least: bool = False) -> tuple[float | None, str,
+                                                                 float | None]:
+    """(MB left, who runs out, the cgroup's limit) as last sampled (`least`: at the sample
+    that left the least, a killed worker's last moment): the host's available memory, or
+    the job's cgroup limit less its use where that leaves less (a container is killed at
+    its limit, however much the host has)."""
+    avail = h["mem_available_mb"].dropna() if "mem_available_mb" in h.columns else h.iloc[0:0]
+    host = float(avail.min() if least else avail.iloc[-1]) if not avail.empty else None
+    if "cgroup_mem_limit_mb" in h.columns and "cgroup_mem_used_mb" in h.columns:
+        room = (h["cgroup_mem_limit_mb"] - h["cgroup_mem_used_mb"]).dropna()
+        if not room.empty:
+            i = room.idxmin() if least else room.index[-1]
+            limit = float(h.at[i, "cgroup_mem_limit_mb"])
+            if host is None or room[i] < host:
+                return max(0.0, float(room[i])), f"the job's cgroup (limit {limit:,.0f} MB)", \
+                    limit
+    return host, "the host", None
 
 
 def _shm_need_mb(report: dict[str, Any]) -> float:
@@ -315,9 +348,10 @@ def _short(error: str, n: int = 240) -> str:
     return error if len(error) <= n else error[: n // 3] + " ... " + error[-(2 * n) // 3:]
 
 
-def failure(error: str, report: dict[str, Any] | None) -> Finding | None:
+def failure(error: str, report: dict[str, Any] | None,
+            host: pd.DataFrame | None = None) -> Finding | None:
     """A loader error that reached the loop, named from its message (None: not one of
-    these causes)."""
+    these causes); a killed worker with the memory last sampled (`host`) beside it."""
     low = error.lower()
     if "bus error" in low or "no space left on device" in low or "/dev/shm" in low:
         numbers = report or {}
@@ -346,9 +380,16 @@ def failure(error: str, report: dict[str, Any] | None) -> Finding | None:
                        {"need": need, "limit": (report or {}).get("nofile_limit")},
                        (_fd_advice(need or 1024),))
     if "killed by signal: killed" in low:
+        left, what, limit = _memory_left(host, least=True) \
+            if host is not None and not host.empty else (None, "", None)
+        mem = ""
+        if left is not None:  # the sample that left the least: the worker's last moment
+            mem = (f": {what} had {left:,.0f} MB left at its fullest sample" if limit else
+                   f": the host had {left:,.0f} MB available at its fullest sample")
         return Finding(OOM, f"the loader failed: a worker was killed by SIGKILL, most often "
-                       f"the kernel's OOM killer when memory runs out ({_short(error)})",
-                       {}, (Advice("dataset", "bounded cache, arrays", None,
+                       f"the kernel's OOM killer when memory runs out ({_short(error)}){mem}",
+                       {"memory_left_mb": left, "cgroup_limit_mb": limit},
+                       (Advice("dataset", "bounded cache, arrays", None,
                                    "watch the workers' memory (the worker-memory finding "
                                    "names its slope); fewer workers or a bounded cache"),),
                        no_more_workers=True)

@@ -1,9 +1,12 @@
-"""Two causes that are a cost of the loader itself, not of the data: per-sample overhead
-(big batches fetched one sample at a time) and worker start-up (workers started again at
-every epoch), each with its numbers and fix (monitor/diagnosis/causes.py gathers them with
-the rest). Pure: the window's steps and the probe's `loader` report in."""
+"""Causes that are a cost of the loader itself, not of the data: per-sample overhead (big
+batches fetched one sample at a time), worker start-up (workers started again at every
+epoch) and workers whose hand-off costs more than they save (more of them measured slower in
+the run's own history), each with its numbers and fix (monitor/diagnosis/causes.py gathers
+them with the rest). Pure: the window's steps, the probe's `loader` report and the run's
+generations (monitor/assess/history.py) in."""
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import pandas as pd
@@ -12,14 +15,16 @@ from monitor.assess.analysis import epoch_stalls
 from monitor.diagnosis.finding import Finding
 from monitor.diagnosis.rules import Advice
 from monitor.thresholds import (
+    HISTORY_MIN_STEPS,
     PER_SAMPLE_MAX_S,
     PER_SAMPLE_MIN_BATCH,
     PER_SAMPLE_WAIT_SHARE,
+    SLOWER_SHARE,
     STARTUP_MIN_S,
     STARTUP_STEPS_X,
 )
 
-PER_SAMPLE, STARTUP = "per-sample-overhead", "worker-startup"
+PER_SAMPLE, STARTUP, SLOWER = "per-sample-overhead", "worker-startup", "more-workers-slower"
 
 
 def per_sample(steps: pd.DataFrame, report: dict[str, Any] | None) -> Finding | None:
@@ -99,3 +104,29 @@ def startup(steps: pd.DataFrame, report: dict[str, Any] | None,
                    {"first_batch_s": first, "iter_s": iter_s, "ready_s": list(ready),
                     "start_method": method, "pickled_bytes": pickled, "epoch_starts": n,
                     "lost_s": lost}, tuple(advice))
+
+
+def slower_with_more(history: Sequence[dict[str, Any]], workers_now: int,
+                     throughput: float) -> Finding | None:
+    """The run itself measured more with fewer workers than it has now: their hand-off (a
+    pickle, a copy and a queue per batch) costs the loop more than their fetching saves."""
+    tried = [g for g in history if g.get("throughput") and g["steps"] >= HISTORY_MIN_STEPS
+             and int(g["settings"].get("num_workers") or 0) < workers_now]
+    if not tried or not throughput > 0:
+        return None
+    best = max(tried, key=lambda g: g["throughput"])
+    fast = float(best["throughput"])
+    if fast < throughput * (1 + SLOWER_SHARE):
+        return None
+    nw = int(best["settings"].get("num_workers") or 0)
+    text = (f"more workers made it slower: this run measured {fast:,.0f} samples/s with "
+            f"{nw} worker{'s' if nw != 1 else ''} and {throughput:,.0f} with {workers_now} "
+            f"now ({throughput / fast - 1:+.0%}); each batch a worker makes is pickled, "
+            "copied and unpickled by the loop, and that hand-off costs more than the fetch "
+            "they take over (small samples, or few cores).")
+    fix = (f"back to num_workers={nw}: {fast:,.0f} samples/s measured in this run, "
+           f"{(fast / throughput - 1) * 100:+.0f}%")
+    return Finding(SLOWER, text, {"best_workers": nw, "best_throughput": fast,
+                                  "workers": workers_now, "throughput": throughput,
+                                  "best_steps": int(best["steps"])},
+                   (Advice("num_workers", nw, fast, fix),), no_more_workers=True)

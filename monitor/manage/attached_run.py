@@ -12,11 +12,12 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 from monitor import control
-from monitor.assess import outcomes
+from monitor.assess import analysis, outcomes
 from monitor.assess import probe_notes as notes
 from monitor.assess.stall import STALL_KINDS, stuck_at_end
 from monitor.assess.window import LOADER_KINDS, Context, assess_run, loader_notes
@@ -73,7 +74,11 @@ def named_failure(store: Store, run_id: int) -> str | None:
     """The cause of a loader error that reached the script (/dev/shm, descriptors, the OOM
     killer: monitor/diagnosis/causes.py), in a sentence with its numbers."""
     report, errors = loader_notes(store.events(run_id, kinds=LOADER_KINDS))
-    found = causes.failure(errors[-1], report) if errors else None
+    if not errors:
+        return None
+    end = store.last_step_ts(run_id) or time.time()  # the memory as last sampled
+    host = analysis.run_rows(store.host_samples(end - 30.0, time.time()), run_id)
+    found = causes.failure(errors[-1], report, host)
     return found.text if found is not None else None
 
 

@@ -13,6 +13,7 @@ stderr is not a terminal, one plain line per EVERY_S and the script's output unt
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
 import sys
 import textwrap
@@ -26,7 +27,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from monitor.assess.window import Assessment, Context, assess, recent_window
+from monitor.assess.window import Assessment, Context, assess, recent_window, run_history
 from monitor.config import LoaderConfig
 from monitor.diagnosis import NO_DATA
 from monitor.diagnosis.rules import Advice
@@ -48,8 +49,10 @@ def read(store: Store, run_id: int, ctx: Context, now: float | None = None,
     from monitor.assess import analysis
 
     host = analysis.run_rows(store.host_samples(since, end), run_id)
-    w = recent_window(run, steps, host, store.events(run_id), end, store.ranks(run_id))
-    return assess(w, ctx)
+    events = store.events(run_id)
+    w = recent_window(run, steps, host, events, end, store.ranks(run_id))
+    return assess(dataclasses.replace(w, history=run_history(store, run_id, w.steps, events)),
+                  ctx)
 
 
 def status(a: Assessment | None) -> dict[str, str]:

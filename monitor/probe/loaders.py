@@ -67,6 +67,8 @@ def loader_settings(loader: Any) -> dict[str, Any]:
         # workers would (timm's MultiEpochsDataLoader)
         "persistent_workers": bool(getattr(loader, "persistent_workers", False))
         or (nw > 0 and held_iterator(loader) is not None),
+        # torch before 2.6 has no in_order: its loaders are always in order
+        "in_order": bool(getattr(loader, "in_order", True)) if nw > 0 else True,
     }
 
 

@@ -391,6 +391,9 @@ class Recorder:
         except (ConfigError, TypeError) as exc:
             return control.refused(exc)
         change = {k: v for k, v in wanted.items() if v != before.get(k)}
+        if "in_order" in change and not hasattr(loader, "in_order"):
+            return control.refused("in_order needs torch 2.6 or later (this DataLoader has "
+                                   "none); a higher prefetch_factor also frees a held queue")
         if not change:
             return control.ok("nothing to change")
         old_iter = getattr(loader, "_iterator", None)

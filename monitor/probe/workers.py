@@ -176,9 +176,16 @@ def report(loader: Any, batch: Any) -> dict[str, Any]:
 def error_text(exc: BaseException) -> str:
     """The loader's error as one line: its type, the message's first line and, for an error
     re-raised from a worker (its traceback inside the message), the original's last line,
-    where the cause is ('... No space left on device (28)')."""
-    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
-    head = f"{type(exc).__name__}: {lines[0] if lines else ''}"
-    if len(lines) > 1:
-        head += f" ... {lines[-1]}"
-    return head[:600]
+    where the cause is ('... No space left on device (28)'); an error raised from another
+    (torch's "worker exited unexpectedly" from "killed by signal: Killed") says that one's
+    too, since the cause is in it."""
+    parts, seen = [], set()
+    while exc is not None and id(exc) not in seen and len(parts) < 3:
+        seen.add(id(exc))
+        lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+        head = f"{type(exc).__name__}: {lines[0] if lines else ''}"
+        if len(lines) > 1:
+            head += f" ... {lines[-1]}"
+        parts.append(head)
+        exc = exc.__cause__ or (None if exc.__suppress_context__ else exc.__context__)
+    return (" (from ".join(parts) + ")" * (len(parts) - 1))[:600]

@@ -258,7 +258,13 @@ class HostSampler:
             workers_uss_mb=self._uss.get(key),
             workers_detail=self._detail(key, workers, w_rss, before),
             **self._time_split(key, main, workers),
+            **self._cgroup(main.pid),
         )
+
+    def _cgroup(self, pid: int) -> dict[str, float]:
+        got = procfs.cgroup_memory(pid, self.proc)
+        return {} if got is None else {"cgroup_mem_limit_mb": got[0] / MB,
+                                       "cgroup_mem_used_mb": got[1] / MB}
 
     def _detail(self, key: int | None, workers: list[Any], rss: list[float | None],
                 before: dict | None) -> str | None:

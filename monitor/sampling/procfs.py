@@ -7,6 +7,9 @@
 - `/proc/<pid>/io`: bytes the process read (`rchar`: every read(), page cache hits included;
   `read_bytes`: what came from the block device), the storage evidence behind an io-bound
   verdict.
+- `/proc/<pid>/cgroup` and the memory controller's files under /sys/fs/cgroup: the memory
+  limit that binds the process (its cgroup's or an ancestor's, v2 `memory.max` or v1
+  `memory.limit_in_bytes`), which a container's job runs out of before the host does.
 
 The /proc root is injected (DESIGN.md style rule 4), so tests point the readers at fixture
 files. None where the kernel does not provide a file (non-Linux, schedstats off, another
@@ -54,6 +57,48 @@ def read_chars(pid: int, proc: str = "/proc") -> int | None:
     except (OSError, ValueError, IndexError):
         return None
     return None
+
+
+UNLIMITED = 1 << 60  # v1 reports "no limit" as a page-rounded 2**63
+
+
+def _number(path: str) -> int | None:
+    try:
+        with open(path) as f:
+            text = f.read().strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() else None  # v2 "max": no limit
+
+
+def cgroup_memory(pid: int, proc: str = "/proc",
+                  root: str = "/sys/fs/cgroup") -> tuple[float, float] | None:
+    """(limit, used) in bytes of the cgroup whose memory limit leaves the process the least
+    room (its own or an ancestor's); None when none is limited or it cannot be read."""
+    try:
+        with open(f"{proc}/{pid}/cgroup") as f:
+            lines = [ln.rstrip("\n").split(":", 2) for ln in f]
+    except OSError:
+        return None
+    v1 = [p for p in lines if len(p) == 3 and "memory" in p[1].split(",")]
+    v2 = [p for p in lines if len(p) == 3 and p[0] == "0" and p[1] == ""]
+    if v1:  # the memory controller on v1 (a hybrid host keeps v2 without it)
+        where, limit_f, used_f, base = (v1[0][2], "memory.limit_in_bytes",
+                                        "memory.usage_in_bytes", os.path.join(root, "memory"))
+    elif v2:
+        where, limit_f, used_f, base = v2[0][2], "memory.max", "memory.current", root
+    else:
+        return None
+    best, path = None, where.strip("/")
+    while True:
+        d = os.path.join(base, path) if path else base
+        limit, used = _number(os.path.join(d, limit_f)), _number(os.path.join(d, used_f))
+        if limit is not None and used is not None and limit < UNLIMITED and (
+                best is None or limit - used < best[0] - best[1]):
+            best = (float(limit), float(used))
+        if not path:
+            return best
+        path = os.path.dirname(path)
 
 
 def available(proc: str = "/proc") -> dict[str, bool]:

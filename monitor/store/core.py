@@ -91,6 +91,7 @@ class Store:
     step_totals = _Part("series", Series.step_totals)
     rank_totals = _Part("series", Series.rank_totals)
     last_step_ts = _Part("series", Series.last_step_ts)
+    generation_total = _Part("series", Series.generation_total)
     host_samples = _Part("series", Series.host_samples)
     gpu_samples = _Part("series", Series.gpu_samples)
     gpu_util = _Part("series", Series.gpu_util)

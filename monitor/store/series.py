@@ -101,6 +101,18 @@ class Series:
                                    "step_seconds": (w or 0.0) + (c or 0.0)}
                 for r, k, n, s, w, c in rows}
 
+    def generation_total(self, run_id: int, seq: int, since: float, until: float,
+                         rank: int | None = None, skip: int = 0) -> dict[str, float]:
+        """One loader generation's (`config_seq`) steps between `since` and `until`, its
+        first `skip` (warm-up) left out: steps, samples and the loop's seconds."""
+        row = self.db.conn().execute(
+            "SELECT COUNT(*), SUM(samples), SUM(wait_s + compute_s) FROM (SELECT samples, "
+            "wait_s, compute_s FROM steps WHERE run_id = ? AND ts >= ? AND ts <= ? AND "
+            "config_seq = ? AND (? IS NULL OR COALESCE(rank, 0) = ?) ORDER BY ts "
+            "LIMIT -1 OFFSET ?)", (run_id, since, until, seq, rank, rank, skip)).fetchone()
+        return {"steps": int(row[0] or 0), "samples": float(row[1] or 0.0),
+                "loop_s": float(row[2] or 0.0)}
+
     def last_step_ts(self, run_id: int) -> float | None:
         """When the run's newest step ended; None before its first."""
         row = self.db.conn().execute("SELECT MAX(ts) FROM steps WHERE run_id = ?",

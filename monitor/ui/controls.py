@@ -72,6 +72,7 @@ def _read(base: LoaderConfig) -> LoaderConfig:
         prefetch_factor=int(s[_key("prefetch_factor")]),
         pin_memory=bool(s[_key("pin_memory")]),
         persistent_workers=bool(s[_key("persistent_workers")]),
+        in_order=bool(s[_key("in_order")]),
         step_time_ms=step, model_size=s[_key("model_size")],
     )
 
@@ -135,6 +136,10 @@ def render_controls(rt: Runtime, simulated: bool) -> None:
               help="page-locked host memory for faster host-to-GPU copies")
     sb.toggle("persistent_workers", key=_key("persistent_workers"),
               help="keep workers between epochs (needs num_workers >= 1)",
+              **{**args, "disabled": locked or no_workers})
+    sb.toggle("in_order", key=_key("in_order"),
+              help="off: batches are handed over as the workers finish them, so one slow "
+                   "sample does not hold the ones queued behind it (needs num_workers >= 1)",
               **{**args, "disabled": locked or no_workers})
     _accelerator(sb, args, simulated, locked)
     _buttons(sb, manager, locked)

@@ -216,7 +216,7 @@ def render_attached_controls(store: Store, run: dict, ranks: list[int]) -> None:
         target = st.selectbox("ranks", ["all ranks", *ranks], key=f"att_rank_{run['id']}",
                               format_func=lambda r: r if isinstance(r, str) else f"rank {r}") \
             if len(ranks) > 1 else "all ranks"
-        c = st.columns(4)
+        c = st.columns(5)
         nw = c[0].number_input("num_workers", 0, 64, int(cfg.get("num_workers") or 0),
                                key=f"att_nw_{run['id']}")
         pf = c[1].number_input("prefetch_factor", 1, MAX_PREFETCH_FACTOR,
@@ -225,13 +225,16 @@ def render_attached_controls(store: Store, run: dict, ranks: list[int]) -> None:
         pin = c[2].toggle("pin_memory", bool(cfg.get("pin_memory")), key=f"att_pin_{run['id']}")
         pers = c[3].toggle("persistent_workers", bool(cfg.get("persistent_workers")),
                            key=f"att_pers_{run['id']}", disabled=nw == 0)
+        order = c[4].toggle("in_order", cfg.get("in_order") is not False,
+                            key=f"att_order_{run['id']}", disabled=nw == 0)
         st.caption("batch_size, sampler and dataset are fixed when the script builds its "
                    "DataLoader: change those in the script.")
         if st.button("Request", key=f"att_req_{run['id']}"):
             try:
                 payload = LoaderConfig.live_request(cfg, num_workers=int(nw),
                                                     prefetch_factor=int(pf), pin_memory=bool(pin),
-                                                    persistent_workers=bool(pers))
+                                                    persistent_workers=bool(pers),
+                                                    in_order=bool(order) or nw == 0)
             except ConfigError as exc:
                 st.error(plain(exc))
             else:

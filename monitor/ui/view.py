@@ -16,7 +16,14 @@ from typing import Any
 import pandas as pd
 
 from monitor.assess import analysis
-from monitor.assess.window import Assessment, Window, assess, recent_window, steady_window
+from monitor.assess.window import (
+    Assessment,
+    Window,
+    assess,
+    recent_window,
+    run_history,
+    steady_window,
+)
 from monitor.diagnosis import NO_DATA, SIMULATED
 from monitor.store import Store
 from monitor.thresholds import KPI_WINDOW_S
@@ -203,7 +210,8 @@ def assessed_window(store: Store, view: View) -> Window:
     steady state (the same window `measure` and `run --json` report)."""
     ranks = store.ranks(int(view.run["id"]))
     if view.run["status"] == "running":
-        return recent_window(view.run, view.steps, view.host, view.events, view.end, ranks)
+        w = recent_window(view.run, view.steps, view.host, view.events, view.end, ranks)
+        return dataclasses.replace(w, history=run_history(store, int(view.run["id"]), w.steps))
     return steady_window(store, int(view.run["id"])) or recent_window(
         view.run, view.steps, view.host, view.events, view.end, ranks)
 

@@ -47,12 +47,15 @@ class OneShard(IterableDataset):
 
 
 class Cached(Dataset):
+    def __init__(self, kb: int = 1024) -> None:
+        self.rows = max(1, kb // 4)  # rows of 1,024 floats
+
     def __len__(self) -> int:
         return 100_000
 
     def __getitem__(self, i: int):
         if i not in CACHE:
-            CACHE[i] = torch.rand(256, 1024)  # 1 MB, kept forever
+            CACHE[i] = torch.rand(self.rows, 1024)  # 1 MB by default, kept forever
         time.sleep(0.004)
         return CACHE[i][0, :4].clone()
 
@@ -60,8 +63,11 @@ class Cached(Dataset):
 class OneSlow(Dataset):
     """Every 32nd sample is a huge image: 150 ms to decode, the rest 1 ms."""
 
+    def __init__(self, n: int = 100_000) -> None:
+        self.n = n
+
     def __len__(self) -> int:
-        return 100_000
+        return self.n
 
     def __getitem__(self, i: int):
         time.sleep(0.15 if i % 32 == 0 else 0.001)
@@ -123,13 +129,14 @@ class ManyTensors(Dataset):
 
 
 def build(kind: str, workers: int, in_any_order: bool = False,
-          batched: bool = False, persistent: bool = False) -> DataLoader:
+          batched: bool = False, persistent: bool = False, samples: int = 0,
+          grow_kb: int = 1024) -> DataLoader:
     if kind == "idle_shards":
         return DataLoader(OneShard(100_000), batch_size=8, num_workers=workers)
     if kind == "mem_growth":
-        return DataLoader(Cached(), batch_size=4, num_workers=workers, shuffle=True)
+        return DataLoader(Cached(grow_kb), batch_size=4, num_workers=workers, shuffle=True)
     if kind == "head_of_line":
-        return DataLoader(OneSlow(), batch_size=4, num_workers=workers,
+        return DataLoader(OneSlow(samples or 100_000), batch_size=4, num_workers=workers,
                           in_order=not in_any_order)
     if kind == "shm":
         return DataLoader(Big(), batch_size=4, num_workers=workers, prefetch_factor=2)
@@ -160,18 +167,23 @@ def main() -> None:
     ap.add_argument("--any-order", action="store_true", help="in_order=False (the fix)")
     ap.add_argument("--batched", action="store_true", help="tiny: __getitems__ (the fix)")
     ap.add_argument("--persistent", action="store_true", help="persistent_workers (the fix)")
+    ap.add_argument("--grow-kb", type=int, default=1024, help="mem_growth: KB cached a sample")
+    ap.add_argument("--samples", type=int, default=0, help="head_of_line: an epoch's samples")
     ap.add_argument("--step-ms", type=float, default=3.0, help="the modelled device step")
     a = ap.parse_args()
     if a.sharing:
         torch.multiprocessing.set_sharing_strategy(a.sharing)
-    loader = build(a.kind, a.workers, a.any_order, a.batched, a.persistent)
+    loader = build(a.kind, a.workers, a.any_order, a.batched, a.persistent, a.samples,
+                   a.grow_kb)
     start, n, samples = time.perf_counter(), 0, 0
     first = None
     epochs = 0
     # epochs until the time is up, or exactly --epochs of them
     while (epochs < a.epochs) if a.epochs else (time.perf_counter() - start <= a.seconds):
         epochs += 1
-        for batch in loader:
+        for i, batch in enumerate(loader):
+            if i == 0 and a.kind == "head_of_line" and a.epochs:  # (a change lands at iter())
+                print(f"epoch {epochs - 1} in_order={loader.in_order}", flush=True)
             if first is None:
                 first = time.perf_counter()
             time.sleep(a.step_ms / 1000)  # sleep-ok: the modelled device step

@@ -1,0 +1,56 @@
+"""A run's own history: each loader generation (`config_seq`, one per applied setting) with
+its settings and what it measured, for findings that compare settings the run has already
+tried ("more workers made it slower"). The generation now running is the window's; those
+that ended do not change and are read once from the store (one query each)."""
+from __future__ import annotations
+
+import json
+import time
+from typing import TYPE_CHECKING, Any
+
+import pandas as pd
+
+from monitor.config import DEFAULT_PREFETCH, LIVE_SETTINGS
+from monitor.thresholds import HISTORY_FINAL_S, HISTORY_SKIP_STEPS
+
+if TYPE_CHECKING:
+    from monitor.store import Store
+
+_DONE: dict[tuple[str, int, int | None, int], dict[str, Any]] = {}
+
+
+def _data(x: Any) -> dict[str, Any]:
+    try:
+        d = json.loads(x) if isinstance(x, str) else x
+    except ValueError:
+        return {}
+    return d if isinstance(d, dict) else {}
+
+
+def generations(store: Store, run_id: int, events: pd.DataFrame,
+                rank: int | None = None) -> tuple[dict[str, Any], ...]:
+    """[{seq, settings, steps, samples, loop_s, throughput}] of the generations that ended,
+    in order (their first steps, the workers' start and the queue's filling, left out)."""
+    if events is None or events.empty or "kind" not in events.columns:
+        return ()
+    cfg = events[events["kind"] == "config"].sort_values("ts")
+    rows = [(float(t), _data(d)) for t, d in zip(cfg["ts"], cfg["data"], strict=True)]
+    if rank is not None:
+        rows = [(t, d) for t, d in rows if d.get("rank") in (None, rank)]
+    out, now = [], time.time()
+    for seq, ((ts, d), (nxt, _)) in enumerate(zip(rows[:-1], rows[1:], strict=True)):
+        key = (str(store.path), run_id, rank, seq)
+        row = _DONE.get(key)
+        if row is None:
+            nw = int(d.get("num_workers") or 0)
+            skip = max(HISTORY_SKIP_STEPS, nw * int(d.get("prefetch_factor") or
+                                                    DEFAULT_PREFETCH))
+            t = store.generation_total(run_id, seq, ts - 1.0, nxt + 1.0, rank, skip)
+            row = {"seq": seq, "settings": {k: d.get(k) for k in LIVE_SETTINGS}, **t,
+                   "throughput": t["samples"] / t["loop_s"] if t["loop_s"] > 0 else None}
+            if now > nxt + HISTORY_FINAL_S:  # its last steps are in the store: final
+                if len(_DONE) > 10_000:
+                    _DONE.clear()
+                _DONE[key] = row
+        out.append(row)
+    return tuple(out)
