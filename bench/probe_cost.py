@@ -1,21 +1,39 @@
-"""What the probe costs the training loop: `watch()` over a trivial loader vs the bare loop,
-interleaved rounds of equal length, per step amortised (flushes included).
+"""What the probe costs the training loop, per step amortised (the writer's flushes and
+the watchdog's thread included), each case head to head with its bare loop in interleaved
+rounds of equal length:
 
-    python bench/probe_cost.py [--steps 20000] [--rounds 5]
+- `watch()` over an iterator that yields at once (in this process): the probe alone;
+- the attach probe (installed as `monitor run` installs it) on a plain `for batch in
+  loader:` over a DataLoader whose items cost nothing, with 0 and with 2 workers, and
+  `watch()` over the same loader: one process per run (bench/probe_loop.py), its first
+  epoch (start-up) left out;
+- a loop with a 1 ms step (a spin) over that DataLoader: its throughput monitored against
+  bare, in percent.
 
-Prints each round's µs per step, bare and watched, and the median difference. Figures only.
+    python bench/probe_cost.py [--steps 20000] [--rounds 5] [--table]
+
+Without --table only the first case. Prints each round and the medians (with their spread,
+min-max over the rounds). Goal (issue 33): <= 5 µs a step, the 1 ms loop within 0.5%.
+Figures only.
 """
 from __future__ import annotations
 
 import argparse
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+# (what, mode, workers, steps an epoch, epochs, the step's ms)
+CASES = (("attach probe, DataLoader 0 workers", "probed", 0, 20_000, 4, 0.0),
+         ("attach probe, DataLoader 2 workers", "probed", 2, 5_000, 4, 0.0),
+         ("watch(), DataLoader 0 workers", "watch", 0, 20_000, 4, 0.0),
+         ("1 ms step, DataLoader 0 workers", "probed", 0, 1_500, 3, 1.0))
 
 
 class Trivial:
@@ -36,10 +54,49 @@ def loop(it) -> float:
     return time.perf_counter() - t
 
 
+def one(mode: str, workers: int, steps: int, epochs: int, ms: float) -> float:
+    """Median µs a step of one process's epochs after its first."""
+    r = subprocess.run([sys.executable, str(ROOT / "bench" / "probe_loop.py"), mode,
+                        str(workers), str(steps), str(epochs), str(ms)], cwd=ROOT,
+                       capture_output=True, text=True, timeout=600,
+                       env={**os.environ, "PYTHONPATH": str(ROOT),
+                            "STARVATION_MONITOR_DB": str(Path(tempfile.mkdtemp()) / "p.db")})
+    line = next(ln for ln in r.stdout.splitlines() if ln.startswith("us_per_step"))
+    return statistics.median(float(x) for x in line.split()[2:])
+
+
+def spread(xs: list[float]) -> str:
+    return f"{statistics.median(xs):.2f} ({min(xs):.2f}–{max(xs):.2f})"
+
+
+def table(rounds: int) -> None:
+    """Each case bare and probed, the order alternating round by round."""
+    got: dict[str, list[tuple[float, float]]] = {c[0]: [] for c in CASES}
+    for r in range(rounds):
+        for what, mode, nw, steps, epochs, ms in CASES:
+            pair = [("bare", 0.0), (mode, 0.0)] if r % 2 == 0 else [(mode, 0.0), ("bare", 0.0)]
+            t = {m: one(m, nw, steps, epochs, ms) for m, _ in pair}
+            got[what].append((t["bare"], t[mode]))
+            print(f"round {r} {what}: bare {t['bare']:.2f}, monitored {t[mode]:.2f} µs/step",
+                  flush=True)
+    print("\n| case | bare µs/step | monitored µs/step | probe cost |")
+    print("|---|---|---|---|")
+    for what, *_rest in CASES:
+        b = [x for x, _ in got[what]]
+        m = [y for _, y in got[what]]
+        if _rest[-1] > 0:  # a real step: the cost as throughput lost
+            cost = [(y / x - 1) * 100 for x, y in got[what]]
+            print(f"| {what} | {spread(b)} | {spread(m)} | {spread(cost)} % of throughput |")
+        else:
+            cost = [y - x for x, y in got[what]]
+            print(f"| {what} | {spread(b)} | {spread(m)} | {spread(cost)} µs/step |")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=20000)
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--table", action="store_true", help="every case, as a markdown table")
     a = ap.parse_args()
     os.environ["STARVATION_MONITOR_DB"] = str(Path(tempfile.mkdtemp()) / "probe.db")
     from monitor import watch
@@ -56,6 +113,8 @@ def main() -> None:
     print(f"device clock (CUDA events, our side only: a no-op event): "
           f"{device_clock_us(a.steps):.2f} µs per step for its two records and the harvest "
           "(the driver's own cudaEventRecord, ~2.5 µs each, is on top: bench/gpu_check.py)")
+    if a.table:
+        table(a.rounds)
 
 
 class _NoopEvent:

@@ -133,6 +133,13 @@ def test_no_cuda_call_before_the_script_initialises_cuda():
     loop(clock, dev, [0.01] * 5, 0.005)
     assert set(dev.calls) == {"is_initialized"} and dev.events_made == 0
     dev.initialized = True  # the script put a tensor on the device
+    got = loop(clock, dev, [0.01] * 70, 0.005)  # looked for every LOOK_EVERY steps
+    assert 0 < len(got) and min(got) <= device_clock.LOOK_EVERY
+    clock = DeviceClock(FakeCuda(dev))
+    dev.initialized = False
+    loop(clock, dev, [0.01] * 5, 0.005)
+    dev.initialized = True
+    clock.look()  # an epoch starts: the next step looks
     got = loop(clock, dev, [0.01] * 5, 0.005)
     assert sorted(got) == [0, 1, 2, 3, 4] and dev.events_made > 0
 

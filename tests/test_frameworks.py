@@ -83,7 +83,9 @@ def test_hf_trainer_batch_size_and_a_retune_reach_the_base_loader(tmp_path, no_l
     records batch 16; a request for 2 workers starts 2 worker processes in the loader that
     iterates (their PIDs in the next epoch's event); the eval loader is not timed."""
     db = tmp_path / "hf.db"
-    p = start(db, sys.executable, "hf_trainer.py", "--epochs", "3", "--samples", "160",
+    # (epochs of 0.2 s; the probe's writer stores steps every 0.5 s: the request, sent once
+    # the first are stored, lands a few epochs on)
+    p = start(db, sys.executable, "hf_trainer.py", "--epochs", "6", "--samples", "160",
               "--work", "20")
     store = Store(db) if wait_for(db.exists, timeout=60) else None
     assert wait_for(lambda: len(store.steps(1)) >= 2, timeout=120), p.stderr
@@ -91,7 +93,7 @@ def test_hf_trainer_batch_size_and_a_retune_reach_the_base_loader(tmp_path, no_l
     out, err, d = finish(p)
     steps = store.steps(d["run_id"])
     assert d["config"]["batch_size"] == 16 and set(steps["samples"]) == {16}
-    assert len(steps) == 3 * 10, steps.groupby("epoch").size().to_dict()
+    assert len(steps) == 6 * 10, steps.groupby("epoch").size().to_dict()
     assert (store.control_result(cid)[1] or "").startswith("ok: applied at epoch")
     epochs = store.events(d["run_id"], kinds=("epoch",))
     pids = [json.loads(x)["worker_pids"] for x in epochs["data"]]

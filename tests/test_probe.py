@@ -79,10 +79,10 @@ def test_batch_len_shapes():
 
 
 def test_a_locked_store_never_blocks_the_watched_steps(tmp_path):
-    """Another connection holds the store's write lock from an epoch's first step: the
-    epoch's 5,000 steps run to the end while it is held (the training thread only appends;
-    the watchdog's thread writes), and once it is let go every step arrives, in order. (An
-    epoch's start still writes its events on the training thread: issue 33's rest.)"""
+    """Another connection holds the store's write lock from before an epoch starts: the
+    epoch's start (its events, its control reads) and its 5,000 steps run to the end while
+    it is held (the training thread only appends; the watchdog's thread writes, and retries
+    a locked write), and once it is let go every step and event arrives, in order."""
     import os
     import subprocess
     import sys
@@ -118,3 +118,38 @@ def test_a_locked_store_never_blocks_the_watched_steps(tmp_path):
     assert "stored 5010" in out, (out, err[-2000:])
     steps = Store(db).steps(1)["step"].tolist()
     assert steps == sorted(steps) and len(set(steps)) == 5010
+
+
+def test_a_write_that_fails_while_locked_is_retried_and_the_oldest_past_the_bound_dropped(
+        tmp_path, monkeypatch):
+    """The probe's store waits 50 ms on a lock (not 10 s), and another connection holds the
+    write lock: the writes fail, the steps are kept and written once it is let go, in order,
+    with one stored note; past the bound the oldest are dropped and the note counts them."""
+    import sqlite3
+
+    from monitor.probe import timing
+    from monitor.store import Store
+
+    monkeypatch.setattr(timing, "BUFFER_MAX", 100)
+    store = Store(tmp_path / "r.db")
+    run = store.create_run("retry", "attached", {})
+    store.db.conn().execute("PRAGMA busy_timeout = 50")
+    errors: list[Exception] = []
+    probe = timing.Probe(store, run, flush_interval=1e9)
+    probe.on_error = errors.append
+    lock = sqlite3.connect(tmp_path / "r.db", timeout=0, isolation_level=None)
+    lock.execute("BEGIN EXCLUSIVE")
+    for i in range(60):
+        probe.record(0, float(i), i + 0.2, i + 1.0, [0] * 4)
+    probe.flush()  # locked: kept
+    for i in range(60, 120):
+        probe.record(0, float(i), i + 0.2, i + 1.0, [0] * 4)
+    probe.flush()  # still locked: 120 kept of a bound of 100
+    assert not errors and not probe.stopped
+    lock.execute("COMMIT")
+    probe.flush()
+    steps = store.steps(run)["step"].tolist()
+    assert steps == list(range(20, 120)), steps[:5]
+    notes = store.events(run, kinds=("probe",))["label"].tolist()
+    assert len(notes) == 1 and notes[0].startswith("the store could not be written for ")
+    assert "database is locked" in notes[0] and "20 steps dropped" in notes[0], notes

@@ -25,6 +25,7 @@ from typing import Any
 POOL = 64  # events kept for reuse
 MAX_PENDING = 32  # steps whose events may be outstanding before the oldest are dropped
 HOLD_S = 2.0  # a step whose events are outstanding waits this long to be written with them
+LOOK_EVERY = 64  # steps between looks for CUDA (and at each epoch's start) until it is used
 
 
 class DeviceClock:
@@ -40,12 +41,22 @@ class DeviceClock:
         self.dropped = 0
         self.measured = 0
         self.failed: str | None = None  # why events were given up (an error from CUDA)
+        self._look_in = 0  # steps until the next look for CUDA
+
+    def look(self) -> None:
+        """Look for CUDA at the next step (an epoch starts: a script that moved its model to
+        the device since is timed from its first batch)."""
+        self._look_in = 0
 
     def _ready(self) -> bool:
         if self.active:
             return True
         if self.failed is not None:
             return False
+        self._look_in -= 1
+        if self._look_in >= 0:  # not yet: a comparison a step, not a call into torch
+            return False
+        self._look_in = LOOK_EVERY - 1
         cuda = self._cuda
         if cuda is None:
             torch = sys.modules.get("torch")

@@ -75,6 +75,7 @@ class Recorder:
         self.open: TimedIterator | None = None  # the timed epoch's iterator
         self.stopped: str | None = None  # why recording stopped (the training goes on)
         self.said_no_midepoch = False
+        self.closing = False  # at exit, past the last flush: events are written at once
         # the watchdog's thread writes the steps (every FLUSH_S): the loop only appends
         self.probe.inline_flush = False
         self.watchdog = Watchdog(self.probe, interval=FLUSH_S, on_stall=self._say).start()
@@ -104,6 +105,7 @@ class Recorder:
             self.watchdog.stop()
             self.probe.flush_final()
         except Exception as exc:
+            self.closing = True  # no writer after this one: its note is written now
             self.fault(exc, "writing the last steps at exit")
 
     # -- what the loader's batches meet (monitor/probe/workers.py) -----------------------
@@ -216,10 +218,16 @@ class Recorder:
             it.finish()
 
     def _event(self, kind: str, label: str, data: dict[str, Any] | None = None) -> None:
+        """Handed to the probe's writer (the watchdog's thread): never a wait on the store
+        from the training thread."""
         if self.stopped:
             return
+        data = {**(data or {}), "rank": self.rank}
+        if not self.closing:
+            self.probe.event(kind, label, data)
+            return
         try:
-            self.store.add_event(self.run_id, kind, label, {**(data or {}), "rank": self.rank})
+            self.store.add_event(self.run_id, kind, label, data)
         except Exception as exc:
             self._stop_recording(exc)
 
@@ -255,8 +263,8 @@ class Recorder:
 
     # -- epochs and control --------------------------------------------------------------
     def start_epoch(self, loader: Any) -> None:
-        """At iter(loader): apply pending loader changes, count the epoch."""
-        self.flush()
+        """At iter(loader): apply pending loader changes, count the epoch (the last epoch's
+        steps are the watchdog's to write; the autotuner's handshake writes them first)."""
         self.epoch += 1
         if self.stopped:
             return
@@ -311,7 +319,7 @@ class Recorder:
         if self.epoch == 0:
             settings = loader_settings(loader)
             self._report(settings)
-            self.store.add_event(self.run_id, "config", "start", {**settings, "rank": self.rank})
+            self._event("config", "start", settings)
         self._apply_requests(loader)
 
     def apply_pending(self, loader: Any, at_step: int) -> bool:
@@ -427,5 +435,4 @@ class Recorder:
         pids = [getattr(w, "pid", None) for w in workers or []]
         pids = [p for p in pids if p]
         if pids:
-            self.store.add_event(self.run_id, "epoch", f"epoch {self.epoch}",
-                                 {"worker_pids": pids, "rank": self.rank})
+            self._event("epoch", f"epoch {self.epoch}", {"worker_pids": pids})

@@ -5,13 +5,19 @@ For each batch it measures the data wait (seconds blocked in `next(iterator)`, w
 `iter()` call that starts the workers counted in the epoch's first wait, since the device idles
 through it too) and the compute (from receiving the batch to asking for the next). A step is
 recorded when the next batch is asked for; the `next()` that ends the epoch (StopIteration)
-records the last step and is not a step itself. Records are batched and written every
-`flush_interval` seconds outside the timed intervals, so the probe's own cost is in neither.
-The Probe also polls the store's control table for the managed workload's requests.
+records the last step and is not a step itself. The Probe also polls the store's control
+table for the managed workload's requests.
+
+The training thread only appends a step's figures, a plain tuple, to a bounded deque (no
+record object, no lock, no store); `flush()` turns them into StepRecords and writes them: the
+managed workload inline every `flush_interval` outside the timed intervals, the attach probe
+on its watchdog's thread (monitor/probe/watchdog.py), so a slow or locked store never holds
+the user's loop. Past BUFFER_MAX unwritten steps the oldest are dropped and counted; a write
+that fails for a reason that passes (a lock, a full disk) is retried, its steps kept, and
+given up only after WRITE_GIVE_UP_S; one that cannot pass (a deleted store) stops recording.
 """
 from __future__ import annotations
 
-import dataclasses
 import threading
 import time
 from collections import deque
@@ -20,8 +26,15 @@ from typing import Any
 
 from monitor.probe import workers
 from monitor.probe.device_clock import HOLD_S, DeviceClock
-from monitor.records import StepRecord
+from monitor.records import StepRecord, columns
 from monitor.store import Store
+
+BUFFER_MAX = 200_000  # unwritten steps kept (minutes of a fast loop); older ones dropped
+WRITE_GIVE_UP_S = 60.0  # a store failing this long stops recording (the training goes on)
+EVENTS_MAX = 1_000  # unwritten events kept
+ROW = ("run_id", "step", "epoch", "ts", "wait_s", "compute_s", "samples", "config_seq",
+       "copy_s", "rank", "device_idle_s", "device_span_s", "worker", "held")
+assert tuple(columns(StepRecord)) == ROW, "Probe._row_of builds the steps table's rows"
 
 
 class ProbeStateError(RuntimeError):
@@ -38,6 +51,11 @@ def batch_len(batch: Any) -> int:
     """Samples in a batch: the leading dimension of its first tensor-like item. A first
     item that is a list of batches (Lightning's CombinedLoader yields `([(x, y), (x2, y2)],
     index, loader_index)`) is looked into; a list of plain values counts by its length."""
+    shape = getattr(batch, "shape", None)
+    if shape is not None and len(shape) > 0:  # a tensor: the common case, first
+        return int(shape[0])
+    if isinstance(batch, (int, float, str, bytes)):  # one plain sample (batch_size=None)
+        return 1
     item = batch
     if isinstance(item, dict) and item:
         item = next(iter(item.values()))
@@ -51,10 +69,13 @@ def batch_len(batch: Any) -> int:
     shape = getattr(item, "shape", None)
     if shape is not None and len(shape) > 0:
         return int(shape[0])
-    try:
-        return len(item)
-    except TypeError:
-        return 1
+    return len(item) if hasattr(item, "__len__") else 1
+
+
+def _transient(exc: BaseException) -> bool:
+    """A write failure that can pass by itself: another writer's lock, a full disk."""
+    msg = str(exc).lower()
+    return "locked" in msg or "busy" in msg or "is full" in msg
 
 
 class Probe:
@@ -79,7 +100,17 @@ class Probe:
         # Wall-clock stamps derive from one anchor, so they share perf_counter's steadiness.
         self._anchor_clock = clock()
         self._anchor_wall = wall()
-        self._buffer: list[StepRecord] = []
+        # (step, epoch, t_got, wait, compute, samples, config_seq, copy_s, worker, held)
+        self._buffer: deque[tuple[Any, ...]] = deque(maxlen=BUFFER_MAX)
+        self._unwritten: list[tuple[Any, ...]] = []  # the writer's: held back or to retry
+        self._device_s: dict[int, tuple[float | None, float]] = {}  # step -> CUDA times
+        self.dropped = 0  # steps dropped past BUFFER_MAX (the store could not keep up)
+        self._said_dropped = 0
+        self._failing_since: float | None = None
+        self.last_write_error: str | None = None
+        # events the loop's thread hands to the writer: (ts, kind, label, data)
+        self._events: deque[tuple[float, str, str, dict[str, Any] | None]] = deque(
+            maxlen=EVENTS_MAX)
         self._last_flush = self._anchor_clock
         self._last_control = self._anchor_clock
         self._last_control_id = 0
@@ -94,7 +125,7 @@ class Probe:
         self.first_batch_s: float | None = None  # the run's first batch, as it took
         self.first_samples: int | None = None  # its samples (a loader that batches itself)
         self.recent_steps: deque[float] = deque(maxlen=64)
-        self._lock = threading.Lock()  # the buffer is flushed by the watchdog too
+        self._lock = threading.Lock()  # one writer at a time (the watchdog's, the loop's)
         # Called with the exception when a write fails (the attach probe: the training goes
         # on without us); None: the exception propagates (the managed workload fails).
         self.on_error: Callable[[Exception], None] | None = None
@@ -132,37 +163,32 @@ class Probe:
 
     def record(self, epoch: int, t_req: float, t_got: float, t_next: float, batch: Any) -> None:
         """One step: asked for the batch at t_req, got it at t_got, asked for the next at
-        t_next (this probe's clock). Writes the buffer when flush_interval has passed."""
+        t_next (this probe's clock). Appends it; writes the buffer when flush_interval has
+        passed and this thread is the writer (`inline_flush`)."""
         if self.stopped:
             return
         samples = batch_len(batch)
         if self.first_samples is None:
             self.first_samples = samples
-        rec = StepRecord(
-            run_id=self.run_id, step=self.step, epoch=epoch, ts=self.wall(t_got),
-            wait_s=t_got - t_req, compute_s=t_next - t_got, samples=samples,
-            config_seq=self.config_seq, copy_s=self.copy_s, rank=self.rank,
-            worker=self.batch_worker, held=self.batch_held,
-        )
-        with self._lock:
-            self._buffer.append(rec)
-        self._device_times()
+        buf, step = self._buffer, self.step
+        if len(buf) == BUFFER_MAX:
+            self.dropped += 1  # the deque drops its oldest on this append
+        buf.append((step, epoch, t_got, t_got - t_req, t_next - t_got, samples,
+                    self.config_seq, self.copy_s, self.batch_worker, self.batch_held))
+        if self.device.active:
+            self._device_times()
         self.recent_steps.append(t_next - t_req)
-        self.copy_s = None
-        self.batch_worker = self.batch_held = None
-        self.step += 1
+        self.copy_s = self.batch_worker = self.batch_held = None
+        self.step = step + 1
         if self.inline_flush and t_next - self._last_flush >= self.flush_interval:
             self.flush()
 
     def _device_times(self) -> None:
-        """Completed CUDA events onto the buffered steps (the training thread only: the
-        one that may query them)."""
+        """Completed CUDA events, kept for the writer (the training thread only: the one
+        that may query them)."""
         timed = self.device.harvest()
         if timed:
-            with self._lock:
-                self._buffer = [dataclasses.replace(r, device_idle_s=timed[r.step][0],
-                                                    device_span_s=timed[r.step][1])
-                                if r.step in timed else r for r in self._buffer]
+            self._device_s.update(timed)
 
     def flush_final(self) -> None:
         """The loop is over (on the training thread): what the device has finished, then
@@ -170,37 +196,103 @@ class Probe:
         self._device_times()
         self.flush(final=True)
 
+    def _row_of(self, r: tuple[Any, ...]) -> tuple[Any, ...]:
+        """A buffered step as the steps table's row (StepRecord's column order: ROW)."""
+        idle, span = self._device_s.pop(r[0], (None, None))
+        return (self.run_id, r[0], r[1], self.wall(r[2]), r[3], r[4], r[5], r[6], r[7],
+                self.rank, idle, span, r[8], r[9])
+
     def flush(self, final: bool = False) -> None:
         """Write the buffered steps; those whose CUDA events are still outstanding wait for
         the next flush (at most HOLD_S), unless `final` (the loop is over)."""
-        waiting = self.device.waiting() if not final else set()
         with self._lock:
-            now = self.wall(self.clock())
-            hold = [r for r in self._buffer if r.step in waiting and now - r.ts < HOLD_S]
-            buf = [r for r in self._buffer if not (r.step in waiting and now - r.ts < HOLD_S)]
-            self._buffer = hold
-            self._last_flush = self.clock()
-        if not buf or self.stopped:
-            return
+            self._last_flush = now = self.clock()
+            if self.stopped:
+                return
+            if self._events:
+                self._write_events()
+            buf = self._buffer
+            rows = self._unwritten + [buf.popleft() for _ in range(len(buf))]
+            waiting = self.device.waiting() if self.device.active and not final else ()
+            hold = [r for r in rows if r[0] in waiting and now - r[2] < HOLD_S] \
+                if waiting else []
+            ready = [r for r in rows if r[0] not in waiting or now - r[2] >= HOLD_S] \
+                if hold else rows
+            self._unwritten = hold
+            if ready:
+                self._write(ready, final)
+
+    def event(self, kind: str, label: str, data: dict[str, Any] | None = None) -> None:
+        """An event for the writer to store with the steps (stamped now): the attach
+        probe's loop never waits on the store for one."""
+        self._events.append((self.wall(self.clock()), kind, label, data))
+
+    def _write_events(self) -> None:
+        ev = self._events
+        while ev:
+            ts, kind, label, data = ev[0]
+            try:
+                self.store.add_event(self.run_id, kind, label, data, ts=ts)
+            except Exception as exc:
+                if self.on_error is None:
+                    raise
+                if _transient(exc):
+                    return  # kept, in order, for the next flush
+                self.stopped = True
+                self.discard()
+                self.on_error(exc)
+                return
+            ev.popleft()
+
+    def _write(self, rows: list[tuple[Any, ...]], final: bool) -> None:
         try:
-            self.store.insert(buf)
+            self.store.insert_rows(StepRecord, [self._row_of(r) for r in rows])
         except Exception as exc:
             if self.on_error is None:
                 raise
+            now = self.clock()
+            self._failing_since = self._failing_since or now
+            self.last_write_error = str(exc)
+            if _transient(exc) and not final and now - self._failing_since < WRITE_GIVE_UP_S:
+                keep = rows + self._unwritten  # in order, for the next write
+                if len(keep) > BUFFER_MAX:
+                    self.dropped += len(keep) - BUFFER_MAX
+                    keep = keep[-BUFFER_MAX:]
+                self._unwritten = keep
+                return
             self.stopped = True
             self.discard()
             self.on_error(exc)
+            return
+        if self._failing_since is not None or self.dropped > self._said_dropped:
+            self._note_recovered()
+
+    def _note_recovered(self) -> None:
+        """Writes resumed (or steps were dropped): one stored note that says what was lost."""
+        lost, since = self.dropped - self._said_dropped, self._failing_since
+        self._said_dropped, self._failing_since = self.dropped, None
+        held = f" for {self.clock() - since:.1f} s" if since is not None else ""
+        text = (f"the store could not be written{held} ({self.last_write_error}); "
+                + (f"{lost} steps dropped past the probe's buffer of {BUFFER_MAX}" if lost
+                   else "no step lost")) if since is not None else \
+            f"{lost} steps dropped: the store could not keep up"
+        try:
+            self.store.add_event(self.run_id, "probe", text, {"dropped": lost,
+                                                              "rank": self.rank})
+        except Exception:
+            pass
 
     def flush_if_due(self) -> None:
-        """Write what a stuck loop buffered (the watchdog calls this once a second)."""
+        """Write what the loop buffered (the watchdog, every flush_interval)."""
         if self.clock() - self._last_flush >= self.flush_interval:
             self.flush()
 
     def discard(self) -> None:
         """Drop unwritten records (after a write failed: the run goes on without them)."""
-        with self._lock:
-            self._buffer = []
-            self._last_flush = self.clock()
+        self._buffer.clear()
+        self._events.clear()
+        self._unwritten = []
+        self._last_flush = self.clock()
 
     def control_due(self) -> bool:
         now = self.clock()
@@ -236,6 +328,7 @@ class TimedIterator:
         self._t_req: float | None = t_start if t_start is not None else probe.clock()
         probe.waiting_first = True
         probe.waiting_since = self._t_req
+        probe.device.look()
         self._inner = make_iter()
         self.t_start = self._t_req
         self.iter_s = probe.clock() - self._t_req  # the loader's own iter(): workers started

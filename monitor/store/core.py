@@ -84,6 +84,7 @@ class Store:
     ranks = _Part("run_table", Runs.ranks)
     # time series and events (series.py), their rollup (rollups.py)
     insert = _Part("series", Series.insert)
+    insert_rows = _Part("series", Series.insert_rows)
     add_event = _Part("series", Series.add_event)
     events = _Part("series", Series.events)
     steps = _Part("series", Series.steps)

@@ -22,18 +22,19 @@ class Trivial:
 db = os.environ["STARVATION_MONITOR_DB"]
 for _ in watch(Trivial(10)):  # the run and its schema exist
     pass
+store, deadline = Store(db), time.monotonic() + 60
+while len(store.steps(1)) < 10 and time.monotonic() < deadline:
+    time.sleep(0.05)  # sleep-ok: polling the store with a deadline (the writer's thread)
 n = int(sys.argv[1])
-it = iter(watch(Trivial(n)))
-next(it)  # the epoch has begun (its start writes its events on this thread, as yet)
 lock = sqlite3.connect(db, timeout=0, isolation_level=None)
-lock.execute("BEGIN EXCLUSIVE")  # another writer holds the store
-for _ in it:
+lock.execute("BEGIN EXCLUSIVE")  # another writer holds the store, from before the epoch
+for _ in watch(Trivial(n)):  # its start (events, control) and its steps: none may wait
     pass
 print(f"looped {n}", flush=True)
 sys.stdin.readline()  # the test says when to let go
 lock.execute("COMMIT")
 lock.close()
-store, deadline = Store(db), time.monotonic() + 60
+deadline = time.monotonic() + 60
 while time.monotonic() < deadline:
     got = len(store.steps(1))
     if got >= n + 10:

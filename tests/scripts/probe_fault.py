@@ -49,7 +49,7 @@ def inject(point: str) -> None:
         "after": (timing.TimedIterator, "_after"),
         "batch_arrived": (DeviceClock, "batch_arrived"),
         "batch_done": (DeviceClock, "batch_done"),
-        "insert": (Store, "insert"),
+        "insert": (Store, "insert_rows"),
         "add_event": (Store, "add_event"),
         "control": (Store, "control_after"),
         "flush_final": (timing.Probe, "flush_final"),

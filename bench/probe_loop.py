@@ -1,0 +1,67 @@
+"""One process's loop for bench/probe_cost.py: a DataLoader over a dataset that costs
+nothing, iterated for some epochs bare, under the attach probe (installed as `monitor run`
+installs it) or through `watch()`, each epoch timed; prints `us_per_step A B C ...`.
+
+    python bench/probe_loop.py {bare,probed,watch} WORKERS STEPS EPOCHS [STEP_MS]
+
+STEP_MS > 0 spins that long a step (a modelled device step: the 1 ms loop). Figures only.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+
+class Ints:
+    """Map-style, its items plain ints: the DataLoader's own path and nothing else."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> int:
+        return i
+
+
+def main() -> None:
+    mode, workers, steps, epochs = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), \
+        int(sys.argv[4])
+    step_s = float(sys.argv[5]) / 1000 if len(sys.argv) > 5 else 0.0
+    os.environ.setdefault("STARVATION_MONITOR_DB", str(Path(tempfile.mkdtemp()) / "p.db"))
+    from torch.utils.data import DataLoader
+
+    if mode == "probed":
+        from monitor.probe import patch
+
+        patch.install()
+    loader = DataLoader(Ints(steps), batch_size=None, num_workers=workers,
+                        persistent_workers=workers > 0)
+    if mode == "watch":
+        from monitor import watch
+
+        def epoch_iter():
+            return watch(loader)
+    else:
+        def epoch_iter():
+            return loader
+    out = []
+    for _ in range(epochs):
+        t = time.perf_counter()
+        for _ in epoch_iter():
+            if step_s:
+                end = time.perf_counter() + step_s
+                while time.perf_counter() < end:  # the modelled step: a spin, not a sleep
+                    pass
+        out.append((time.perf_counter() - t) / steps * 1e6)
+    print("us_per_step " + " ".join(f"{x:.3f}" for x in out), flush=True)
+
+
+if __name__ == "__main__":
+    main()
