@@ -85,6 +85,8 @@ class HostSample:
     # the memory limit that binds the workload (its cgroup's or an ancestor's; None: none)
     cgroup_mem_limit_mb: float | None = col("cgroup memory limit", "MB", default=None)
     cgroup_mem_used_mb: float | None = col("cgroup memory used", "MB", default=None)
+    # the monitor's own processes (its sampler's, a dashboard server's) since the last pass
+    monitor_cpu_pct: float | None = col("the monitor's own processes' CPU", "%", default=None)
 
 
 @dataclass(frozen=True, slots=True)

@@ -212,3 +212,39 @@ def test_a_rank_that_is_the_followed_process_gets_its_row_and_only_its_workers(t
             c.kill()
         p.kill()
         p.wait()
+
+
+def test_the_monitors_own_processes_are_counted_apart_from_the_job_and_other_processes(
+        tree):
+    """A process of the monitor's (here one named starvation-monitor that keeps a core busy)
+    is found by its command line: its CPU is on a line of its own, and the verdict's "other
+    processes" leaves it out; the watched job's own processes are never counted there."""
+    from monitor.diagnosis.features import _cpu
+    from monitor.sampling.host import is_monitor
+
+    assert is_monitor(["/usr/bin/python3", "-m", "monitor", "run", "--", "python", "t.py"])
+    assert is_monitor(["/venv/bin/starvation-monitor", "run"])
+    assert is_monitor(["python", "-m", "streamlit", "run", "/src/app.py"])
+    assert not is_monitor(["python", "train.py", "-m", "monitor"])
+    ours = subprocess.Popen(["bash", "-c", "exec -a starvation-monitor "
+                             f"{sys.executable} -c 'while True: pass'"])
+    try:
+        wait_for(lambda: is_monitor(psutil.Process(ours.pid).cmdline()), timeout=20)
+        s = HostSampler()
+        s.follow(tree.pid, run_id=7)
+        rows = []
+        assert wait_for(lambda: rows.append(s.sample()) or (
+            len(rows) > 3 and (rows[-1].monitor_cpu_pct or 0) > 30), timeout=30, every=0.25), \
+            [r.monitor_cpu_pct for r in rows]
+        import pandas as pd
+
+        frame = pd.DataFrame([{c: getattr(r, c) for c in (
+            "cpu_total_pct", "cpu_per_core", "proc_cpu_pct", "workers_cpu_pct", "workers",
+            "monitor_cpu_pct")} for r in rows[2:]])
+        cpu = _cpu(frame)
+        assert cpu["monitor"] > 0.3 and cpu["workers"] > 0.3, cpu  # the tree's spinners
+        assert cpu["other"] == pytest.approx(max(0.0, cpu["host"] - cpu["main"] -
+                                                 cpu["workers"] - cpu["monitor"]))
+    finally:
+        ours.kill()
+        ours.wait()

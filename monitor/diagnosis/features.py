@@ -66,6 +66,8 @@ class Features:
     workers_cpu_cores: float | None = ev("workers CPU (cores)", "{:.2f}")
     workers_live: float | None = ev()
     other_cpu_cores: float | None = ev("other processes' CPU (cores)", "{:.2f}")
+    # the sampler and dashboard servers: neither the job's nor "other processes'"
+    monitor_cpu_cores: float | None = ev("the monitor's own processes' CPU (cores)", "{:.2f}")
     others_runnable: float | None = ev("other runnable processes (from the loaders' CPU "
                                        "wait)", "{:.1f}")
     local_ranks: int = ev(default=1)  # this job's ranks on this host, sharing its cores
@@ -151,7 +153,7 @@ def workload_memory(host: pd.DataFrame) -> pd.Series:
 def _cpu(h: pd.DataFrame) -> dict[str, float | None]:
     """Host, main-process and worker CPU in cores, over the window's host samples."""
     pct = {c: _mean(h, c) for c in ("cpu_total_pct", "proc_cpu_pct", "workers_cpu_pct",
-                                    "workers")}
+                                    "workers", "monitor_cpu_pct")}
     ncores = None
     if not h.empty and "cpu_per_core" in h.columns and h["cpu_per_core"].notna().any():
         ncores = len(json.loads(h["cpu_per_core"].dropna().iloc[0]))
@@ -164,12 +166,14 @@ def _cpu(h: pd.DataFrame) -> dict[str, float | None]:
     workers = pct["workers_cpu_pct"] / 100 if pct["workers_cpu_pct"] is not None else None
     if workers is not None and extra["workers_reaped_cpu_pct"]:  # short-lived workers' tail
         workers += extra["workers_reaped_cpu_pct"] / 100
-    other = max(0.0, host - (main or 0.0) - (workers or 0.0)) if host is not None else None
+    mine = pct["monitor_cpu_pct"] / 100 if pct["monitor_cpu_pct"] is not None else None
+    other = max(0.0, host - (main or 0.0) - (workers or 0.0) - (mine or 0.0)) \
+        if host is not None else None
 
     def cores(col: str) -> float | None:
         return extra[col] / 100 if extra[col] is not None else None
 
-    return {"host": host, "main": main, "workers": workers, "other": other,
+    return {"host": host, "main": main, "workers": workers, "other": other, "monitor": mine,
             "live": pct["workers"], "main_runq": cores("proc_runq_pct"),
             "workers_runq": cores("workers_runq_pct"), "main_read": extra["proc_read_kb_s"],
             "workers_read": extra["workers_read_kb_s"]}
@@ -317,7 +321,7 @@ def features(
         copy_share=copy, host_cpu_cores=cpu["host"],
         cpu_busy_fraction=cpu["host"] / budget.usable if cpu["host"] is not None else None,
         main_cpu_cores=cpu["main"], workers_cpu_cores=cpu["workers"], workers_live=live,
-        other_cpu_cores=cpu["other"],
+        other_cpu_cores=cpu["other"], monitor_cpu_cores=cpu["monitor"],
         others_runnable=_others_runnable(cpu, nw, budget.usable), cpu_per_sample_s=cpu_s,
         wall_per_sample_s=wall_s,
         runq_per_sample_s=split["runq"], blocked_per_sample_s=split["blocked"],

@@ -6,6 +6,7 @@ style rule 4), so tests can point the sampler at a stand-in.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -127,6 +128,9 @@ class HostSampler:
         self._uss_each: dict[int | None, dict[int, float | None]] = {}  # by worker PID
         self._wcpu: dict[int | None, dict[str, Any]] = {}  # workers' CPU seconds, last pass
         self._threads: dict[int, int | None] = {}  # thread count by PID, last pass
+        self._mine: dict[int, Any] = {}  # the monitor's own processes (OWN_EVERY passes)
+        self._mine_cpu: dict[int, float] = {}  # their CPU seconds, last pass
+        self._mine_t: float | None = None
         psutil.cpu_percent(percpu=True)  # prime: the first call has nothing to compare with
 
     def follow(self, pid: int | None, run_id: int | None) -> None:
@@ -347,15 +351,57 @@ class HostSampler:
                                               100.0 * len(per_core) if per_core else None)
                 rows.append(HostSample(**{**_EMPTY, **host, **fields, "rank": rank}))
             self._procs = {p: o for p, o in self._procs.items() if p in live}
+            mine = self._monitor_cpu(live)
+            if mine is not None:
+                rows = [dataclasses.replace(r, monitor_cpu_pct=mine) for r in rows]
             self._passes += 1
             return rows
+
+    def _monitor_cpu(self, workload: set[int | None]) -> float | None:
+        """The monitor's own processes' CPU since the last pass (% of a core): this one (the
+        sampler) and, found by their command lines one pass in OWN_EVERY, the dashboard
+        servers and `monitor` commands on the host; never the watched job's."""
+        if self._passes % OWN_EVERY == 0:
+            found = {os.getpid()}
+            scan = getattr(self.psutil, "process_iter", None)  # (a stand-in psutil has none)
+            for p in (_safe(lambda: list(scan(["pid", "cmdline"])), []) if scan else []):
+                cmd = (p.info or {}).get("cmdline") or []
+                if is_monitor(cmd):
+                    found.add(p.pid)
+            self._mine = {pid: self._mine.get(pid) or _safe(lambda pid=pid: self.psutil
+                                                             .Process(pid))
+                          for pid in found - workload}
+        now, total, cur = time.monotonic(), 0.0, {}
+        for pid, proc in self._mine.items():
+            t = _safe(proc.cpu_times) if proc is not None else None
+            if t is None:
+                continue
+            cur[pid] = c = float(t.user + t.system)
+            total += max(0.0, c - self._mine_cpu.get(pid, c))
+        before, self._mine_cpu, self._mine_t = self._mine_t, cur, now
+        return 100.0 * total / (now - before) if before is not None and now > before else None
+
 
     def sample(self) -> HostSample:
         """The followed process's row (the first rank's, for a job)."""
         return self.sample_all()[0]
 
 
+OWN_EVERY = 20  # passes between looks for the monitor's own processes (a process scan)
+
 _EMPTY = dict(proc_cpu_pct=None, proc_rss_mb=None, workers=None, workers_cpu_pct=None,
               workers_rss_mb=None, workers_uss_mb=None, proc_runq_pct=None,
               workers_runq_pct=None, workers_reaped_cpu_pct=None, proc_read_kb_s=None,
               workers_read_kb_s=None, workers_detail=None)
+
+
+def is_monitor(cmdline: list[str]) -> bool:
+    """A command line of this monitor's: `starvation-monitor ...`, `python -m monitor ...`,
+    or a Streamlit server of its app.py."""
+    args = [str(a) for a in cmdline]
+    if any(os.path.basename(a) == "starvation-monitor" for a in args[:2]):
+        return True
+    if args[1:3] == ["-m", "monitor"]:
+        return True
+    return any("streamlit" in a for a in args[:3]) and any(
+        os.path.basename(a) == "app.py" for a in args)
