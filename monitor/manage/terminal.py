@@ -35,6 +35,7 @@ from monitor.store import Store
 from monitor.thresholds import KPI_WINDOW_S, VERDICT_MIN_STEPS
 
 EVERY_S = 2.0
+FIRST_EVERY_S = 0.25  # until the first verdict: it shows within a refresh of being known
 
 
 def read(store: Store, run_id: int, ctx: Context, now: float | None = None,
@@ -117,6 +118,7 @@ class LiveView:
         self._lock = threading.Lock()  # the refresh thread and the relays both redraw
         self.shown: dict[str, str] = status(None)
         self.progress = ""  # the script's last progress-bar line (ended by a lone \r)
+        self._printed = 0.0  # when the last plain line was printed
         if tty:
             self.console = Console(file=self.stream, force_terminal=True)
             self._live = Live(table(run_id, status(None)), console=self.console,
@@ -150,8 +152,11 @@ class LiveView:
         t.start()
         self._relays.append(t)
 
+    def _judging(self) -> bool:
+        return str(self.shown.get("verdict", "")).startswith("judging")
+
     def _loop(self) -> None:
-        while not self._stop.wait(EVERY_S):
+        while not self._stop.wait(FIRST_EVERY_S if self._judging() else EVERY_S):
             self.refresh()
 
     def refresh(self) -> dict[str, str]:
@@ -159,11 +164,12 @@ class LiveView:
             s = status(self._read())
         except Exception as exc:  # a store read failed: say so, keep the script running
             s = {"verdict": f"cannot read the store: {exc}"}
-        self.shown = s
+        was, self.shown = self._judging(), s
         if self._live is not None:
             self._draw()
-        else:
-            print(line(self.run_id, s), file=self.stream, flush=True)
+        elif not (was and self._judging()) or time.monotonic() - self._printed >= EVERY_S:
+            self._printed = time.monotonic()  # a plain line: every EVERY_S, and the first
+            print(line(self.run_id, s), file=self.stream, flush=True)  # verdict at once
         return s
 
     def _draw(self) -> None:

@@ -1,0 +1,106 @@
+"""The product's performance figures in one table, each measured here and now (issue 33):
+the probe's cost a step and the 1 ms loop (bench/probe_cost.py --table, interleaved rounds),
+the first verdict after a run's first steps in `run --live`, the dashboard server's CPU with
+one tab and with two, and a 24 h run's whole-run view (bench/ui_tick.py --soak, its server
+measured with psutil, the tabs real Chromium), then the 24 h view opened in Chromium
+(bench/page_open.py).
+
+    python bench/figures.py [--rounds 4] [--busy]
+
+--busy keeps one core busy meanwhile (a shared machine). Prints each part's own output, then
+the table (markdown, for docs/benchmarks.md). Figures only; nothing is asserted.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
+
+
+def run(*args: str, timeout: float = 1200) -> str:
+    r = subprocess.run([sys.executable, *args], cwd=ROOT, env=ENV, capture_output=True,
+                       text=True, timeout=timeout)
+    print(r.stdout, flush=True)
+    return r.stdout
+
+
+def first_verdict(tries: int = 3) -> list[float]:
+    """Seconds from a run's first stored step to `run --live`'s first verdict line (stderr
+    not a terminal: plain lines, stamped here as they arrive)."""
+    from monitor.store import Store
+
+    out = []
+    for _ in range(tries):
+        db = Path(tempfile.mkdtemp()) / "v.db"
+        p = subprocess.Popen([sys.executable, "-m", "monitor", "run", "--live", "--db",
+                              str(db), "--", sys.executable,
+                              str(ROOT / "tests" / "scripts" / "steady_loop.py"), "8"],
+                             cwd=ROOT, env=ENV, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.PIPE, text=True)
+        seen = None
+        for ln in p.stderr:
+            if seen is None and "throughput" in ln and "judging" not in ln:
+                seen = time.time()
+        p.wait(120)
+        steps = Store(db).steps(1)
+        if seen is not None and not steps.empty:
+            out.append(seen - float((steps["ts"] - steps["wait_s"]).min()))
+    return out
+
+
+def grab(pattern: str, text: str) -> str:
+    m = re.search(pattern, text)
+    return m.group(1) if m else "?"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument("--busy", action="store_true", help="keep one core busy meanwhile")
+    a = ap.parse_args()
+    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if a.busy else None
+    try:
+        probe = run("bench/probe_cost.py", "--rounds", str(a.rounds), "--table")
+        fv = first_verdict()
+        print("first verdict in run --live, s after the first step:",
+              " ".join(f"{x:.2f}" for x in fv), flush=True)
+        tick = run("bench/ui_tick.py", "--hours", "24", "--repeat", "2", "--soak", "15",
+                   "--tabs", "2")
+        opened = run("bench/page_open.py", "--hours", "24", "--repeat", "2", "--busy", "0")
+    finally:
+        if busy is not None:
+            busy.kill()
+    rows = [line for line in probe.splitlines() if line.startswith("| ")][2:]
+    print(f"\n## Figures ({'one core kept busy' if a.busy else 'quiet box'}, "
+          f"{time.strftime('%Y-%m-%d')})\n")
+    print("| figure | goal | measured |\n|---|---|---|")
+    watch = grab(r"probe cost: ([\d.]+) µs per step", probe)
+    print(f"| probe, watch() over an iterator that yields at once | <= 5 µs/step | {watch} "
+          "µs/step |")
+    for r in rows:
+        cells = [c.strip() for c in r.strip("|").split("|")]
+        goal = "<= 0.5%" if "1 ms" in cells[0] else "<= 5 µs/step"
+        print(f"| probe, {cells[0]} | {goal} | {cells[3]} |")
+    med = f"{statistics.median(fv):.2f} s ({min(fv):.2f}–{max(fv):.2f})" if fv else "?"
+    print(f"| first verdict after the first steps, run --live | <= 2 s | {med} |")
+    one = grab(r"server CPU with 1 tab\(s\): ([\d.]+%)", tick)
+    extra = grab(r"each extra tab: ([\d.]+%)", tick)
+    view = grab(r"median settled ([\d.]+ s)", opened)
+    print(f"| dashboard server, one tab (live page, default workload) | <= 0.05 core | {one} "
+          "of a core |")
+    print(f"| each further tab | | {extra} of a core |")
+    print(f"| 24 h run, whole-run view opened in Chromium (settled) | <= 1 s | {view} |")
+
+
+if __name__ == "__main__":
+    main()
