@@ -50,6 +50,10 @@ class StepRecord:
     worker: int | None = col("DataLoader worker that produced the batch", default=None)
     held: int | None = col("finished batches held behind this one (in-order queue)",
                            default=None)
+    # The step's phases, host time (monitor/probe/phases.py): None where not measured
+    forward_s: float | None = col("forward pass (outermost modules)", "s", default=None)
+    backward_s: float | None = col("backward pass", "s", default=None)
+    optimizer_s: float | None = col("optimizer step", "s", default=None)
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,8 +20,10 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 
 from monitor.assess import analysis, history
+from monitor.assess import phases as step_phases
 from monitor.diagnosis import Diagnosis, Features, causes, diagnose, features
 from monitor.diagnosis.causes import Finding
+from monitor.diagnosis.rules import HEALTHY
 from monitor.diagnosis.straggler import RankFigures, straggler_diagnosis, stragglers
 from monitor.records import CpuBudget
 from monitor.thresholds import (
@@ -83,6 +85,7 @@ class Assessment:
     findings: tuple[Finding, ...] = ()  # the causes named (monitor/diagnosis/causes.py)
     workers: tuple[dict[str, Any], ...] = ()  # each DataLoader worker (causes.worker_table)
     world_size: int = 1  # the job's ranks, as its probes report (this store may hold fewer)
+    phases: dict[str, Any] | None = None  # the steps' phases (monitor/assess/phases.py)
 
     @property
     def verdict(self) -> str:
@@ -117,6 +120,7 @@ class Assessment:
             "findings": [x.to_dict() for x in self.findings],
             "workers": [_clean(w) for w in self.workers],
             "ranks": [_clean(r.to_dict()) for r in self.ranks],
+            "phases": self.phases,
         }
 
 
@@ -262,7 +266,8 @@ def assess(window: Window, ctx: Context, parts: int = 1) -> Assessment:
     ranks = sorted(int(r) for r in steps["rank"].unique()) if "rank" in steps.columns \
         and not steps.empty else []
     base = dict(run_id=window.run.get("id"), window_throughputs=split_throughputs(steps, parts),
-                start=start, end=end, world_size=_world_size(window))
+                start=start, end=end, world_size=_world_size(window),
+                phases=step_phases.shares(steps))
     if len(ranks) <= 1:
         host = window.host
         if ranks and "rank" in host.columns and (host["rank"] == ranks[0]).any():
@@ -276,10 +281,19 @@ def assess(window: Window, ctx: Context, parts: int = 1) -> Assessment:
             dg = dataclasses.replace(dg, headline=causes.headline(dg.headline, found, f),
                                      advice=causes.merge(dg.advice, found,
                                                          int(f.config.get("num_workers") or 0)))
+        dg = _fed_phases(dg, base["phases"])
         return Assessment(features=f, diagnosis=dg, findings=found,
                           workers=causes.worker_table(steps, host, report), ranks=tuple(
             _figures(window, r, f) for r in ranks) if ranks else (), **base)
     return _assess_job(window, ctx, ranks, base)
+
+
+def _fed_phases(dg: Diagnosis, ph: dict[str, Any] | None) -> Diagnosis:
+    """A fed device's verdict names where its step goes: the next place to look."""
+    if ph is None or dg.verdict != HEALTHY:
+        return dg
+    said = step_phases.sentence(ph)
+    return dataclasses.replace(dg, headline=f"{dg.headline} {said}") if said else dg
 
 
 def _world_size(window: Window) -> int:
@@ -370,6 +384,7 @@ def _assess_job(window: Window, ctx: Context, ranks: list[int], base: dict) -> A
     if found:
         dg = dataclasses.replace(dg, headline=causes.headline(dg.headline, found, job),
                                  advice=causes.merge(dg.advice, found, per[who].num_workers))
+    dg = _fed_phases(dg, base["phases"])
     return Assessment(features=job, diagnosis=dg, findings=found,
                       workers=causes.worker_table(mine, h, report),
                       ranks=tuple(_figures(window, r, per[r]) for r in ranks), **base)

@@ -160,6 +160,9 @@ def _run(sub: argparse._SubParsersAction) -> None:
     r.add_argument("--json", action="store_true",
                    help="after the script ends, print the summary (as measure --json) as the "
                         "last line of stdout")
+    r.add_argument("--phases", action=argparse.BooleanOptionalAction, default=True,
+                   help="time each step's forward pass, backward pass and optimizer step "
+                        "through torch's global hooks (default: on; --no-phases: off)")
     r.add_argument("cmd", nargs=argparse.REMAINDER, metavar="COMMAND",
                    help="-- then the command, e.g. -- python train.py --epochs 3")
 

@@ -29,6 +29,7 @@ from monitor.manage.context import learn
 from monitor.manage.runtime import Runtime
 from monitor.probe.epoch_plan import EVERY_ENV
 from monitor.probe.patch import DB_ENV, RUN_ENV
+from monitor.probe.phases import ENV as PHASES_ENV
 from monitor.store import RUNNING, Store, StoreError, explain
 from monitor.thresholds import AUTOTUNE_MIN_STEPS
 from monitor.tuning.live import Cadence, LiveTuner
@@ -253,6 +254,8 @@ def run_attached(args: argparse.Namespace) -> int:
     env = script_env(store, run_id)
     if every is not None:
         env[EVERY_ENV] = str(every)
+    if not args.phases:
+        env[PHASES_ENV] = "0"
     rt.start()
     live_on = terminal.wanted(args.live)
     live_tty = live_on and sys.stderr.isatty()

@@ -20,7 +20,7 @@ from typing import Any
 
 from monitor import control
 from monitor.config import ATTACHED_PREFIX, ConfigError, LoaderConfig, describe_change
-from monitor.probe import workers
+from monitor.probe import phases, workers
 from monitor.probe.epoch_plan import why_not_resumable
 from monitor.probe.identity import (
     accelerator_kind,
@@ -79,6 +79,14 @@ class Recorder:
         # the watchdog's thread writes the steps (every FLUSH_S): the loop only appends
         self.probe.inline_flush = False
         self.watchdog = Watchdog(self.probe, interval=FLUSH_S, on_stall=self._say).start()
+        self.phases_said: set[str] = set()
+        if phases.wanted():  # forward, backward, optimizer: off with --no-phases
+            ph = phases.Phases(self._phases_fault)
+            ph.on_roots = lambda names: self._event("probe", "step phases: the forward pass "
+                                                    f"timed at {', '.join(names) or 'none'} "
+                                                    "(the outermost modules the loop calls)")
+            if ph.install():
+                self.probe.phases = ph
         atexit.register(self.close)
 
     @property
@@ -217,6 +225,18 @@ class Recorder:
         if it is not None and not it.ended:
             it.finish()
 
+    def _phases_fault(self, why: str) -> None:
+        """The phase hooks failed or could not be installed: the steps go on without them,
+        said once."""
+        self._say_phases(f"step phases off: {why}; the steps are timed as before")
+
+    def _say_phases(self, text: str) -> None:
+        if text in self.phases_said:
+            return
+        self.phases_said.add(text)
+        self._say(text)
+        self._event("probe", text, {"phases": "off" if "off:" in text else "note"})
+
     def _event(self, kind: str, label: str, data: dict[str, Any] | None = None) -> None:
         """Handed to the probe's writer (the watchdog's thread): never a wait on the store
         from the training thread."""
@@ -266,6 +286,9 @@ class Recorder:
         """At iter(loader): apply pending loader changes, count the epoch (the last epoch's
         steps are the watchdog's to write; the autotuner's handshake writes them first)."""
         self.epoch += 1
+        ph = self.probe.phases
+        if ph is not None and ph.note:  # (the optimizer is not a torch one: said once)
+            self._say_phases(f"step phases: {ph.note}")
         if self.stopped:
             return
         try:

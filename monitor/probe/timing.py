@@ -32,8 +32,10 @@ from monitor.store import Store
 BUFFER_MAX = 200_000  # unwritten steps kept (minutes of a fast loop); older ones dropped
 WRITE_GIVE_UP_S = 60.0  # a store failing this long stops recording (the training goes on)
 EVENTS_MAX = 1_000  # unwritten events kept
+NO_PHASES = (None, None, None)
 ROW = ("run_id", "step", "epoch", "ts", "wait_s", "compute_s", "samples", "config_seq",
-       "copy_s", "rank", "device_idle_s", "device_span_s", "worker", "held")
+       "copy_s", "rank", "device_idle_s", "device_span_s", "worker", "held", "forward_s",
+       "backward_s", "optimizer_s")
 assert tuple(columns(StepRecord)) == ROW, "Probe._row_of builds the steps table's rows"
 
 
@@ -100,7 +102,8 @@ class Probe:
         # Wall-clock stamps derive from one anchor, so they share perf_counter's steadiness.
         self._anchor_clock = clock()
         self._anchor_wall = wall()
-        # (step, epoch, t_got, wait, compute, samples, config_seq, copy_s, worker, held)
+        # (step, epoch, t_got, wait, compute, samples, config_seq, copy_s, worker, held,
+        #  forward, backward, optimizer)
         self._buffer: deque[tuple[Any, ...]] = deque(maxlen=BUFFER_MAX)
         self._unwritten: list[tuple[Any, ...]] = []  # the writer's: held back or to retry
         self._device_s: dict[int, tuple[float | None, float]] = {}  # step -> CUDA times
@@ -147,6 +150,7 @@ class Probe:
         # flush_interval): the training thread only appends, never waits on the store
         self.inline_flush = True
         self.device = DeviceClock()  # CUDA events, once the script uses CUDA
+        self.phases: Any = None  # monitor/probe/phases.py's, where the attach probe has them
 
     def wall(self, t: float) -> float:
         return self._anchor_wall + (t - self._anchor_clock)
@@ -170,11 +174,12 @@ class Probe:
         samples = batch_len(batch)
         if self.first_samples is None:
             self.first_samples = samples
-        buf, step = self._buffer, self.step
+        buf, step, ph = self._buffer, self.step, self.phases
         if len(buf) == BUFFER_MAX:
             self.dropped += 1  # the deque drops its oldest on this append
         buf.append((step, epoch, t_got, t_got - t_req, t_next - t_got, samples,
-                    self.config_seq, self.copy_s, self.batch_worker, self.batch_held))
+                    self.config_seq, self.copy_s, self.batch_worker, self.batch_held,
+                    *(ph.take() if ph is not None else NO_PHASES)))
         if self.device.active:
             self._device_times()
         self.recent_steps.append(t_next - t_req)
@@ -200,7 +205,7 @@ class Probe:
         """A buffered step as the steps table's row (StepRecord's column order: ROW)."""
         idle, span = self._device_s.pop(r[0], (None, None))
         return (self.run_id, r[0], r[1], self.wall(r[2]), r[3], r[4], r[5], r[6], r[7],
-                self.rank, idle, span, r[8], r[9])
+                self.rank, idle, span, r[8], r[9], r[10], r[11], r[12])
 
     def flush(self, final: bool = False) -> None:
         """Write the buffered steps; those whose CUDA events are still outstanding wait for

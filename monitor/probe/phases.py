@@ -1,0 +1,193 @@
+"""Where a step's compute goes, timed from outside the script (no line of it changed): the
+forward pass of the outermost module(s) the loop calls, the backward pass, the optimizer's
+step; what remains of the step is "other" (the copy to the device, logging, the loop's own
+code), derived by the reader.
+
+- Forward: for the first DISCOVER_STEPS steps, torch's global module hooks find the modules
+  the training thread calls at depth 0 (the model, a DDP wrapper, a loss module); then those
+  global hooks are removed and each root gets hooks of its own, so a 100-layer model pays
+  two hook calls a step, not two hundred.
+- Backward: `torch.autograd.backward` wrapped (`Tensor.backward` calls it).
+- Optimizer: torch's global optimizer step hooks. A step that runs forward and backward
+  inside itself (Lightning's closure) counts only its own time: what the forward and backward
+  took while it was open is theirs.
+
+Host time (labelled so): on CUDA the kernels these calls queue run later, and device time per
+phase would need events at each boundary (not done yet). Every hook body is guarded: an error
+in one removes them all and says why once (NOTE [fail-safe probe] in monitor/probe/patch.py);
+the training is untouched. Standard library and torch only (the probe's fence).
+"""
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+ENV = "STARVATION_MONITOR_PHASES"  # "0": phases off (`monitor run --no-phases`)
+DISCOVER_STEPS = 3  # steps the global module hooks run before the roots get their own
+NOTE_AFTER = 20  # steps with backward and no optimizer hook before "not a torch optimizer"
+
+
+class Phases:
+    """One per probe; `take()` (the training thread, once a step) returns the step's
+    forward, backward and optimizer seconds and starts the next step's."""
+
+    def __init__(self, on_fault: Callable[[str], None],
+                 clock: Callable[[], float] = time.perf_counter) -> None:
+        self.on_fault, self.clock = on_fault, clock
+        self.thread, self.pid = threading.get_ident(), os.getpid()
+        self.fwd = self.bwd = self.opt = 0.0
+        self.seen_fwd = self.seen_bwd = self.seen_opt = False
+        self._depth, self._t_fwd = 0, 0.0
+        self._t_opt, self._inner_at_opt, self._opt_open = 0.0, 0.0, False
+        self.roots: dict[int, Any] = {}  # id -> module, found while discovering
+        self._global: list[Any] = []  # the global hooks' handles (removed after discovery)
+        self._own: list[Any] = []  # the roots' own hooks
+        self._orig_backward: Any = None
+        self.steps = 0
+        self.failed: str | None = None
+        self.note: str | None = None  # said once: the optimizer is not a torch one, ...
+        self.on_roots: Callable[[list[str]], None] | None = None  # the roots, once found
+
+    # -- installing ----------------------------------------------------------------------
+    def install(self) -> bool:
+        torch = sys.modules.get("torch")
+        if torch is None:
+            return False
+        try:
+            mod = sys.modules["torch.nn.modules.module"]  # both loaded with torch
+            opt = sys.modules["torch.optim.optimizer"]
+            self._global = [mod.register_module_forward_pre_hook(self._pre_any),
+                            mod.register_module_forward_hook(self._post_any, always_call=True)]
+            self._global_opt = [opt.register_optimizer_step_pre_hook(self._opt_pre),
+                                opt.register_optimizer_step_post_hook(self._opt_post)]
+            self._orig_backward = torch.autograd.backward
+            torch.autograd.backward = self._backward_of(self._orig_backward)
+        except Exception as exc:  # an older or odd torch: no phases, said once
+            self._fail(f"{type(exc).__name__}: {exc}")
+            return False
+        return True
+
+    def remove(self) -> None:
+        for h in [*self._global, *getattr(self, "_global_opt", []), *self._own]:
+            try:
+                h.remove()
+            except Exception:
+                pass
+        self._global, self._global_opt, self._own = [], [], []
+        torch = sys.modules.get("torch")
+        if self._orig_backward is not None and torch is not None and \
+                getattr(torch.autograd.backward, "_starvation_phases", False):
+            torch.autograd.backward = self._orig_backward
+        self._orig_backward = None
+
+    def _fail(self, why: str) -> None:
+        if self.failed is None:
+            self.failed = why
+            self.remove()
+            try:
+                self.on_fault(why)
+            except Exception:
+                pass
+
+    # -- the step ------------------------------------------------------------------------
+    def take(self) -> tuple[float | None, float | None, float | None]:
+        """This step's (forward, backward, optimizer) seconds; None for a phase never seen
+        in this run (not measured, rather than zero)."""
+        out = (self.fwd if self.seen_fwd else None, self.bwd if self.seen_bwd else None,
+               self.opt if self.seen_opt else None)
+        self.fwd = self.bwd = self.opt = 0.0
+        self._depth = 0  # a forward that raised never closed: the next step starts clean
+        self.steps += 1
+        if self.steps == DISCOVER_STEPS and self._global:
+            self._own_hooks()
+        if self.steps == NOTE_AFTER and self.seen_bwd and not self.seen_opt:
+            self.note = ("the optimizer step is not a torch.optim.Optimizer's (no step hook "
+                         "ran): its time is counted in other")
+        return out
+
+    def _own_hooks(self) -> None:
+        """Discovery is over: the roots keep hooks of their own, the global ones go."""
+        try:
+            for m in self.roots.values():
+                self._own += [m.register_forward_pre_hook(self._pre_root),
+                              m.register_forward_hook(self._post_root, always_call=True)]
+            for h in self._global:
+                h.remove()
+            self._global = []
+        except Exception as exc:
+            self._fail(f"{type(exc).__name__}: {exc}")
+            return
+        if self.on_roots is not None:
+            try:
+                self.on_roots([type(m).__name__ for m in self.roots.values()])
+            except Exception:
+                pass
+
+    # -- the hooks (each guarded: nothing reaches the loop) ------------------------------
+    def _pre_any(self, module: Any, args: Any) -> None:
+        try:
+            if threading.get_ident() != self.thread or os.getpid() != self.pid:
+                return  # another thread's, or a forked DataLoader worker's transforms
+            if self._depth == 0:
+                self.roots.setdefault(id(module), module)
+                self._t_fwd = self.clock()
+            self._depth += 1
+        except Exception as exc:
+            self._fail(f"{type(exc).__name__}: {exc}")
+
+    def _post_any(self, module: Any, args: Any, out: Any) -> None:
+        try:
+            if threading.get_ident() != self.thread or self._depth == 0:
+                return
+            self._depth -= 1
+            if self._depth == 0:
+                self.fwd += self.clock() - self._t_fwd
+                self.seen_fwd = True
+        except Exception as exc:
+            self._fail(f"{type(exc).__name__}: {exc}")
+
+    _pre_root, _post_root = _pre_any, _post_any  # the same, on the roots alone
+
+    def _opt_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        try:
+            if threading.get_ident() == self.thread and not self._opt_open:
+                self._opt_open = True
+                self._t_opt, self._inner_at_opt = self.clock(), self.fwd + self.bwd
+        except Exception as exc:
+            self._fail(f"{type(exc).__name__}: {exc}")
+
+    def _opt_post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        try:
+            if threading.get_ident() == self.thread and self._opt_open:
+                self._opt_open = False
+                inner = self.fwd + self.bwd - self._inner_at_opt  # a closure's own passes
+                self.opt += max(0.0, self.clock() - self._t_opt - inner)
+                self.seen_opt = True
+        except Exception as exc:
+            self._fail(f"{type(exc).__name__}: {exc}")
+
+    def _backward_of(self, orig: Any) -> Any:
+        phases = self
+
+        def backward(*args: Any, **kwargs: Any) -> Any:
+            if threading.get_ident() != phases.thread or phases.failed is not None:
+                return orig(*args, **kwargs)
+            t = phases.clock()
+            try:
+                return orig(*args, **kwargs)  # the user's errors pass untouched
+            finally:
+                phases.bwd += phases.clock() - t
+                phases.seen_bwd = True
+
+        backward._starvation_phases = True  # type: ignore[attr-defined]
+        backward.__wrapped__ = orig  # type: ignore[attr-defined]
+        backward.__doc__ = getattr(orig, "__doc__", None)
+        return backward
+
+
+def wanted() -> bool:
+    return os.environ.get(ENV, "1") != "0"

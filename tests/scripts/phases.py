@@ -1,0 +1,95 @@
+"""A training loop whose forward, backward and optimizer step have known, different costs
+(sleeps inside a custom autograd function and a custom optimizer: wall time that a busy
+box stretches little, where a spin is stretched by every preemption), for the phase tests:
+no monitor imports. `--nested`: the model holds 50 layers (its root alone is timed);
+`--plain-optimizer`: the step is a plain function, not a torch optimizer."""
+import argparse
+import time
+
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+
+def spin(s: float) -> None:
+    time.sleep(s)  # sleep-ok: the modelled cost of a phase
+
+
+class Costly(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, fwd_s, bwd_s):
+        ctx.bwd_s = bwd_s
+        spin(fwd_s)
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, grad):
+        spin(ctx.bwd_s)
+        return grad * 2, None, None
+
+
+class Layer(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.ones(4))
+
+    def forward(self, x):
+        return x * self.w
+
+
+class Model(torch.nn.Module):
+    def __init__(self, fwd_s, bwd_s, layers):
+        super().__init__()
+        self.fwd_s, self.bwd_s = fwd_s, bwd_s
+        self.layers = torch.nn.ModuleList(Layer() for _ in range(layers))
+        self.w = torch.nn.Parameter(torch.ones(4))
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = layer(x)
+        return Costly.apply(x * self.w, self.fwd_s, self.bwd_s)
+
+
+class SlowSGD(torch.optim.SGD):
+    def __init__(self, params, opt_s):
+        super().__init__(params, lr=0.01)
+        self.opt_s = opt_s
+
+    def step(self, closure=None):
+        spin(self.opt_s)
+        return super().step(closure)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--forward-ms", type=float, default=6.0)
+    ap.add_argument("--backward-ms", type=float, default=10.0)
+    ap.add_argument("--optimizer-ms", type=float, default=3.0)
+    ap.add_argument("--other-ms", type=float, default=1.0, help="the loop's own work")
+    ap.add_argument("--epochs", type=int, default=3)
+    ap.add_argument("--nested", type=int, default=0, help="layers inside the model")
+    ap.add_argument("--plain-optimizer", action="store_true")
+    a = ap.parse_args()
+    model = Model(a.forward_ms / 1000, a.backward_ms / 1000, a.nested)
+    opt = SlowSGD(model.parameters(), a.optimizer_ms / 1000)
+    loader = DataLoader(TensorDataset(torch.ones(160, 4)), batch_size=8)
+    total = 0.0
+    for _ in range(a.epochs):
+        for (x,) in loader:
+            loss = model(x).sum()
+            loss.backward()
+            if a.plain_optimizer:  # a hand-written update: no torch optimizer step hook
+                spin(a.optimizer_ms / 1000)
+                with torch.no_grad():
+                    for p in model.parameters():
+                        p -= 0.01 * p.grad
+                        p.grad = None
+            else:
+                opt.step()
+                opt.zero_grad()
+            spin(a.other_ms / 1000)
+            total += float(loss)
+    print(f"done {total:.1f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,84 @@
+"""Where a step's compute goes, with no line of the script changed (monitor/probe/phases.py):
+a plain script whose forward, backward and optimizer step have known, different costs
+(tests/scripts/phases.py, no monitor imports) under `monitor run --json`."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from monitor.store import Store
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPT = ROOT / "tests" / "scripts" / "phases.py"
+pytestmark = pytest.mark.slow
+# ms: large beside the per-call overheads of autograd and a busy box's wake-ups
+COSTS = {"forward": 20.0, "backward": 40.0, "optimizer": 10.0}
+ARGS = ("--forward-ms", "20", "--backward-ms", "40", "--optimizer-ms", "10",
+        "--other-ms", "5", "--epochs", "2")
+
+
+def monitored(db: Path, *args: str, flags: tuple = ()) -> tuple[subprocess.CompletedProcess,
+                                                                dict]:
+    r = subprocess.run([sys.executable, "-m", "monitor", "run", "--db", str(db), "--json",
+                        *flags, "--", sys.executable, str(SCRIPT), *args], cwd=ROOT,
+                       capture_output=True, text=True, timeout=240,
+                       env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert r.returncode == 0, r.stderr[-3000:]
+    return r, json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def test_the_phases_of_each_step_match_their_known_costs(tmp_path, no_leaks):
+    db = tmp_path / "p.db"
+    r, d = monitored(db, *ARGS)
+    ph = d["phases"]
+    assert ph is not None and ph["source"] == "host time", d
+    per = ph["seconds_per_step"]
+    for name, ms in COSTS.items():
+        assert per[name] * 1000 == pytest.approx(ms, rel=0.2), (name, per)
+    assert per["other"] * 1000 == pytest.approx(5.0, abs=3.0), per
+    assert sum(ph[p] for p in ("data_wait", "copy", "forward", "backward", "optimizer",
+                               "other")) == pytest.approx(1.0)
+    assert d["verdict"] == "healthy"
+    assert "The step is 5" in d["verdict_text"] and "% backward (forward " in \
+        d["verdict_text"], d["verdict_text"]
+    steps = Store(db).steps(d["run_id"])
+    assert steps["forward_s"].notna().all() and steps["optimizer_s"].notna().all()
+    labels = Store(db).events(d["run_id"], kinds=("probe",))["label"].tolist()
+    assert "step phases: the forward pass timed at Model (the outermost modules the loop " \
+        "calls)" in labels, labels
+
+
+def test_a_nested_model_is_timed_at_its_root_alone(tmp_path, no_leaks):
+    """50 layers inside the model: after discovery the hooks are the root's own, so the
+    forward still reads its cost (not 50 layers' worth of hook calls), and only the root
+    is named."""
+    db = tmp_path / "n.db"
+    r, d = monitored(db, *ARGS, "--nested", "50")
+    per = d["phases"]["seconds_per_step"]
+    assert per["forward"] * 1000 == pytest.approx(COSTS["forward"], rel=0.2), per
+    labels = Store(db).events(d["run_id"], kinds=("probe",))["label"].tolist()
+    assert any(x.startswith("step phases: the forward pass timed at Model (") for x in labels)
+    assert not any("Layer" in x for x in labels), labels
+
+
+def test_an_optimizer_that_is_not_a_torch_one_is_other_and_said(tmp_path, no_leaks):
+    bare = subprocess.run([sys.executable, str(SCRIPT), *ARGS, "--plain-optimizer"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    db = tmp_path / "o.db"
+    r, d = monitored(db, *ARGS, "--plain-optimizer")
+    assert [x for x in r.stdout.splitlines() if not x.startswith("{")] == \
+        bare.stdout.splitlines()
+    per = d["phases"]["seconds_per_step"]
+    assert per["optimizer"] == 0.0 and per["other"] * 1000 >= 10.0, per  # its 10 ms: other
+    assert "not a torch.optim.Optimizer's" in r.stderr
+    assert Store(db).steps(d["run_id"])["optimizer_s"].isna().all()
+
+
+def test_no_phases_turns_the_hooks_off(tmp_path, no_leaks):
+    r, d = monitored(tmp_path / "x.db", *ARGS, flags=("--no-phases",))
+    assert d["phases"] is None and "The step is" not in d["verdict_text"]
