@@ -189,3 +189,19 @@ def test_workers_left_idle_are_named_in_the_page(server):  # noqa: F811
 
     _page_of_a_job(server, "causes.py", ["idle_shards", "--workers", "4", "--seconds", "60"],
                    30, check)
+
+
+def test_the_step_phases_of_a_job_are_a_stacked_chart_in_the_page(server):  # noqa: F811
+    """A script with known forward, backward and optimizer costs: the page draws its steps
+    split into their phases, the legend naming each, and the verdict names the largest."""
+    def check(page, expect) -> None:
+        expect(page.get_by_text("Where each step goes (host time)").first).to_be_visible(
+            timeout=60_000)
+        for name in ("data wait", "forward", "backward", "optimizer step", "other"):
+            expect(page.locator("svg text.legendtext").filter(
+                has_text=re.compile(f"^{name}$")).first).to_be_attached(timeout=15_000)
+        expect(page.get_by_text(re.compile(r"The step is \d+% backward")).first
+               ).to_be_visible(timeout=30_000)
+
+    _page_of_a_job(server, "phases.py", ["--forward-ms", "20", "--backward-ms", "40",
+                                         "--optimizer-ms", "10", "--epochs", "40"], 20, check)

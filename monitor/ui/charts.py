@@ -186,6 +186,29 @@ def wait_compute_figure(
     return go.Figure({"data": data, "layout": markers(events, lay)})
 
 
+PHASE_COLORS = {"data_wait": COLORS["wait"], "copy": "#8c564b", "forward": "#17becf",
+                "backward": "#1f77b4", "optimizer": "#bcbd22", "other": "#c7c7c7"}
+
+
+def phases_figure(steps: pd.DataFrame, events: pd.DataFrame | None = None,
+                  x_range: tuple[float, float] | None = None) -> go.Figure | None:
+    """Per step, stacked: where it went (monitor/assess/phases.py: data wait, the copy to
+    the device, forward, backward, optimizer step, other); None where no phase was timed."""
+    from monitor.assess import phases
+
+    ph = phases.per_step(steps) if not steps.empty else None
+    if ph is None:
+        return None
+    s = downsample(ph.assign(ts=steps["ts"], step=ph.sum(axis=1)), MAX_POINTS, "ts", "step")
+    x = x_ms(s["ts"])
+    data = [line(x, y_list(s[p], 1000), phases.LABELS[p], stackgroup="phases",
+                 line={"color": PHASE_COLORS[p], "width": 0.5})
+            for p in reversed(phases.PHASES) if p != "copy" or (s[p] > 0).any()]
+    lay = layout("Where each step goes (host time)", "ms per step", 340, x_range)
+    lay["yaxis"]["rangemode"] = "tozero"
+    return go.Figure({"data": data, "layout": markers(events, lay)})
+
+
 def throughput_figure(
     thr: pd.DataFrame, events: pd.DataFrame | None = None,
     x_range: tuple[float, float] | None = None,

@@ -137,6 +137,8 @@ def render_other_charts(figs: dict) -> None:
     for col, key in zip(cols, ("chart_thr", "chart_wait", "chart_host"), strict=True):
         with col:
             st.plotly_chart(figs[key], key=key, config=PLOT_CONFIG)
+    if figs.get("chart_phases") is not None:  # the script's steps, split into their phases
+        st.plotly_chart(figs["chart_phases"], key="chart_phases", config=PLOT_CONFIG)
 
 
 def render_run_status(run: dict) -> None:

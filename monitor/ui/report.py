@@ -24,7 +24,7 @@ from monitor.store import Store
 from monitor.ui import compare_text, view
 
 EVENT_KINDS = (control.CONFIG, control.AUTOTUNE, *STALL_KINDS, "probe")
-CHART_ORDER = ("chart_util", "chart_thr", "chart_wait", "chart_host")
+CHART_ORDER = ("chart_util", "chart_thr", "chart_wait", "chart_host", "chart_phases")
 STYLE = """body{font-family:system-ui,sans-serif;margin:2em auto;max-width:1100px;color:#222}
 h1{font-size:1.5em}h2{font-size:1.15em;margin-top:1.6em;border-bottom:1px solid #ddd}
 table{border-collapse:collapse;font-size:.9em}td,th{border:1px solid #ddd;padding:3px 8px;
@@ -61,7 +61,7 @@ def _charts(store: Store, run_id: int, simulated: bool) -> list[str]:
         return ["<p class=muted>no steps recorded: no charts</p>"]
     figs = view.chart_figures(v, simulated)
     out = []
-    for i, key in enumerate(k for k in CHART_ORDER if k in figs):
+    for i, key in enumerate(k for k in CHART_ORDER if figs.get(k) is not None):
         fig = figs[key]
         out.append(fig.to_html(full_html=False, include_plotlyjs=i == 0,
                                config={"displaylogo": False}, div_id=key))

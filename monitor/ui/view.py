@@ -147,7 +147,7 @@ def steady_verdict(state: dict[str, Any], key: str, a: Assessment, seq: Any,
     return shown, f"changing: {shown.verdict} → {a.verdict}"
 
 
-SECONDARY_CHARTS = ("chart_thr", "chart_wait", "chart_host")
+SECONDARY_CHARTS = ("chart_thr", "chart_wait", "chart_host", "chart_phases")
 SECONDARY_HOLD_S = 6.0  # a watched job's secondary charts are redrawn this often
 
 
@@ -395,6 +395,7 @@ def chart_figures(view: View, simulated: bool, gpu: int | None = None) -> dict:
         "chart_thr": charts.throughput_figure(thr, view.events, xr),
         "chart_wait": charts.wait_compute_figure(steps, view.events, xr),
         "chart_host": charts.host_figure(view.host, view.events, xr),
+        "chart_phases": charts.phases_figure(steps, view.events, xr),
     }
 
 
