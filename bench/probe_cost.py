@@ -29,11 +29,14 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-# (what, mode, workers, steps an epoch, epochs, the step's ms)
-CASES = (("attach probe, DataLoader 0 workers", "probed", 0, 20_000, 4, 0.0),
-         ("attach probe, DataLoader 2 workers", "probed", 2, 5_000, 4, 0.0),
-         ("watch(), DataLoader 0 workers", "watch", 0, 20_000, 4, 0.0),
-         ("1 ms step, DataLoader 0 workers", "probed", 0, 1_500, 3, 1.0))
+# (what, mode, workers, steps an epoch, epochs, the step's ms, "model": a model's step;
+# "phases-off": the probe with --no-phases as the baseline instead of bare)
+CASES = (("attach probe, DataLoader 0 workers", "probed", 0, 20_000, 4, 0.0, ""),
+         ("attach probe, DataLoader 2 workers", "probed", 2, 5_000, 4, 0.0, ""),
+         ("watch(), DataLoader 0 workers", "watch", 0, 20_000, 4, 0.0, ""),
+         ("1 ms step, DataLoader 0 workers", "probed", 0, 1_500, 3, 1.0, ""),
+         ("a Linear model's step: phases on against off", "probed", 0, 5_000, 4, 0.0,
+          "phases"))
 
 
 class Trivial:
@@ -54,13 +57,19 @@ def loop(it) -> float:
     return time.perf_counter() - t
 
 
-def one(mode: str, workers: int, steps: int, epochs: int, ms: float) -> float:
-    """Median µs a step of one process's epochs after its first."""
+def one(mode: str, workers: int, steps: int, epochs: int, ms: float, kind: str = "") -> float:
+    """Median µs a step of one process's epochs after its first. `kind` "phases": a model's
+    step, the probe's phases on ("probed") or off ("bare": the probe with them off)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT),
+           "STARVATION_MONITOR_DB": str(Path(tempfile.mkdtemp()) / "p.db")}
+    extra = []
+    if kind == "phases":
+        extra = ["model"]
+        if mode == "bare":
+            mode, env["STARVATION_MONITOR_PHASES"] = "probed", "0"
     r = subprocess.run([sys.executable, str(ROOT / "bench" / "probe_loop.py"), mode,
-                        str(workers), str(steps), str(epochs), str(ms)], cwd=ROOT,
-                       capture_output=True, text=True, timeout=600,
-                       env={**os.environ, "PYTHONPATH": str(ROOT),
-                            "STARVATION_MONITOR_DB": str(Path(tempfile.mkdtemp()) / "p.db")})
+                        str(workers), str(steps), str(epochs), str(ms), *extra], cwd=ROOT,
+                       capture_output=True, text=True, timeout=600, env=env)
     line = next(ln for ln in r.stdout.splitlines() if ln.startswith("us_per_step"))
     return statistics.median(float(x) for x in line.split()[2:])
 
@@ -73,9 +82,9 @@ def table(rounds: int) -> None:
     """Each case bare and probed, the order alternating round by round."""
     got: dict[str, list[tuple[float, float]]] = {c[0]: [] for c in CASES}
     for r in range(rounds):
-        for what, mode, nw, steps, epochs, ms in CASES:
-            pair = [("bare", 0.0), (mode, 0.0)] if r % 2 == 0 else [(mode, 0.0), ("bare", 0.0)]
-            t = {m: one(m, nw, steps, epochs, ms) for m, _ in pair}
+        for what, mode, nw, steps, epochs, ms, kind in CASES:
+            pair = ["bare", mode] if r % 2 == 0 else [mode, "bare"]
+            t = {m: one(m, nw, steps, epochs, ms, kind) for m in pair}
             got[what].append((t["bare"], t[mode]))
             print(f"round {r} {what}: bare {t['bare']:.2f}, monitored {t[mode]:.2f} µs/step",
                   flush=True)
@@ -84,7 +93,7 @@ def table(rounds: int) -> None:
     for what, *_rest in CASES:
         b = [x for x, _ in got[what]]
         m = [y for _, y in got[what]]
-        if _rest[-1] > 0:  # a real step: the cost as throughput lost
+        if _rest[-2] > 0:  # a real step: the cost as throughput lost
             cost = [(y / x - 1) * 100 for x, y in got[what]]
             print(f"| {what} | {spread(b)} | {spread(m)} | {spread(cost)} % of throughput |")
         else:

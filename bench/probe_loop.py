@@ -2,9 +2,11 @@
 nothing, iterated for some epochs bare, under the attach probe (installed as `monitor run`
 installs it) or through `watch()`, each epoch timed; prints `us_per_step A B C ...`.
 
-    python bench/probe_loop.py {bare,probed,watch} WORKERS STEPS EPOCHS [STEP_MS]
+    python bench/probe_loop.py {bare,probed,watch} WORKERS STEPS EPOCHS [STEP_MS] [model]
 
-STEP_MS > 0 spins that long a step (a modelled device step: the 1 ms loop). Figures only.
+STEP_MS > 0 spins that long a step (a modelled device step: the 1 ms loop); `model`: each
+step is a tiny model's forward, backward and optimizer step (what the phase hooks meet;
+STARVATION_MONITOR_PHASES=0 turns them off). Figures only.
 """
 from __future__ import annotations
 
@@ -34,6 +36,7 @@ def main() -> None:
     mode, workers, steps, epochs = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), \
         int(sys.argv[4])
     step_s = float(sys.argv[5]) / 1000 if len(sys.argv) > 5 else 0.0
+    with_model = len(sys.argv) > 6 and sys.argv[6] == "model"
     os.environ.setdefault("STARVATION_MONITOR_DB", str(Path(tempfile.mkdtemp()) / "p.db"))
     from torch.utils.data import DataLoader
 
@@ -51,10 +54,19 @@ def main() -> None:
     else:
         def epoch_iter():
             return loader
+    import torch
+
+    model = torch.nn.Linear(4, 4)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    x = torch.ones(2, 4)
     out = []
     for _ in range(epochs):
         t = time.perf_counter()
         for _ in epoch_iter():
+            if with_model:
+                model(x).sum().backward()
+                opt.step()
+                opt.zero_grad()
             if step_s:
                 end = time.perf_counter() + step_s
                 while time.perf_counter() < end:  # the modelled step: a spin, not a sleep

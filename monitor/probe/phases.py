@@ -191,3 +191,15 @@ class Phases:
 
 def wanted() -> bool:
     return os.environ.get(ENV, "1") != "0"
+
+
+def attach(say: Callable[..., None]) -> Phases | None:
+    """The attach probe's phases, installed (None when turned off or they cannot be);
+    `say(text, loud=True)` records what they met, once."""
+    if not wanted():
+        return None
+    ph = Phases(lambda why: say(f"step phases off: {why}; the steps are timed as before"))
+    ph.on_roots = lambda names: say("step phases: the forward pass timed at "
+                                    f"{', '.join(names) or 'none'} (the outermost modules "
+                                    "the loop calls)", loud=False)
+    return ph if ph.install() else None

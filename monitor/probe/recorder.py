@@ -80,13 +80,7 @@ class Recorder:
         self.probe.inline_flush = False
         self.watchdog = Watchdog(self.probe, interval=FLUSH_S, on_stall=self._say).start()
         self.phases_said: set[str] = set()
-        if phases.wanted():  # forward, backward, optimizer: off with --no-phases
-            ph = phases.Phases(self._phases_fault)
-            ph.on_roots = lambda names: self._event("probe", "step phases: the forward pass "
-                                                    f"timed at {', '.join(names) or 'none'} "
-                                                    "(the outermost modules the loop calls)")
-            if ph.install():
-                self.probe.phases = ph
+        self.probe.phases = phases.attach(self._say_phases)  # None with --no-phases
         atexit.register(self.close)
 
     @property
@@ -225,17 +219,14 @@ class Recorder:
         if it is not None and not it.ended:
             it.finish()
 
-    def _phases_fault(self, why: str) -> None:
-        """The phase hooks failed or could not be installed: the steps go on without them,
-        said once."""
-        self._say_phases(f"step phases off: {why}; the steps are timed as before")
-
-    def _say_phases(self, text: str) -> None:
-        if text in self.phases_said:
-            return
-        self.phases_said.add(text)
-        self._say(text)
-        self._event("probe", text, {"phases": "off" if "off:" in text else "note"})
+    def _say_phases(self, text: str, loud: bool = True) -> None:
+        """What the phase hooks met (monitor/probe/phases.py), once each: on stderr too
+        when it is news to the user (they are off, the optimizer is not torch's)."""
+        if text not in self.phases_said:
+            self.phases_said.add(text)
+            if loud:
+                self._say(text)
+            self._event("probe", text, {"phases": "off" if "off:" in text else "note"})
 
     def _event(self, kind: str, label: str, data: dict[str, Any] | None = None) -> None:
         """Handed to the probe's writer (the watchdog's thread): never a wait on the store
