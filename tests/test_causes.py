@@ -162,8 +162,12 @@ def test_a_small_dev_shm_is_the_failed_runs_reason_with_its_numbers(tmp_path, no
     assert rc != 0
     f = finding(d, causes.SHM)
     assert f["text"].startswith("the loader failed: /dev/shm ran out")
-    assert f["numbers"]["shm_total_mb"] < 40 and f["numbers"]["batch_bytes"] > 12e6
-    assert re.search(r"need \d+ MB of /dev/shm", f["text"])
+    assert f["numbers"]["shm_total_mb"] < 40
+    if d["steps"]:  # (the workers may fill it before the first batch reaches the loop)
+        assert f["numbers"]["batch_bytes"] > 12e6, f
+        assert re.search(r"need \d+ MB of /dev/shm", f["text"])
+    else:
+        assert "filled before the first batch reached the loop" in f["text"], f
     assert any(a["param"] == "host" and "--shm-size" in a["reason"] for a in d["advice"])
     error = Store(tmp_path / "s.db").run(d["run_id"])["error"]
     assert error.startswith("the loader failed: /dev/shm ran out"), error

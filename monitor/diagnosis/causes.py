@@ -303,8 +303,10 @@ def _shm_advice(report: dict[str, Any], total: float) -> tuple[Advice, ...]:
         out.append(Advice("prefetch_factor", fits, None,
                           f"prefetch_factor={fits}: {nw * fits + 1} batches fit in "
                           f"{total:,.0f} MB"))
+    need = f"at least {_shm_need_mb(report) / SHM_HEADROOM:,.0f} MB" if batch > 0 else \
+        "room for the batches in flight"
     out.append(Advice("host", "--shm-size", None,
-                      f"give /dev/shm at least {_shm_need_mb(report) / SHM_HEADROOM:,.0f} MB "
+                      f"give /dev/shm {need} "
                       "(docker run --shm-size=2g; Kubernetes: an emptyDir of medium Memory "
                       "at /dev/shm), or torch.multiprocessing.set_sharing_strategy("
                       "'file_system')"))
@@ -355,10 +357,14 @@ def failure(error: str, report: dict[str, Any] | None,
     low = error.lower()
     if "bus error" in low or "no space left on device" in low or "/dev/shm" in low:
         numbers = report or {}
-        detail = _shm_text(report, _shm_need_mb(report), float(report["shm_total_mb"]),
+        total = report.get("shm_total_mb") if report else None
+        detail = _shm_text(report, _shm_need_mb(report), float(total),
                            float(report.get("shm_free_mb") or 0)) \
-            if report and report.get("shm_total_mb") is not None else \
-            "the DataLoader workers pass their batches through /dev/shm, and it filled"
+            if total is not None and report.get("batch_bytes") else \
+            "the DataLoader workers pass their batches through /dev/shm" + (
+                f" ({float(total):,.0f} MB here, {report.get('in_flight')} batches in flight "
+                f"from {report.get('num_workers')} workers), and it filled before the "
+                "first batch reached the loop" if total is not None else ", and it filled")
         return Finding(SHM, f"the loader failed: /dev/shm ran out ({_short(error)}): {detail}",
                        {k: numbers.get(k) for k in ("shm_total_mb", "shm_free_mb",
                                                      "batch_bytes", "in_flight")},

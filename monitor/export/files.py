@@ -29,7 +29,8 @@ from monitor.store import Store, StoreError
 
 FORMATS = ("csv", "parquet")
 FORMAT_VERSION = 1
-TABLES = ("steps", "host_samples", "gpu_samples", "gpu_util", "events", "control")
+TABLES = ("steps", "host_samples", "gpu_samples", "gpu_util", "events", "control", "ranks")
+OPTIONAL = ("ranks",)  # tables an export of an older version may lack
 RUN_FIELDS = ("name", "kind", "config", "accelerator", "accelerator_kind", "device", "status",
               "error", "started_at", "ended_at")
 
@@ -59,7 +60,17 @@ def run_frames(store: Store, run_id: int) -> dict[str, pd.DataFrame]:
         "events": store.events(run_id).drop(columns=["id"]),
         "control": store.control_requests(run_id, limit=1_000_000).sort_values("id")
         .drop(columns=["id"]),
+        "ranks": _stored_ranks(store, run_id),
     }
+
+
+def _stored_ranks(store: Store, run_id: int) -> pd.DataFrame:
+    """The run's ranks as the table holds them (config and device as JSON text)."""
+    df = store.ranks(run_id)
+    if df.empty:
+        return df
+    return df.assign(config=[json.dumps(c) for c in df["config"]],
+                     device=[json.dumps(d) if d is not None else None for d in df["device"]])
 
 
 def steps_checksum(steps: pd.DataFrame) -> str:
@@ -148,6 +159,8 @@ def _read(folder: Path, table: str) -> pd.DataFrame:
             return pd.read_csv(csv)  # pandas 3 parses floats exactly (round trip)
         except pd.errors.EmptyDataError:
             return pd.DataFrame()
+    if table in OPTIONAL:
+        return pd.DataFrame()
     raise ExportError(f"{folder} has no {table}.csv or {table}.parquet: is it a folder "
                       "written by python -m monitor export?")
 

@@ -434,6 +434,10 @@ class TimedIterator:
         handler = self.probe.on_loader_error
         if handler is not None and not isinstance(exc, (KeyboardInterrupt, SystemExit)):
             try:
+                if self.delivered == 0 and self.probe.on_first_batch is not None:
+                    # it failed before its first batch: the epoch's report without one
+                    # (/dev/shm's size, the workers in flight), for the failure's reason
+                    self.probe.on_first_batch(None, self._inner)
                 handler(exc)
             except Exception:
                 pass
