@@ -31,6 +31,8 @@ def run(*args: str, timeout: float = 1200) -> str:
     r = subprocess.run([sys.executable, *args], cwd=ROOT, env=ENV, capture_output=True,
                        text=True, timeout=timeout)
     print(r.stdout, flush=True)
+    if r.returncode != 0:  # a part that failed says why, and its figures read "?"
+        print(f"{args[0]} failed ({r.returncode}): {r.stderr[-1500:]}", flush=True)
     return r.stdout
 
 
@@ -76,7 +78,7 @@ def main() -> None:
               " ".join(f"{x:.2f}" for x in fv), flush=True)
         tick = run("bench/ui_tick.py", "--hours", "24", "--repeat", "2", "--soak", "15",
                    "--tabs", "2")
-        opened = run("bench/page_open.py", "--hours", "24", "--repeat", "2", "--busy", "0")
+        opened = run("bench/page_open.py", "--hours", "24", "--repeat", "3", "--busy", "0")
     finally:
         if busy is not None:
             busy.kill()

@@ -74,7 +74,7 @@ def tick(rt: Runtime, run: int, window_s: float | None,
     t = time.perf_counter()
     r = views.refresh(rt, run, window_s, gpus=False, now=now)  # no NVML here, as the page
     view, figs = r.view, r.figures
-    payload = sum(len(f.to_json(validate=False)) for f in figs.values())
+    payload = sum(len(f.to_json(validate=False)) for f in figs.values() if f is not None)
     assert r.assessment.verdict
     steps = len(view.steps) + (int(view.seconds["steps"].sum()) if view.seconds is not None
                                else 0)
