@@ -42,9 +42,12 @@ def test_missing_files_are_none_not_errors(tmp_path):
 
 def test_live_processes_busy_and_sleeping():
     busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
-    nap = "import time; time.sleep(30)"  # sleep-ok: the sleeper itself
-    sleeper = subprocess.Popen([sys.executable, "-c", nap])
+    nap = "import time; print('up', flush=True); time.sleep(30)"  # sleep-ok: the sleeper
+    sleeper = subprocess.Popen([sys.executable, "-c", nap], stdout=subprocess.PIPE, text=True)
     try:
+        # measured once it sleeps: its interpreter's start-up is CPU (62 ms of it was seen
+        # inside the window on a loaded box)
+        assert sleeper.stdout.readline().strip() == "up"
         a = {p.pid: procfs.schedstat(p.pid) for p in (busy, sleeper)}
         time.sleep(0.6)  # sleep-ok: the interval the processes are measured over
         b = {p.pid: procfs.schedstat(p.pid) for p in (busy, sleeper)}

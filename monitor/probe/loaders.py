@@ -100,3 +100,15 @@ def not_retunable(loader: Any) -> str | None:
                 f"(its attribute {held[0]!r}), for every epoch: its workers and settings "
                 "stay as built; change them in the script")
     return None
+
+
+def worker_pids(loader: Any, it: Any) -> list[int]:
+    """An epoch's DataLoader worker PIDs: its iterator's, or those of the iterator the loader
+    holds across epochs (timm's MultiEpochsDataLoader)."""
+    base = base_loader(loader)
+    held = held_iterator(base) if base is not None else None
+    own = getattr(base, "_iterator", None) if base is not loader else None
+    workers = (getattr(it, "_workers", None) or getattr(held and held[1], "_workers", [])
+               or getattr(own, "_workers", []))
+    pids = [getattr(w, "pid", None) for w in workers or []]
+    return [p for p in pids if p]

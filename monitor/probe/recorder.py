@@ -35,9 +35,9 @@ from monitor.probe.loaders import (
     base_loader,
     batch_size,
     describe_loader,
-    held_iterator,
     loader_settings,
     not_retunable,
+    worker_pids,
 )
 from monitor.probe.loops import TRAIN
 from monitor.probe.timing import Probe, TimedIterator
@@ -439,14 +439,7 @@ class Recorder:
             f" (rank {self.rank})" if self.world_size > 1 else ""))
 
     def note_workers(self, loader: Any, it: Any) -> None:
-        """The epoch's worker PIDs: its iterator's, or those of the iterator the loader
-        holds across epochs (timm's MultiEpochsDataLoader)."""
-        base = base_loader(loader)
-        held = held_iterator(base) if base is not None else None
-        own = getattr(base, "_iterator", None) if base is not loader else None
-        workers = (getattr(it, "_workers", None) or getattr(held and held[1], "_workers", [])
-                   or getattr(own, "_workers", []))
-        pids = [getattr(w, "pid", None) for w in workers or []]
-        pids = [p for p in pids if p]
+        """The epoch's worker PIDs (loaders.worker_pids), as its `epoch` event."""
+        pids = worker_pids(loader, it)
         if pids:
             self._event("epoch", f"epoch {self.epoch}", {"worker_pids": pids})
