@@ -68,7 +68,7 @@ def find(steps: pd.DataFrame, host: pd.DataFrame, report: dict[str, Any] | None,
     supports, the ones that happened first."""
     happened = [f for f in (failure(e, report, host) for e in errors[-1:]) if f is not None]
     # failures on their way first (they end the job), then what slows it
-    coming = [worker_memory(host), shm(report), open_files(report),
+    coming = [worker_memory(host, _workers_up(steps)), shm(report), open_files(report),
               idle_workers(steps, report, throughput), per_sample(steps, report),
               slower_with_more(history, int((report or {}).get("num_workers") or 0),
                                throughput),
@@ -215,7 +215,20 @@ def _growth(host: pd.DataFrame, col: str) -> tuple[pd.DataFrame, float] | None:
     return h, per_min
 
 
-def worker_memory(host: pd.DataFrame) -> Finding | None:
+def _workers_up(steps: pd.DataFrame) -> float | None:
+    """When the window's last epoch delivered its first batch: its workers were up (a
+    spawned worker's memory grows as it imports torch, before that: start-up, not growth)."""
+    if steps.empty or "epoch" not in steps.columns:
+        return None
+    last = steps[steps["epoch"] == steps["epoch"].max()]
+    return float(last["ts"].min()) if not last.empty else None
+
+
+def worker_memory(host: pd.DataFrame, since: float | None = None) -> Finding | None:
+    """The workers' memory growing toward the limit that binds them; `since`: when they
+    were up (host rows before it are their start-up)."""
+    if since is not None and not host.empty and "ts" in host.columns:
+        host = host[host["ts"] >= since]
     if host.empty or "ts" not in host.columns or "workers" not in host.columns:
         return None
     # USS where it is measured: RSS also grows as workers touch pages they share (a forked
