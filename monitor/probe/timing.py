@@ -9,12 +9,10 @@ records the last step and is not a step itself. The Probe also polls the store's
 table for the managed workload's requests.
 
 The training thread only appends a step's figures, a plain tuple, to a bounded deque (no
-record object, no lock, no store); `flush()` turns them into StepRecords and writes them: the
-managed workload inline every `flush_interval` outside the timed intervals, the attach probe
-on its watchdog's thread (monitor/probe/watchdog.py), so a slow or locked store never holds
-the user's loop. Past BUFFER_MAX unwritten steps the oldest are dropped and counted; a write
-that fails for a reason that passes (a lock, a full disk) is retried, its steps kept, and
-given up only after WRITE_GIVE_UP_S; one that cannot pass (a deleted store) stops recording.
+record object, no lock, no store); the Probe's write half (monitor/probe/writer.py) turns
+them into rows and writes them: the managed workload inline every `flush_interval` outside
+the timed intervals, the attach probe on its watchdog's thread (monitor/probe/watchdog.py),
+so a slow or locked store never holds the user's loop.
 """
 from __future__ import annotations
 
@@ -25,18 +23,13 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from monitor.probe import workers
-from monitor.probe.device_clock import HOLD_S, DeviceClock
-from monitor.records import StepRecord, columns
+from monitor.probe.device_clock import DeviceClock
+from monitor.probe.writer import StepWriter
 from monitor.store import Store
 
 BUFFER_MAX = 200_000  # unwritten steps kept (minutes of a fast loop); older ones dropped
-WRITE_GIVE_UP_S = 60.0  # a store failing this long stops recording (the training goes on)
 EVENTS_MAX = 1_000  # unwritten events kept
 NO_PHASES = (None, None, None)
-ROW = ("run_id", "step", "epoch", "ts", "wait_s", "compute_s", "samples", "config_seq",
-       "copy_s", "rank", "device_idle_s", "device_span_s", "worker", "held", "forward_s",
-       "backward_s", "optimizer_s")
-assert tuple(columns(StepRecord)) == ROW, "Probe._row_of builds the steps table's rows"
 
 
 class ProbeStateError(RuntimeError):
@@ -74,13 +67,7 @@ def batch_len(batch: Any) -> int:
     return len(item) if hasattr(item, "__len__") else 1
 
 
-def _transient(exc: BaseException) -> bool:
-    """A write failure that can pass by itself: another writer's lock, a full disk."""
-    msg = str(exc).lower()
-    return "locked" in msg or "busy" in msg or "is full" in msg
-
-
-class Probe:
+class Probe(StepWriter):
     """Times the steps of one run and writes StepRecords to the store in batches."""
 
     def __init__(
@@ -175,7 +162,7 @@ class Probe:
         if self.first_samples is None:
             self.first_samples = samples
         buf, step, ph = self._buffer, self.step, self.phases
-        if len(buf) == BUFFER_MAX:
+        if len(buf) == buf.maxlen:
             self.dropped += 1  # the deque drops its oldest on this append
         buf.append((step, epoch, t_got, t_got - t_req, t_next - t_got, samples,
                     self.config_seq, self.copy_s, self.batch_worker, self.batch_held,
@@ -194,110 +181,6 @@ class Probe:
         timed = self.device.harvest()
         if timed:
             self._device_s.update(timed)
-
-    def flush_final(self) -> None:
-        """The loop is over (on the training thread): what the device has finished, then
-        every buffered step."""
-        self._device_times()
-        self.flush(final=True)
-
-    def _row_of(self, r: tuple[Any, ...]) -> tuple[Any, ...]:
-        """A buffered step as the steps table's row (StepRecord's column order: ROW)."""
-        idle, span = self._device_s.pop(r[0], (None, None))
-        return (self.run_id, r[0], r[1], self.wall(r[2]), r[3], r[4], r[5], r[6], r[7],
-                self.rank, idle, span, r[8], r[9], r[10], r[11], r[12])
-
-    def flush(self, final: bool = False) -> None:
-        """Write the buffered steps; those whose CUDA events are still outstanding wait for
-        the next flush (at most HOLD_S), unless `final` (the loop is over)."""
-        with self._lock:
-            self._last_flush = now = self.clock()
-            if self.stopped:
-                return
-            if self._events:
-                self._write_events()
-            buf = self._buffer
-            rows = self._unwritten + [buf.popleft() for _ in range(len(buf))]
-            waiting = self.device.waiting() if self.device.active and not final else ()
-            hold = [r for r in rows if r[0] in waiting and now - r[2] < HOLD_S] \
-                if waiting else []
-            ready = [r for r in rows if r[0] not in waiting or now - r[2] >= HOLD_S] \
-                if hold else rows
-            self._unwritten = hold
-            if ready:
-                self._write(ready, final)
-
-    def event(self, kind: str, label: str, data: dict[str, Any] | None = None) -> None:
-        """An event for the writer to store with the steps (stamped now): the attach
-        probe's loop never waits on the store for one."""
-        self._events.append((self.wall(self.clock()), kind, label, data))
-
-    def _write_events(self) -> None:
-        ev = self._events
-        while ev:
-            ts, kind, label, data = ev[0]
-            try:
-                self.store.add_event(self.run_id, kind, label, data, ts=ts)
-            except Exception as exc:
-                if self.on_error is None:
-                    raise
-                if _transient(exc):
-                    return  # kept, in order, for the next flush
-                self.stopped = True
-                self.discard()
-                self.on_error(exc)
-                return
-            ev.popleft()
-
-    def _write(self, rows: list[tuple[Any, ...]], final: bool) -> None:
-        try:
-            self.store.insert_rows(StepRecord, [self._row_of(r) for r in rows])
-        except Exception as exc:
-            if self.on_error is None:
-                raise
-            now = self.clock()
-            self._failing_since = self._failing_since or now
-            self.last_write_error = str(exc)
-            if _transient(exc) and not final and now - self._failing_since < WRITE_GIVE_UP_S:
-                keep = rows + self._unwritten  # in order, for the next write
-                if len(keep) > BUFFER_MAX:
-                    self.dropped += len(keep) - BUFFER_MAX
-                    keep = keep[-BUFFER_MAX:]
-                self._unwritten = keep
-                return
-            self.stopped = True
-            self.discard()
-            self.on_error(exc)
-            return
-        if self._failing_since is not None or self.dropped > self._said_dropped:
-            self._note_recovered()
-
-    def _note_recovered(self) -> None:
-        """Writes resumed (or steps were dropped): one stored note that says what was lost."""
-        lost, since = self.dropped - self._said_dropped, self._failing_since
-        self._said_dropped, self._failing_since = self.dropped, None
-        held = f" for {self.clock() - since:.1f} s" if since is not None else ""
-        text = (f"the store could not be written{held} ({self.last_write_error}); "
-                + (f"{lost} steps dropped past the probe's buffer of {BUFFER_MAX}" if lost
-                   else "no step lost")) if since is not None else \
-            f"{lost} steps dropped: the store could not keep up"
-        try:
-            self.store.add_event(self.run_id, "probe", text, {"dropped": lost,
-                                                              "rank": self.rank})
-        except Exception:
-            pass
-
-    def flush_if_due(self) -> None:
-        """Write what the loop buffered (the watchdog, every flush_interval)."""
-        if self.clock() - self._last_flush >= self.flush_interval:
-            self.flush()
-
-    def discard(self) -> None:
-        """Drop unwritten records (after a write failed: the run goes on without them)."""
-        self._buffer.clear()
-        self._events.clear()
-        self._unwritten = []
-        self._last_flush = self.clock()
 
     def control_due(self) -> bool:
         now = self.clock()

@@ -61,12 +61,16 @@ class Series:
 
     def add_event(self, run_id: int, kind: str, label: str,
                   data: dict[str, Any] | None = None, ts: float | None = None) -> None:
-        """One event of a run (a settings change, a stall, a probe note)."""
-        self.db.conn().execute(
-            "INSERT INTO events (run_id, ts, kind, label, data) VALUES (?, ?, ?, ?, ?)",
-            (run_id, ts if ts is not None else time.time(), kind, label,
-             json.dumps(data, sort_keys=True) if data is not None else None),
-        )
+        """One event of a run (a settings change, a stall, a probe note); a failed write is
+        a StoreError that names the path and the fix, as the rows' are."""
+        try:
+            self.db.conn().execute(
+                "INSERT INTO events (run_id, ts, kind, label, data) VALUES (?, ?, ?, ?, ?)",
+                (run_id, ts if ts is not None else time.time(), kind, label,
+                 json.dumps(data, sort_keys=True) if data is not None else None),
+            )
+        except sqlite3.Error as exc:
+            raise StoreError(explain(self.db.path, exc)) from exc
 
     def events(self, run_id: int, since: float | None = None,
                kinds: tuple[str, ...] | None = None) -> pd.DataFrame:

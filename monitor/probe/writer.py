@@ -1,0 +1,146 @@
+"""The attach probe's writer (monitor/probe/timing.py's Probe is one): the steps the training
+thread appended, as tuples, turned into the steps table's rows and written many a statement
+(one GIL release a flush, not one a row: a writer thread beside a busy loop waits out the
+switch interval each time it takes the GIL back), with the events handed over beside them. A
+write that fails for a reason that passes (a lock, a full disk) is retried with its steps
+kept, up to the buffer's bound (then the oldest are dropped and counted in one stored note),
+and given up after WRITE_GIVE_UP_S; one that cannot pass stops recording (on_error), never
+the training. Standard library only (the probe's fence).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from monitor.probe.device_clock import HOLD_S
+from monitor.records import StepRecord, columns
+
+WRITE_GIVE_UP_S = 60.0  # a store failing this long stops recording (the training goes on)
+ROW = ("run_id", "step", "epoch", "ts", "wait_s", "compute_s", "samples", "config_seq",
+       "copy_s", "rank", "device_idle_s", "device_span_s", "worker", "held", "forward_s",
+       "backward_s", "optimizer_s")
+assert tuple(columns(StepRecord)) == ROW, "Probe._row_of builds the steps table's rows"
+
+
+
+def _transient(exc: BaseException) -> bool:
+    """A write failure that can pass by itself: another writer's lock, a full disk."""
+    msg = str(exc).lower()
+    return "locked" in msg or "busy" in msg or "is full" in msg
+
+
+class StepWriter:
+    """The write half of a Probe: its attributes (_buffer, _events, _unwritten, store, ...)
+    are set by Probe.__init__."""
+
+    _buffer: Any
+    _events: Any
+    _unwritten: list[tuple[Any, ...]]
+    _device_s: dict[int, tuple[float | None, float]]
+    _lock: Any
+    store: Any
+    device: Any
+
+    def flush_final(self) -> None:
+        """The loop is over (on the training thread): what the device has finished, then
+        every buffered step."""
+        self._device_times()
+        self.flush(final=True)
+
+    def _row_of(self, r: tuple[Any, ...]) -> tuple[Any, ...]:
+        """A buffered step as the steps table's row (StepRecord's column order: ROW)."""
+        idle, span = self._device_s.pop(r[0], (None, None))
+        return (self.run_id, r[0], r[1], self.wall(r[2]), r[3], r[4], r[5], r[6], r[7],
+                self.rank, idle, span, r[8], r[9], r[10], r[11], r[12])
+
+    def flush(self, final: bool = False) -> None:
+        """Write the buffered steps; those whose CUDA events are still outstanding wait for
+        the next flush (at most HOLD_S), unless `final` (the loop is over)."""
+        with self._lock:
+            self._last_flush = now = self.clock()
+            if self.stopped:
+                return
+            if self._events:
+                self._write_events()
+            buf = self._buffer
+            rows = self._unwritten + [buf.popleft() for _ in range(len(buf))]
+            waiting = self.device.waiting() if self.device.active and not final else ()
+            hold = [r for r in rows if r[0] in waiting and now - r[2] < HOLD_S] \
+                if waiting else []
+            ready = [r for r in rows if r[0] not in waiting or now - r[2] >= HOLD_S] \
+                if hold else rows
+            self._unwritten = hold
+            if ready:
+                self._write(ready, final)
+
+    def event(self, kind: str, label: str, data: dict[str, Any] | None = None) -> None:
+        """An event for the writer to store with the steps (stamped now): the attach
+        probe's loop never waits on the store for one."""
+        self._events.append((self.wall(self.clock()), kind, label, data))
+
+    def _write_events(self) -> None:
+        ev = self._events
+        while ev:
+            ts, kind, label, data = ev[0]
+            try:
+                self.store.add_event(self.run_id, kind, label, data, ts=ts)
+            except Exception as exc:
+                if self.on_error is None:
+                    raise
+                if _transient(exc):
+                    return  # kept, in order, for the next flush
+                self.stopped = True
+                self.discard()
+                self.on_error(exc)
+                return
+            ev.popleft()
+
+    def _write(self, rows: list[tuple[Any, ...]], final: bool) -> None:
+        try:
+            self.store.insert_rows(StepRecord, [self._row_of(r) for r in rows])
+        except Exception as exc:
+            if self.on_error is None:
+                raise
+            now = self.clock()
+            self._failing_since = self._failing_since or now
+            self.last_write_error = str(exc)
+            if _transient(exc) and not final and now - self._failing_since < WRITE_GIVE_UP_S:
+                keep = rows + self._unwritten  # in order, for the next write
+                bound = self._buffer.maxlen or len(keep)
+                if len(keep) > bound:
+                    self.dropped += len(keep) - bound
+                    keep = keep[-bound:]
+                self._unwritten = keep
+                return
+            self.stopped = True
+            self.discard()
+            self.on_error(exc)
+            return
+        if self._failing_since is not None or self.dropped > self._said_dropped:
+            self._note_recovered()
+
+    def _note_recovered(self) -> None:
+        """Writes resumed (or steps were dropped): one stored note that says what was lost."""
+        lost, since = self.dropped - self._said_dropped, self._failing_since
+        self._said_dropped, self._failing_since = self.dropped, None
+        held = f" for {self.clock() - since:.1f} s" if since is not None else ""
+        text = (f"the store could not be written{held} ({self.last_write_error}); "
+                + (f"{lost} steps dropped past the probe's buffer of {self._buffer.maxlen}" if lost
+                   else "no step lost")) if since is not None else \
+            f"{lost} steps dropped: the store could not keep up"
+        try:
+            self.store.add_event(self.run_id, "probe", text, {"dropped": lost,
+                                                              "rank": self.rank})
+        except Exception:
+            pass
+
+    def flush_if_due(self) -> None:
+        """Write what the loop buffered (the watchdog, every flush_interval)."""
+        if self.clock() - self._last_flush >= self.flush_interval:
+            self.flush()
+
+    def discard(self) -> None:
+        """Drop unwritten records (after a write failed: the run goes on without them)."""
+        self._buffer.clear()
+        self._events.clear()
+        self._unwritten = []
+        self._last_flush = self.clock()
