@@ -89,6 +89,8 @@ def test_the_page_watches_a_live_job_and_follows_a_new_one(server):  # noqa: F81
             verdict = page.get_by_text(VERDICT_BANNER).first
             expect(verdict).to_be_visible(timeout=30_000)
             shown, said = time.time(), verdict.inner_text()
+            # (the probe's writer stores steps every 0.5 s: run 2's first may land just after)
+            assert wait_for(lambda: not store.steps(2).empty, timeout=30)
             first_step = float(store.steps(2)["ts"].min())
             print(f"run 2's first verdict {shown - first_step:.1f} s after its first step: "
                   f"{said[:80]}")
