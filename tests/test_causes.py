@@ -45,6 +45,20 @@ def monitored(db: Path, kind: str, *args: str, wrap: str | None = None) -> tuple
     return r.returncode, json.loads(r.stdout.strip().splitlines()[-1])
 
 
+def requested_mid_run(db: Path, change: dict, kind: str, *args: str) -> tuple[Store, int, str]:
+    """The reproducer under `monitor run --json`, `change` requested once its first steps
+    are stored; (store, the request's id, the script's stdout) after it ends."""
+    p = subprocess.Popen([sys.executable, "-m", "monitor", "run", "--db", str(db), "--json",
+                          "--", sys.executable, str(SCRIPT), kind, *args], cwd=ROOT, env=ENV,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    store = Store(db) if wait_for(db.exists, timeout=60) else None
+    assert wait_for(lambda: len(store.steps(1)) >= 2, timeout=120)
+    cid = store.request_control(1, "config", change)
+    out, err = p.communicate(timeout=240)
+    assert p.returncode == 0, err[-2000:]
+    return store, cid, out
+
+
 def more_workers(d: dict) -> list[dict]:
     nw = d["config"]["num_workers"]
     return [a for a in d["advice"] if a["param"] == "num_workers" and a["value"] > nw]
@@ -252,16 +266,9 @@ def test_in_order_is_re_tuned_at_the_next_epoch_like_the_other_settings(tmp_path
     """The head-of-line fix asked of a running script: the probe turns in_order off before
     the next epoch's iterator is built, says so in the run's events, and the epochs after it
     wait less per step than the one held in order."""
-    db = tmp_path / "o.db"
-    p = subprocess.Popen([sys.executable, "-m", "monitor", "run", "--db", str(db), "--json",
-                          "--", sys.executable, str(SCRIPT), "head_of_line", "--workers", "4",
-                          "--epochs", "3", "--samples", "1024"], cwd=ROOT, env=ENV,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    store = Store(db) if wait_for(db.exists, timeout=60) else None
-    assert wait_for(lambda: len(store.steps(1)) >= 2, timeout=120)
-    cid = store.request_control(1, "config", {"in_order": False})
-    out, err = p.communicate(timeout=240)
-    assert p.returncode == 0, err[-2000:]
+    store, cid, out = requested_mid_run(tmp_path / "o.db", {"in_order": False},
+                                        "head_of_line", "--workers", "4", "--epochs", "3",
+                                        "--samples", "1024")
     applied, result = store.control_result(cid)
     assert applied and result.startswith("ok: applied at epoch"), result
     at = int(re.search(r"epoch (\d+)", result).group(1))
@@ -368,16 +375,8 @@ def test_more_workers_that_made_the_run_slower_are_named_from_its_own_history(tm
     args = ("--seconds", "3", "--step-ms", "0")
     none, one = bare("tiny", "--workers", "0", *args), bare("tiny", "--workers", "1", *args)
     assert rate(one) < rate(none), (rate(none), rate(one))
-    db = tmp_path / "s.db"
-    p = subprocess.Popen([sys.executable, "-m", "monitor", "run", "--db", str(db), "--json",
-                          "--", sys.executable, str(SCRIPT), "tiny", "--workers", "0",
-                          "--epochs", "3", "--step-ms", "0"], cwd=ROOT, env=ENV,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    store = Store(db) if wait_for(db.exists, timeout=60) else None
-    assert wait_for(lambda: len(store.steps(1)) >= 2, timeout=120)
-    cid = store.request_control(1, "config", {"num_workers": 1})
-    out, err = p.communicate(timeout=240)
-    assert p.returncode == 0, err[-2000:]
+    store, cid, out = requested_mid_run(tmp_path / "s.db", {"num_workers": 1}, "tiny",
+                                        "--workers", "0", "--epochs", "3", "--step-ms", "0")
     assert store.control_result(cid)[1] == "ok: applied at epoch 1"
     d = json.loads(out.strip().splitlines()[-1])
     f = finding(d, causes.SLOWER)
