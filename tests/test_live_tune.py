@@ -311,6 +311,11 @@ def test_a_move_measured_under_another_host_load_is_judged_head_to_head():
 
     assert outcome(p.moves[-1]) == "kept"
     assert host_note(p.moves[-1]) == "; host: other processes 1.1 vs 1.2 cores"
+    # its gain is counted from where it began measured under the same load, not the quiet
+    # reading (which said 300 -> 204, a loss, of a move that won head to head)
+    s = p.summary()
+    assert s["start_throughput"] == 150.0 and s["final_throughput"] == 204.0
+    assert s["gain"] == pytest.approx(204 / 150 - 1)
 
 
 def test_reverted_moves_say_what_was_measured():

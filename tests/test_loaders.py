@@ -74,3 +74,31 @@ def test_a_loader_that_holds_one_iterator_refuses_a_change_and_says_why(tmp_path
     assert result.startswith("refused") and "MultiEpochsDataLoader keeps one iterator" in \
         result, result
     assert d["config"]["num_workers"] == 1 and d["config"]["persistent_workers"] is True
+
+
+def test_segments_a_killed_process_left_in_dev_shm_are_removed_and_a_live_ones_kept(no_leaks):
+    """torch names a segment torch_<creator's pid>_<n>_<n>; one whose creator the kernel killed
+    before it was unlinked stays in /dev/shm holding memory. Those of a dead process are
+    removed; a live process's (this one's) and other files are left."""
+    from monitor.probe.workers import remove_dead_segments
+
+    if not os.path.isdir("/dev/shm"):
+        pytest.skip("no /dev/shm here")
+    made = subprocess.run([sys.executable, "-c", "import os; n = f'torch_{os.getpid()}_7_1'; "
+                           "open('/dev/shm/' + n, 'wb').write(b'x' * 4096); print(n)"],
+                          capture_output=True, text=True, check=True)
+    dead = made.stdout.strip()
+    dead_pid = int(dead.split("_")[1])
+    live = f"torch_{os.getpid()}_7_2"
+    other = f"torchx_{dead_pid}_7_3"  # not torch's naming
+    for name in (live, other):
+        open(f"/dev/shm/{name}", "wb").close()
+    try:
+        assert remove_dead_segments([dead_pid, os.getpid()]) == [dead]
+        left = set(os.listdir("/dev/shm"))
+        assert dead not in left and live in left and other in left
+        assert remove_dead_segments([dead_pid]) == []  # nothing more of it
+    finally:
+        for name in (dead, live, other):
+            if os.path.exists(f"/dev/shm/{name}"):
+                os.unlink(f"/dev/shm/{name}")

@@ -30,6 +30,7 @@ from monitor.manage.runtime import Runtime
 from monitor.probe.epoch_plan import EVERY_ENV
 from monitor.probe.patch import DB_ENV, RUN_ENV
 from monitor.probe.phases import ENV as PHASES_ENV
+from monitor.probe.workers import remove_dead_segments
 from monitor.store import RUNNING, Store, StoreError, explain
 from monitor.thresholds import AUTOTUNE_MIN_STEPS
 from monitor.tuning.live import Cadence, LiveTuner
@@ -174,6 +175,16 @@ def _supervise(proc: subprocess.Popen, rt: Runtime) -> tuple[int, int | None]:
     return rc, (asked[0] if asked else None)
 
 
+def remove_left_segments(store: Store, run_id: int, pid: int) -> list[str]:
+    """The /dev/shm segments the ended job's processes (the script and every epoch's
+    workers) left behind, removed: a process killed by the kernel between torch's making a
+    segment and its unlinking leaves one holding memory for good."""
+    pids = {pid}
+    for raw in store.events(run_id, kinds=("epoch",))["data"]:
+        pids.update((json.loads(raw or "{}") or {}).get("worker_pids") or [])
+    return remove_dead_segments(pids)
+
+
 def summary_lines(d: dict[str, Any]) -> list[str]:
     """The end-of-run summary for people (stderr: the script's stdout stays its own)."""
     if not d.get("steps"):
@@ -288,6 +299,10 @@ def run_attached(args: argparse.Namespace) -> int:
         tuner.stop()
     code = rc if rc >= 0 else 128 - rc  # the script's own exit status, as a shell gives it
     try:
+        left = remove_left_segments(store, run_id, proc.pid)
+        if left:
+            store.add_event(run_id, "shm", f"removed {len(left)} /dev/shm segments the job's "
+                            "killed processes left", {"removed": left})
         status, error = end_status(rc, asked)
         stuck = stuck_at_end(store.events(run_id, kinds=STALL_KINDS))
         if stuck and status != "finished":  # it ended in a stall: that is what went wrong

@@ -67,6 +67,7 @@ class Recorder:
         self.fixed: str | None = None  # why the timed loader cannot be re-tuned live
         self.batch_filled = False
         self.timed_loader: Any = None  # the loader followed (its batch size, at exit)
+        self.worker_pids: list[int] = []  # the timed epoch's workers (note_workers)
         self.epoch = -1
         self.last_control = 0
         self.loader_id: int | None = None  # the loader timed (the training loader)
@@ -139,7 +140,9 @@ class Recorder:
     def _loader_error(self, exc: BaseException) -> None:
         """The loader raised into the loop (its own error, passed on untouched)."""
         text = workers.error_text(exc)
-        self._event("loader error", text, {"error": text, "at_step": self.probe.step})
+        self._event("loader error", text, {"error": text, "at_step": self.probe.step,
+                                           "shm_removed": workers.remove_dead_segments(
+                                               self.worker_pids)})
 
     # -- the probe's own failures (NOTE [fail-safe probe] in monitor/probe/patch.py) -----
     def is_broken(self, loader: Any) -> bool:
@@ -440,6 +443,6 @@ class Recorder:
 
     def note_workers(self, loader: Any, it: Any) -> None:
         """The epoch's worker PIDs (loaders.worker_pids), as its `epoch` event."""
-        pids = worker_pids(loader, it)
+        self.worker_pids = pids = worker_pids(loader, it)
         if pids:
             self._event("epoch", f"epoch {self.epoch}", {"worker_pids": pids})

@@ -15,7 +15,8 @@ the training process (standard library only; torch read from sys.modules).
   to each worker) and, once a loader, the dataset's pickled size where it is pickled.
 - Each worker's first batch after the epoch's iter(): what an epoch's start is made of.
 - The loader's own error, as it passes to the loop untouched (a worker killed by a signal,
-  'received 0 items of ancdata'), so the run's reason can name the cause.
+  'received 0 items of ancdata'), so the run's reason can name the cause; and the
+  /dev/shm segments a killed worker left behind, removed (remove_dead_segments).
 """
 from __future__ import annotations
 
@@ -189,3 +190,40 @@ def error_text(exc: BaseException) -> str:
         parts.append(head)
         exc = exc.__cause__ or (None if exc.__suppress_context__ else exc.__context__)
     return (" (from ".join(parts) + ")" * (len(parts) - 1))[:600]
+
+
+def _dead(pid: int) -> bool:
+    """Whether `pid` has exited (gone, or a zombie not yet reaped)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            state = f.read().rsplit(b")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return not os.path.isdir(f"/proc/{pid}") if os.path.isdir("/proc") else False
+    return state in (b"Z", b"X")
+
+
+def remove_dead_segments(pids: Any, root: str = "/dev/shm") -> list[str]:
+    """Remove the shared-memory segments torch made in processes that are now dead, and
+    return their names. torch names a segment torch_<creator's pid>_<n>_<n> and unlinks it
+    as soon as it is mapped; a worker the kernel kills in between (the OOM killer, at a
+    cgroup's limit) leaves it in /dev/shm for good, holding its memory. A live process's
+    segments are never touched."""
+    dead = {int(p) for p in pids or () if p and _dead(int(p))}
+    if not dead:
+        return []
+    try:
+        names = os.listdir(root)
+    except OSError:
+        return []
+    removed = []
+    for name in names:
+        parts = name.split("_")
+        if len(parts) < 3 or parts[0] != "torch" or not parts[1].isdigit():
+            continue
+        if int(parts[1]) in dead:
+            try:
+                os.unlink(os.path.join(root, name))
+                removed.append(name)
+            except OSError:  # gone already, or not ours to remove
+                pass
+    return removed

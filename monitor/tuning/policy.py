@@ -127,6 +127,8 @@ class Policy:
                 return self._settle(None, "the loader keeps the device fed")
         elif self.rematch is not None:  # the best, measured again under the move's load
             (move, moved), self.rematch = self.rematch, None
+            if self.start is self.best:  # where it began, under the load now: the gain's base
+                self.start = obs
             self.best = obs
             kept = self._beats(moved, obs)
             self._record(move, moved, kept)

@@ -14,6 +14,9 @@ samples/s at the end (`rate N samples/s`), so a test compares bare runs at two s
   workers, more so while other jobs keep the cores busy (contention: workers still gain).
 - tiny: scalar samples in batches of 1024: the per-sample fetch and collate is the whole
   cost, and workers add pickling (--batched: `__getitems__`, one fetch per batch: the fix).
+- in_memory: batches already made, in memory (a preloaded tensor dataset, batch_size=None):
+  a fetch is an index, and a worker's hand-off of each batch (through /dev/shm, a pipe and
+  unpickling in the loop's own thread) costs the loop more than the fetch it takes over.
 - startup: short epochs with a 60 MB dataset object and the spawn start method, workers
   not persistent: every epoch starts them again and pickles the dataset to each.
 - fds: batches of 300 small tensors with the open-files limit set to 128 in this process
@@ -107,6 +110,20 @@ class Tiny(Dataset):
         return {"x": self.data[i], "y": i % 10}
 
 
+class InMemory(Dataset):
+    """Batches made before training, each 64 KB."""
+
+    def __init__(self, n: int) -> None:
+        self.batches = torch.zeros(256, 16 * 1024)
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int):
+        return self.batches[i % len(self.batches)]
+
+
 class Heavy(Dataset):
     """A dataset object that carries its index as 60 MB of Python-side data."""
 
@@ -145,6 +162,8 @@ def build(kind: str, workers: int, in_any_order: bool = False,
     if kind == "tiny":
         return DataLoader(Tiny(batched), batch_size=1024, num_workers=workers, shuffle=True,
                           collate_fn=None if not batched else lambda b: b)
+    if kind == "in_memory":
+        return DataLoader(InMemory(samples or 20_000), batch_size=None, num_workers=workers)
     if kind == "startup":
         return DataLoader(Heavy(), batch_size=64, num_workers=workers,
                           multiprocessing_context="spawn" if workers else None,
