@@ -44,6 +44,19 @@ def test_measure_json_last_line_has_the_summary(tmp_path, no_leaks):
 
     run = Store(db).run(out["run_id"])
     assert run["status"] == "stopped" and run["config"]["preset"] == "healthy"
+    # `run --json` on a script prints the same keys (one builder: monitor/manage/result.py),
+    # plus what only an attached script has
+    r = subprocess.run([sys.executable, "-m", "monitor", "run", "--db", str(tmp_path / "r.db"),
+                        "--json", "--", sys.executable, str(ROOT / "examples" / "train_small.py"),
+                        "--epochs", "1", "--samples", "1024"], capture_output=True, text=True,
+                       timeout=180, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert r.returncode == 0, r.stderr
+    attached = json.loads(r.stdout.strip().splitlines()[-1])
+    assert set(out) <= set(attached), set(out) - set(attached)
+    assert set(attached) - set(out) <= {"epochs", "retune", "timing_stopped", "autotune",
+                                        "outcomes", "prediction_scales"}, set(attached)
+    assert attached["accelerator"] == "your script's own step (cpu)"
+    assert attached["gpu"] is None and attached["gpu_util_mean"] is None  # no NVML here
 
 
 @pytest.mark.slow

@@ -26,6 +26,7 @@ from monitor.diagnosis import NO_DATA, causes
 from monitor.export.prometheus import ExporterError
 from monitor.manage import spawn, terminal
 from monitor.manage.context import learn
+from monitor.manage.result import gpu_figures, result
 from monitor.manage.runtime import Runtime
 from monitor.probe.epoch_plan import EVERY_ENV
 from monitor.probe.patch import DB_ENV, RUN_ENV
@@ -44,13 +45,11 @@ def summary(store: Store, run_id: int, ctx: Context) -> dict[str, Any]:
     """What `run --json` prints: the same keys as `measure --json`, over the steady state of
     the script's final loader settings (monitor/assess/window.py steady_window)."""
     run = store.run(run_id) or {}
-    out: dict[str, Any] = {"run_id": run_id, "status": run.get("status")}
     a = assess_run(store, run_id, ctx)
-    if a is not None:
-        out.update(a.to_dict())
+    out = result(run_id, run.get("status"), a, gpu_figures(store, run, a), run.get("error"),
+                 run.get("accelerator"), run.get("config") or {})
     steps = store.steps(run_id)
-    out.update(error=run.get("error"), config=run.get("config") or {},
-               epochs=int(steps["epoch"].nunique()) if not steps.empty else 0)
+    out["epochs"] = int(steps["epoch"].nunique()) if not steps.empty else 0
     out.update(probe_notes(store, run_id, steps.empty))
     if out.get("verdict") == NO_DATA and not steps.empty and run.get("status") != RUNNING:
         out["verdict_text"] = " ".join(

@@ -8,10 +8,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from monitor.assess import analysis
-from monitor.assess.devices import workload_gpu
 from monitor.assess.stall import STALL_KINDS, active_stall
 from monitor.assess.window import Assessment, Context, assess_run
 from monitor.config import LoaderConfig
+from monitor.manage.result import gpu_figures, result
 from monitor.store import StoreError
 from monitor.thresholds import QUIET_MIN_S, QUIET_STEPS, stall_limit_s
 
@@ -56,12 +56,9 @@ class Measurement:
             else analysis.Summary(0, 0.0, nan, nan, nan, nan)
 
     def to_dict(self) -> dict[str, Any]:
-        d: dict[str, Any] = {"run_id": self.run_id, "status": self.status}
-        d.update(self.assessment.to_dict() if self.assessment is not None else {})
-        d.update({"gpu": self.gpu, "gpu_util_mean": self.gpu_util_mean,
-                  "gpu_util_cv": self.gpu_util_cv, "error": self.error,
-                  "accelerator": self.accelerator, "config": self.config.to_dict()})
-        return d
+        return result(self.run_id, self.status, self.assessment,
+                      (self.gpu, self.gpu_util_mean, self.gpu_util_cv), self.error,
+                      self.accelerator, self.config.to_dict())
 
 
 HINTS = (  # (words in the error, what to do)
@@ -166,14 +163,7 @@ def summarise(store: Store, run_id: int, config: LoaderConfig, ctx: Context, par
     over the same window (what `measure --json` prints)."""
     run = store.run(run_id) or {}
     a = assess_run(store, run_id, ctx, parts)
-    dev, mean, cv = None, None, None
-    available, _, devices = store.gpu_inventory()
-    if available and a is not None and a.features.steps:
-        dev = workload_gpu(devices, run.get("device"))
-        util = store.gpu_util(a.start, a.end)
-        if dev is not None:
-            util = util[util["gpu"] == dev]
-        mean, cv = analysis.series_stats(util["util_pct"])
+    dev, mean, cv = gpu_figures(store, run, a)
     return Measurement(run_id=run_id, status=run.get("status", "unknown"),
                        error=run.get("error"), accelerator=run.get("accelerator"),
                        config=config, assessment=a, gpu=dev, gpu_util_mean=mean,

@@ -1,0 +1,41 @@
+"""What `measure --json` and `run --json` print, built in one place: the run's id and status,
+its assessment (verdict, findings, advice, figures), NVML's utilization over the assessed
+window, the accelerator, the error and the loader settings. `run --json` adds what only an
+attached script has (its epochs, the probe's notes, the autotuner's moves, outcomes)."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from monitor.assess import analysis
+from monitor.assess.devices import workload_gpu
+
+if TYPE_CHECKING:
+    from monitor.assess.window import Assessment
+    from monitor.store import Store
+
+GpuFigures = tuple[int | None, float | None, float | None]  # (NVML index, util mean, its CV)
+
+
+def gpu_figures(store: Store, run: dict[str, Any], a: Assessment | None) -> GpuFigures:
+    """The GPU the run used and NVML's utilization over its assessed window (0..100): all
+    None without NVML or without assessed steps."""
+    available, _, devices = store.gpu_inventory()
+    if not available or a is None or not a.features.steps:
+        return None, None, None
+    dev = workload_gpu(devices, run.get("device"))
+    util = store.gpu_util(a.start, a.end)
+    if dev is not None:
+        util = util[util["gpu"] == dev]
+    mean, cv = analysis.series_stats(util["util_pct"])
+    return dev, mean, cv
+
+
+def result(run_id: int, status: str | None, a: Assessment | None, gpu: GpuFigures,
+           error: str | None, accelerator: str | None, config: dict[str, Any]
+           ) -> dict[str, Any]:
+    """The keys both commands print, in one order."""
+    d: dict[str, Any] = {"run_id": run_id, "status": status}
+    d.update(a.to_dict() if a is not None else {})
+    d.update({"gpu": gpu[0], "gpu_util_mean": gpu[1], "gpu_util_cv": gpu[2], "error": error,
+              "accelerator": accelerator, "config": config})
+    return d
