@@ -72,9 +72,14 @@ def finding(d: dict, cause: str) -> dict:
 
 @pytest.mark.slow
 def test_workers_left_idle_by_a_one_shard_iterable_dataset(tmp_path, no_leaks):
+    """Bare, at 2 and 4 workers, one worker delivers every batch, and 4 workers run no
+    faster than one worker can decode (8 samples of 2 ms a batch: 62.5 batches/s), however
+    busy the host is (a saturated box made two 3 s runs differ 2x either way)."""
     two, four = bare("idle_shards", "--workers", "2", "--seconds", "3"), \
         bare("idle_shards", "--workers", "4", "--seconds", "3")
-    assert rate(four) < 1.5 * rate(two), (rate(two), rate(four))  # more workers: no gain
+    for r, n in ((two, 2), (four, 4)):
+        assert f"workers delivering 1 of {n}" in r.stdout, r.stdout
+    assert rate(four) <= 1.05 / (8 * 0.002), rate(four)  # more workers: no gain past one
     rc, d = monitored(tmp_path / "i.db", "idle_shards", "--workers", "4", "--seconds", "4")
     assert rc == 0
     f = finding(d, causes.IDLE_WORKERS)
@@ -124,7 +129,7 @@ def test_growing_worker_memory_in_a_limited_cgroup_counts_the_minutes_to_its_lim
     run = Store(db).run(d["run_id"])
     assert run["status"] == "failed"
     assert run["error"].startswith("the loader failed: a worker was killed by SIGKILL"), \
-        run["error"]
+        (run["error"], Store(db).events(d["run_id"])[["kind", "label"]].to_string())
     assert "the job's cgroup (limit 2,048 MB) had " in run["error"], run["error"]
     f = finding(d, causes.OOM)
     assert f["numbers"]["cgroup_limit_mb"] == pytest.approx(2048.0, rel=0.01)

@@ -102,3 +102,29 @@ def test_segments_a_killed_process_left_in_dev_shm_are_removed_and_a_live_ones_k
         for name in (dead, live, other):
             if os.path.exists(f"/dev/shm/{name}"):
                 os.unlink(f"/dev/shm/{name}")
+
+
+def _die(how: str) -> None:
+    import signal
+
+    if how == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    raise SystemExit(3)
+
+
+def test_how_a_loaders_workers_ended_is_said_in_torchs_words(no_leaks):
+    """torch's "exited unexpectedly" (raised from a queue timeout) does not say that the
+    kernel killed the worker; the worker processes' exit codes do."""
+    import multiprocessing as mp
+
+    from monitor.probe.workers import exit_note
+
+    procs = [mp.get_context("fork").Process(target=_die, args=(how,)) for how in ("kill", "exit")]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=30)
+    note = exit_note(procs)
+    assert f"DataLoader worker (pid {procs[0].pid}) is killed by signal: Killed." in note
+    assert f"DataLoader worker (pid {procs[1].pid}) exited with code 3." in note
+    assert exit_note([object()]) == ""  # not a process: nothing said, nothing raised

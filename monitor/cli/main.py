@@ -17,6 +17,7 @@ from typing import Any
 from monitor.cli.args import build_parser, parse_param
 from monitor.config import ConfigError, LoaderConfig, max_workers, normalise
 from monitor.sampling.host import usable_cores
+from monitor.store import FAILED
 
 
 def _config(args: argparse.Namespace, limit: int) -> LoaderConfig:
@@ -103,7 +104,7 @@ def _measure(args: argparse.Namespace, config: LoaderConfig, rt: Any) -> int:
         print(json.dumps(result.to_dict()))
     else:
         _print_measurement(result)
-    if result.status == "failed":
+    if result.status == FAILED:
         print(f"error: run {result.run_id} failed: {failure_line(result.error)}",
               file=sys.stderr)
         return 1

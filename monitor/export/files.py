@@ -25,7 +25,7 @@ import pandas as pd
 from monitor.assess.analysis import run_rows, span
 from monitor.assess.window import Context, assess_run
 from monitor.records import RECORD_TABLES
-from monitor.store import Store, StoreError
+from monitor.store import RUNNING, Store, StoreError
 
 FORMATS = ("csv", "parquet")
 FORMAT_VERSION = 1
@@ -47,7 +47,7 @@ def run_frames(store: Store, run_id: int) -> dict[str, pd.DataFrame]:
                           "from the dashboard's run selector")
     steps = store.steps(run_id)
     start = run["started_at"]
-    end = run["ended_at"] if run["status"] != "running" else time.time()
+    end = run["ended_at"] if run["status"] != RUNNING else time.time()
     if not steps.empty:  # the steps' own span, should the run record say otherwise
         first, last = span(steps)
         start, end = min(start, first), max(end, last)

@@ -34,7 +34,7 @@ from monitor.assess.devices import workload_gpu
 from monitor.assess.window import Context, assess, recent_window
 from monitor.config import LIVE_SETTINGS
 from monitor.diagnosis import VERDICTS
-from monitor.store import Store
+from monitor.store import ATTACHED, RUNNING, Store
 
 PREFIX = "starvation_"
 RECENT_S = 300.0  # ended runs stay exported this long, so their last increments are scraped
@@ -132,7 +132,7 @@ class StoreCollector:
         except a script whose probe has not said who it is and has no steps: no series yet."""
         rid = str(run["id"])
         df = store.ranks(int(run["id"]))
-        if df.empty and run.get("kind") == "attached" and not stepped:
+        if df.empty and run.get("kind") == ATTACHED and not stepped:
             return []
         if df.empty:
             gpu = workload_gpu(devices, run.get("device"))
@@ -155,7 +155,7 @@ class StoreCollector:
     def _runs(self, store: Store) -> Iterator[Metric]:
         now = time.time()
         runs = store.runs(limit=200)
-        runs = runs[(runs["status"] == "running") | (runs["ended_at"] >= now - RECENT_S)]
+        runs = runs[(runs["status"] == RUNNING) | (runs["ended_at"] >= now - RECENT_S)]
         counters = {n: _fam(CounterMetricFamily, n, RUN_LABELS) for n in (
             "steps", "samples", "data_wait_seconds", "compute_seconds", "step_seconds")}
         gauges = {n: _fam(GaugeMetricFamily, n, RUN_LABELS) for n in (
@@ -171,7 +171,7 @@ class StoreCollector:
                                                            for k in totals)) if run else []
             if not ranks:
                 continue
-            end = min(now, run["ended_at"]) if run.get("status") != "running" else now
+            end = min(now, run["ended_at"]) if run.get("status") != RUNNING else now
             steps = store.steps(int(run["id"]), since=end - 15.0, until=end)
             host = run_rows(store.host_samples(end - 15.0, end), int(run["id"]))
             events = store.events(int(run["id"]), kinds=("config",))

@@ -32,7 +32,7 @@ from monitor.probe.epoch_plan import EVERY_ENV
 from monitor.probe.patch import DB_ENV, RUN_ENV
 from monitor.probe.phases import ENV as PHASES_ENV
 from monitor.probe.workers import remove_dead_segments
-from monitor.store import RUNNING, Store, StoreError, explain
+from monitor.store import ATTACHED, FAILED, FINISHED, RUNNING, STOPPED, Store, StoreError, explain
 from monitor.thresholds import AUTOTUNE_MIN_STEPS
 from monitor.tuning.live import Cadence, LiveTuner
 from monitor.tuning.policy import describe_settings as _desc
@@ -111,13 +111,13 @@ def end_status(rc: int, asked: int | None) -> tuple[str, str | None]:
     """How an attached run ended: `finished` (exit 0), `stopped` (interrupted: Ctrl-C, or a
     stop signal that we forwarded), else `failed` with the exit status."""
     if rc == 0:
-        return "finished", None
+        return FINISHED, None
     sig = -rc if rc < 0 else (rc - 128 if rc > 128 else None)
     if sig == signal.SIGINT or (asked is not None and asked in STOPPING):
         name = signal.Signals(asked or sig).name
-        return "stopped", f"interrupted ({name}): the script was asked to stop"
+        return STOPPED, f"interrupted ({name}): the script was asked to stop"
     how = f"signal {-rc} ({signal.Signals(-rc).name})" if rc < 0 else f"exit code {rc}"
-    return "failed", f"the script ended with {how}"
+    return FAILED, f"the script ended with {how}"
 
 
 def _take_terminal(pgid: int) -> int | None:
@@ -259,7 +259,7 @@ def run_attached(args: argparse.Namespace) -> int:
         print(f"starvation-monitor: metrics on http://{args.metrics_address}:"
               f"{args.metrics_port}/metrics", file=sys.stderr)
     script = next((Path(c).name for c in cmd[1:] if c.endswith(".py")), Path(cmd[0]).name)
-    run_id = store.create_run(args.name or script, "attached",
+    run_id = store.create_run(args.name or script, ATTACHED,
                               {"preset": "custom", "workload": f"{ATTACHED_PREFIX}{script}"})
     env = script_env(store, run_id)
     if every is not None:
@@ -274,7 +274,7 @@ def run_attached(args: argparse.Namespace) -> int:
         # together, and the terminal's Ctrl-C is the script's alone (as run bare)
         proc = spawn.start_script(cmd, env, piped=live_tty)
     except OSError as exc:
-        store.finish_run(run_id, "failed", f"could not start {cmd[0]!r}: {exc}")
+        store.finish_run(run_id, FAILED, f"could not start {cmd[0]!r}: {exc}")
         rt.close()
         print(f"error: could not start {cmd[0]!r}: {exc}", file=sys.stderr)
         return 127
@@ -304,9 +304,9 @@ def run_attached(args: argparse.Namespace) -> int:
                             "killed processes left", {"removed": left})
         status, error = end_status(rc, asked)
         stuck = stuck_at_end(store.events(run_id, kinds=STALL_KINDS))
-        if stuck and status != "finished":  # it ended in a stall: that is what went wrong
-            status, error = "failed", f"{stuck} (then: {error or status})"
-        named = named_failure(store, run_id) if status == "failed" else None
+        if stuck and status != FINISHED:  # it ended in a stall: that is what went wrong
+            status, error = FAILED, f"{stuck} (then: {error or status})"
+        named = named_failure(store, run_id) if status == FAILED else None
         if named:  # the loader's error says what ran out: that is the reason, not the exit
             error = f"{named} (then: {error})"
         store.finish_run(run_id, status, error)

@@ -12,7 +12,7 @@ from monitor.assess.stall import STALL_KINDS, active_stall
 from monitor.assess.window import Assessment, Context, assess_run
 from monitor.config import LoaderConfig
 from monitor.manage.result import gpu_figures, result
-from monitor.store import StoreError
+from monitor.store import FAILED, RUNNING, StoreError
 from monitor.thresholds import QUIET_MIN_S, QUIET_STEPS, stall_limit_s
 
 if TYPE_CHECKING:
@@ -145,12 +145,12 @@ def measure(rt: Lab, config: LoaderConfig, seconds: float, name: str | None = No
         stall = active_stall(rt.store.events(run_id, kinds=STALL_KINDS)) or \
             _await_stall(rt, run_id, cancel)
         if stall:  # a stuck loader fails the run; measure still ends at its deadline
-            rt.store.finish_run(run_id, "failed", f"{stall} (measure stopped it)")
+            rt.store.finish_run(run_id, FAILED, f"{stall} (measure stopped it)")
     finally:
         rt.manager.stop(stuck=bool(stall))
         rt.collector.follow(None, None)
     rt.store.check()
-    if (rt.store.run(run_id) or {}).get("status") == "running":  # its end could not be saved
+    if (rt.store.run(run_id) or {}).get("status") == RUNNING:  # its end could not be saved
         raise StoreError(rt.manager.last_error or f"run {run_id} ended but the store "
                          f"{rt.store.path} could not record it")
     cancelled = cancel is not None and cancel.is_set()

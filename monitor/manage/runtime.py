@@ -47,7 +47,7 @@ from monitor.manage.context import machine_context
 from monitor.manage.session import SessionManager
 from monitor.sampling.collector import Collector
 from monitor.sampling.host import usable_cores
-from monitor.store import Store
+from monitor.store import ATTACHED, RUNNING, Store
 from monitor.tuning.jobs import JobHolder
 from monitor.tuning.live import Cadence, LiveTuner, window_s
 
@@ -110,11 +110,11 @@ class Runtime:
         if tuner is not None and tuner.alive:
             return None
         run = self.store.run(run_id) or {}
-        if run.get("status") != "running":
+        if run.get("status") != RUNNING:
             return f"run {run_id} is not running: auto-tune tunes a running job"
         if self.jobs.running():
             return "a sweep or tune owns the workload: stop it first"
-        if run.get("kind") == "attached":
+        if run.get("kind") == ATTACHED:
             tuner = LiveTuner(self.store, run_id, self.context(), cadence=Cadence("epoch"))
         elif run_id == self.manager.run_id:
             def request(settings: dict[str, Any], source: str) -> int | None:

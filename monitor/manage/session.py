@@ -26,7 +26,7 @@ import psutil
 from monitor import control
 from monitor.config import ConfigError, LoaderConfig
 from monitor.manage import spawn
-from monitor.store import Store, explain
+from monitor.store import FAILED, MANAGED, STOPPED, Store, explain
 
 
 def workload_args(store_path: str, run_id: int, config: dict[str, Any],
@@ -114,7 +114,7 @@ class SessionManager:
             self.stop()
             cfg = config or self.config
             self.config = cfg
-            run_id = self.store.create_run(name or f"{cfg.preset}", "managed", cfg.to_dict())
+            run_id = self.store.create_run(name or f"{cfg.preset}", MANAGED, cfg.to_dict())
             proc = self._spawn(run_id, cfg)
             self._proc, self.run_id, self.started_once = proc, run_id, True
             self._children = {}
@@ -242,8 +242,8 @@ class SessionManager:
         self._children = {}
         code = proc.returncode
         try:
-            if code not in (0, None) and status != "stopped":
-                self.store.finish_run(run_id, "failed", exit_text(code))
+            if code not in (0, None) and status != STOPPED:
+                self.store.finish_run(run_id, FAILED, exit_text(code))
             else:
                 self.store.finish_run(run_id, status)
         except Exception as exc:  # the store itself failed (disk full, file gone): say so

@@ -102,13 +102,13 @@ def not_retunable(loader: Any) -> str | None:
     return None
 
 
-def worker_pids(loader: Any, it: Any) -> list[int]:
-    """An epoch's DataLoader worker PIDs: its iterator's, or those of the iterator the loader
-    holds across epochs (timm's MultiEpochsDataLoader)."""
+def worker_procs(loader: Any, it: Any) -> list[Any]:
+    """An epoch's DataLoader worker processes: its iterator's, or those of the iterator the
+    loader holds across epochs (timm's MultiEpochsDataLoader)."""
     base = base_loader(loader)
     held = held_iterator(base) if base is not None else None
     own = getattr(base, "_iterator", None) if base is not loader else None
     workers = (getattr(it, "_workers", None) or getattr(held and held[1], "_workers", [])
                or getattr(own, "_workers", []))
-    pids = [getattr(w, "pid", None) for w in workers or []]
-    return [p for p in pids if p]
+    return [w for w in workers or [] if getattr(w, "pid", None)]
+

@@ -30,7 +30,7 @@ from monitor.probe.loaders import is_dataloader
 from monitor.probe.loops import EVAL, loop_role, on_training_thread
 from monitor.probe.recorder import Recorder
 from monitor.probe.timing import TimedIterator
-from monitor.store import Store
+from monitor.store import ATTACHED, FINISHED, Store
 
 RUN_ENV = "STARVATION_MONITOR_RUN_ID"
 DB_ENV = "STARVATION_MONITOR_DB"
@@ -57,11 +57,11 @@ def recorder(name: str | None = None) -> Recorder:
                 run_id = store.job_run(job, name or script, cfg)
                 if rank_identity()[0] == 0:  # the run lives as long as rank 0 (orphan check)
                     store.update_run(run_id, pid=os.getpid())
-                atexit.register(lambda: store.finish_run(run_id, "finished"))
+                atexit.register(lambda: store.finish_run(run_id, FINISHED))
             else:
-                run_id = store.create_run(name or script, "attached", cfg)
+                run_id = store.create_run(name or script, ATTACHED, cfg)
                 store.update_run(run_id, pid=os.getpid())
-                atexit.register(lambda: store.finish_run(run_id, "finished"))
+                atexit.register(lambda: store.finish_run(run_id, FINISHED))
             _recorder = Recorder(store, run_id, script)
         return _recorder
 

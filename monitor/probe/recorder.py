@@ -37,7 +37,7 @@ from monitor.probe.loaders import (
     describe_loader,
     loader_settings,
     not_retunable,
-    worker_pids,
+    worker_procs,
 )
 from monitor.probe.loops import TRAIN
 from monitor.probe.timing import Probe, TimedIterator
@@ -67,7 +67,7 @@ class Recorder:
         self.fixed: str | None = None  # why the timed loader cannot be re-tuned live
         self.batch_filled = False
         self.timed_loader: Any = None  # the loader followed (its batch size, at exit)
-        self.worker_pids: list[int] = []  # the timed epoch's workers (note_workers)
+        self.worker_procs: list[Any] = []  # the timed epoch's workers (note_workers)
         self.epoch = -1
         self.last_control = 0
         self.loader_id: int | None = None  # the loader timed (the training loader)
@@ -140,9 +140,10 @@ class Recorder:
     def _loader_error(self, exc: BaseException) -> None:
         """The loader raised into the loop (its own error, passed on untouched)."""
         text = workers.error_text(exc)
-        self._event("loader error", text, {"error": text, "at_step": self.probe.step,
-                                           "shm_removed": workers.remove_dead_segments(
-                                               self.worker_pids)})
+        if "killed by signal" not in text and (how := workers.exit_note(self.worker_procs)):
+            text = f"{text}; {how}"
+        self._event("loader error", text, {"error": text, "at_step": self.probe.step})
+        workers.remove_dead_segments(w.pid for w in self.worker_procs)  # (after the event)
 
     # -- the probe's own failures (NOTE [fail-safe probe] in monitor/probe/patch.py) -----
     def is_broken(self, loader: Any) -> bool:
@@ -442,7 +443,8 @@ class Recorder:
             f" (rank {self.rank})" if self.world_size > 1 else ""))
 
     def note_workers(self, loader: Any, it: Any) -> None:
-        """The epoch's worker PIDs (loaders.worker_pids), as its `epoch` event."""
-        self.worker_pids = pids = worker_pids(loader, it)
+        """The epoch's worker PIDs (loaders.worker_procs), as its `epoch` event."""
+        self.worker_procs = worker_procs(loader, it)
+        pids = [w.pid for w in self.worker_procs]
         if pids:
             self._event("epoch", f"epoch {self.epoch}", {"worker_pids": pids})

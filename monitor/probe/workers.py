@@ -23,6 +23,7 @@ from __future__ import annotations
 import os
 import pickle
 import resource
+import signal
 import sys
 from typing import Any
 
@@ -190,6 +191,28 @@ def error_text(exc: BaseException) -> str:
         parts.append(head)
         exc = exc.__cause__ or (None if exc.__suppress_context__ else exc.__context__)
     return (" (from ".join(parts) + ")" * (len(parts) - 1))[:600]
+
+
+def exit_note(procs: Any) -> str:
+    """How the epoch's workers that have ended ended, in torch's words ('DataLoader worker
+    (pid 123) is killed by signal: Killed.'), for an error that does not say: torch raises
+    "exited unexpectedly" from a queue timeout when its SIGCHLD handler did not run first.
+    Read from the worker processes' exit codes (multiprocessing reaps them); '' if none."""
+    out = []
+    for w in procs or ():
+        try:
+            code = w.exitcode
+        except Exception:  # not a process this one started
+            continue
+        if isinstance(code, int) and code < 0:
+            try:
+                name = signal.strsignal(-code) or f"signal {-code}"
+            except ValueError:
+                name = f"signal {-code}"
+            out.append(f"DataLoader worker (pid {w.pid}) is killed by signal: {name}.")
+        elif isinstance(code, int) and code > 0:
+            out.append(f"DataLoader worker (pid {w.pid}) exited with code {code}.")
+    return " ".join(out)
 
 
 def _dead(pid: int) -> bool:

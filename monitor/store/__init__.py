@@ -4,15 +4,22 @@ retention.py) over one file (db.py); schema.py is the schema, errors.py its erro
 from __future__ import annotations
 
 from monitor.store.core import (
+    ATTACHED,
     CALIBRATION_MAX_AGE_S,
     DEFAULT_PATH,
     ENV_VAR,
+    FAILED,
+    FINISHED,
+    MANAGED,
+    RUN_KINDS,
     RUN_STATUSES,
     RUNNING,
+    STOPPED,
     Store,
     default_path,
 )
 from monitor.store.errors import StoreError, explain
 
-__all__ = ["CALIBRATION_MAX_AGE_S", "DEFAULT_PATH", "ENV_VAR", "RUN_STATUSES", "RUNNING", "Store",
+__all__ = ["ATTACHED", "CALIBRATION_MAX_AGE_S", "DEFAULT_PATH", "ENV_VAR", "FAILED", "FINISHED",
+           "MANAGED", "RUN_KINDS", "RUN_STATUSES", "RUNNING", "STOPPED", "Store",
            "StoreError", "default_path", "explain"]

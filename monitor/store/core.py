@@ -20,13 +20,24 @@ from monitor.store.meta import CALIBRATION_MAX_AGE_S, Meta
 from monitor.store.notes import Notes
 from monitor.store.retention import Retention
 from monitor.store.rollups import Rollups
-from monitor.store.runs import RUN_STATUSES, RUNNING, Runs
+from monitor.store.runs import (
+    ATTACHED,
+    FAILED,
+    FINISHED,
+    MANAGED,
+    RUN_KINDS,
+    RUN_STATUSES,
+    RUNNING,
+    STOPPED,
+    Runs,
+)
 from monitor.store.series import Series
 
 DEFAULT_PATH = Path("runs") / "monitor.db"
 ENV_VAR = "STARVATION_MONITOR_DB"
 
-__all__ = ["CALIBRATION_MAX_AGE_S", "DEFAULT_PATH", "ENV_VAR", "RUN_STATUSES", "RUNNING", "Store",
+__all__ = ["ATTACHED", "CALIBRATION_MAX_AGE_S", "DEFAULT_PATH", "ENV_VAR", "FAILED", "FINISHED",
+           "MANAGED", "RUN_KINDS", "RUN_STATUSES", "RUNNING", "STOPPED", "Store",
            "default_path"]
 
 

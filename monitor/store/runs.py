@@ -17,8 +17,11 @@ from monitor.store.notes import Notes
 if TYPE_CHECKING:
     import pandas as pd
 
-RUNNING = "running"
-RUN_STATUSES = (RUNNING, "finished", "stopped", "failed")
+# the run vocabularies, owned here and imported by the rest (monitor.store exports them)
+RUNNING, FINISHED, STOPPED, FAILED = "running", "finished", "stopped", "failed"
+RUN_STATUSES = (RUNNING, FINISHED, STOPPED, FAILED)
+MANAGED, ATTACHED = "managed", "attached"  # our workload; a user's script under the probe
+RUN_KINDS = (MANAGED, ATTACHED)
 UPDATABLE = ("pid", "accelerator", "accelerator_kind", "config", "name", "device")
 
 
@@ -65,7 +68,7 @@ class Runs:
         """Mark a running run ended. The first writer wins: a later call (say the session
         manager's reaper after the workload already reported its own error) changes nothing
         and returns False."""
-        if status not in RUN_STATUSES or status == "running":
+        if status not in RUN_STATUSES or status == RUNNING:
             raise ValueError(f"bad final status {status!r}")
         cur = self.db.conn().execute(
             "UPDATE runs SET status = ?, error = ?, ended_at = ? "

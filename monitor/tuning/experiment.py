@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 from monitor.config import LoaderConfig
 from monitor.manage.measure import Measurement, measure
+from monitor.store import FAILED
 from monitor.thresholds import memory_budget_mb
 from monitor.tuning.search import ConfigResult, SweepState, autotune, run_sweep
 
@@ -31,7 +32,7 @@ def result_from_measurement(m: Measurement, cfg: LoaderConfig, seconds: float) -
     advised = None
     if a is not None:
         advised = next((x.value for x in a.diagnosis.advice if x.param == "num_workers"), None)
-    status = "cancelled" if m.cancelled else ("failed" if m.status == "failed" else "ok")
+    status = "cancelled" if m.cancelled else ("failed" if m.status == FAILED else "ok")
     return ConfigResult(
         config=cfg, run_id=m.run_id, throughput=num("throughput"),
         throughput_spread=num("throughput_spread"), data_wait_share=num("data_wait_share"),

@@ -30,6 +30,7 @@ from monitor import control, thresholds
 from monitor.assess.analysis import span, starts
 from monitor.assess.window import Context, Window, assess
 from monitor.config import DEFAULT_PREFETCH, LIVE_SETTINGS
+from monitor.store import ATTACHED, RUNNING
 from monitor.thresholds import (
     AUTOTUNE_MIN_STEPS,
     NOISE_PARTS,
@@ -360,7 +361,7 @@ class LiveTuner:
                 self.store.add_event(self.run_id, control.AUTOTUNE, tuner.policy.settled,
                                      {"rank": r})
             self._ack(r, done_epoch, tuner)
-        return run.get("status") in (None, "running")
+        return run.get("status") in (None, RUNNING)
 
     def _ack(self, rank: int, done: int | None, tuner: RankTuner) -> None:
         """Tell a probe waiting at its epoch start (monitor/probe/patch.py) that the epoch it
@@ -389,7 +390,7 @@ class LiveTuner:
     def _request(self, tuner: RankTuner, move: Move, run: dict[str, Any], world: int) -> None:
         settings = {k: move.settings.get(k) for k in LIVE_SETTINGS}
         source = control.autotune_source(move.reason)
-        if run.get("kind") == "attached":
+        if run.get("kind") == ATTACHED:
             tuner.request = self.store.request_control(
                 self.run_id, control.CONFIG, control.config_payload(
                     settings, source, tuner.rank if world > 1 else None))

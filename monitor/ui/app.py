@@ -11,6 +11,7 @@ from monitor.assess.devices import workload_gpu
 from monitor.assess.stall import STALL_KINDS, active_stall
 from monitor.config import LIVE_SETTINGS
 from monitor.diagnosis import SIMULATED
+from monitor.store import ATTACHED, RUNNING
 from monitor.ui import panels
 from monitor.ui import view as views
 from monitor.ui.autotune_panel import render_autotune
@@ -125,12 +126,12 @@ def live_region(watching: bool = False) -> None:
         st.warning(f"Run {run_id} is not in the store.")
         return
     view, a, figs = r.view, r.assessment, r.figures
-    if view.run["status"] == "running" and run_id == selected and \
+    if view.run["status"] == RUNNING and run_id == selected and \
             not st.session_state.get("_live_fragment"):
         st.rerun()  # it came back to life (Start): the refreshing fragment takes over
     panels.render_run_status(view.run)
     stall = active_stall(rt.store.events(run_id, kinds=STALL_KINDS)) \
-        if view.run["status"] == "running" else None
+        if view.run["status"] == RUNNING else None
     if stall:
         st.warning(plain(stall), icon="⏳")
     elif rt.store.last_step_ts(run_id) is None:
@@ -156,7 +157,7 @@ def live_region(watching: bool = False) -> None:
     live_now = run_id == manager.run_id and manager.is_alive() and not rt.jobs.running()
     panels.render_explain(a, apply_advice if live_now else None)
     panels.render_outcomes(outcomes.of_run(rt.store, run_id))
-    if view.run["status"] == "running" and (live_now or view.run["kind"] == "attached"):
+    if view.run["status"] == RUNNING and (live_now or view.run["kind"] == ATTACHED):
         render_autotune(rt, view.run)
     panels.render_other_charts(figs)
     if len(ranks) > 1:
@@ -169,9 +170,9 @@ def live_region(watching: bool = False) -> None:
         st.subheader("GPU (NVML)")
         st.caption(plain(gpu_notice))
         panels.render_gpu_panel(view, devices, default_gpu)
-    if view.run["kind"] == "attached" and view.run["status"] == "running":
+    if view.run["kind"] == ATTACHED and view.run["status"] == RUNNING:
         panels.render_attached_controls(rt.store, view.run, ranks)
-    if view.run["status"] != "running" and st.session_state.get("_live_fragment"):
+    if view.run["status"] != RUNNING and st.session_state.get("_live_fragment"):
         st.rerun()  # it ended: the still view takes over (an ended run is not re-read)
     if st.session_state.get("_synced") not in (None, manager.config):
         st.rerun()  # the settings moved elsewhere (Auto-tune, another tab): the sidebar follows
@@ -219,7 +220,7 @@ def discover() -> None:
 
 shown_run = rt.store.run(selected) if selected is not None else None
 with live_tab:
-    if shown_run is None or shown_run["status"] != "running":
+    if shown_run is None or shown_run["status"] != RUNNING:
         still()
     else:
         (live if selected == manager.run_id else watched)()

@@ -8,6 +8,7 @@ from typing import Any
 import pandas as pd
 import streamlit as st
 
+from monitor.store import ATTACHED
 from monitor.tuning.policy import describe_settings, outcome
 from monitor.ui.text import plain
 
@@ -45,7 +46,7 @@ def render_autotune(rt: Any, run: dict) -> None:
     key = f"autotune_{run_id}"
     summary = rt.autotune_summary(run_id)
     st.session_state[key] = summary is not None  # another tab may have switched it
-    managed = run.get("kind") != "attached"
+    managed = run.get("kind") != ATTACHED
     st.toggle("Auto-tune", key=key, on_change=_switch, args=(rt, run_id, key),
               help="the monitor tunes this run's loader by itself: it measures each "
                    + ("window of the workload" if managed else "epoch of the script")

@@ -24,7 +24,7 @@ from monitor.config import (
 from monitor.diagnosis import NO_DATA, evidence_rows
 from monitor.diagnosis.rules import HEALTHY
 from monitor.export.files import export_zip
-from monitor.store import Store
+from monitor.store import ATTACHED, FAILED, RUNNING, Store
 from monitor.ui import charts
 from monitor.ui.text import plain
 from monitor.ui.view import View
@@ -143,15 +143,15 @@ def render_other_charts(figs: dict) -> None:
 
 def render_run_status(run: dict) -> None:
     status = run["status"]
-    if status == "failed":
+    if status == FAILED:
         first = (run["error"] or "unknown error").splitlines()[0]
         st.error(f"Run {run['id']} failed: {plain(first)}")
         with st.expander("Error details"):
             st.code(run["error"] or "", language=None)
-    elif status == "running" and run["kind"] == "attached":
+    elif status == RUNNING and run["kind"] == ATTACHED:
         st.caption(f"Run {run['id']}: your script {plain(run['name'])} (pid {run['pid']}), "
                    "attached; compute is whatever its step does")
-    elif status == "running":
+    elif status == RUNNING:
         st.caption(f"Run {run['id']} ({plain(run['name'])}) running on: "
                    f"{plain(run['accelerator'] or '…')}")
     else:

@@ -25,7 +25,7 @@ from monitor.assess.window import (
     steady_window,
 )
 from monitor.diagnosis import NO_DATA, SIMULATED
-from monitor.store import Store
+from monitor.store import RUNNING, Store
 from monitor.thresholds import KPI_WINDOW_S
 from monitor.ui import charts
 
@@ -178,7 +178,7 @@ def load_view(
         return None
     end = now if now is not None else time.time()
     ended = run["ended_at"]
-    if run["status"] != "running" and isinstance(ended, float) and not math.isnan(ended):
+    if run["status"] != RUNNING and isinstance(ended, float) and not math.isnan(ended):
         end = min(end, ended)
     start = max(run["started_at"], end - window_s) if window_s else run["started_at"]
     long = end - start > RAW_WINDOW_S
@@ -209,7 +209,7 @@ def assessed_window(store: Store, view: View) -> Window:
     """What the KPI row and the verdict read: a running run's recent window, an ended run's
     steady state (the same window `measure` and `run --json` report)."""
     ranks = store.ranks(int(view.run["id"]))
-    if view.run["status"] == "running":
+    if view.run["status"] == RUNNING:
         w = recent_window(view.run, view.steps, view.host, view.events, view.end, ranks)
         return dataclasses.replace(w, history=run_history(store, int(view.run["id"]), w.steps))
     return steady_window(store, int(view.run["id"])) or recent_window(
@@ -221,7 +221,7 @@ def first_batch_wait(run: dict, steps: pd.DataFrame, host: pd.DataFrame,
     """A running run with no step yet: how long it has waited for its first batch, and since
     when its DataLoader workers run (the sampler saw them), so a hang before the first batch
     shows before any step is drawn."""
-    if run.get("status") != "running" or not steps.empty:
+    if run.get("status") != RUNNING or not steps.empty:
         return None
     now = time.time() if now is None else now
     text = f"waiting for the first batch: {now - float(run['started_at']):.0f} s"
@@ -291,7 +291,7 @@ def refresh(rt: Any, run_id: int, window_s: float | None, gpus: bool = True,
     if run is None:
         return None
     ended = run.get("ended_at")
-    if run["status"] != "running" and isinstance(ended, float) and not math.isnan(ended):
+    if run["status"] != RUNNING and isinstance(ended, float) and not math.isnan(ended):
         _CTX[0] = rt.context()
         done = _refresh_ended(str(rt.store.path), run_id, float(ended), window_s, gpus,
                               pick, gpu)
@@ -419,7 +419,7 @@ def assessment(rt: Any, view: View) -> tuple[Assessment, str, str]:
     recent window, read each refresh; an ended run's steady state, assessed once."""
     run = view.run
     ended = run.get("ended_at")
-    if run.get("status") != "running" and isinstance(ended, float) and not math.isnan(ended):
+    if run.get("status") != RUNNING and isinstance(ended, float) and not math.isnan(ended):
         _CTX[0] = rt.context()
         done = _ended(str(rt.store.path), int(run["id"]), float(ended))
         if done is not None:

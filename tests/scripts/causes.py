@@ -3,7 +3,8 @@ imports): `python causes.py KIND [--workers N] [--seconds S]`. Each prints its o
 samples/s at the end (`rate N samples/s`), so a test compares bare runs at two settings.
 
 - idle_shards: an IterableDataset with one shard: only worker 0 yields, the others stop at
-  once (as datasets' IterableDataset does with fewer shards than workers).
+  once (as datasets' IterableDataset does with fewer shards than workers). It prints how
+  many workers delivered batches.
 - mem_growth: a per-sample cache that never evicts: each worker keeps every sample it made
   (about 1 MB each), so worker memory grows until the job is killed.
 - head_of_line: every 32nd sample takes 150 ms: with 4 workers the in-order queue holds
@@ -32,6 +33,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_info
 
 CACHE: dict[int, torch.Tensor] = {}
+DECODE_S = 0.002  # idle_shards: a sample's decoding (a batch of 8: 16 ms in one worker)
 
 
 class OneShard(IterableDataset):
@@ -42,11 +44,12 @@ class OneShard(IterableDataset):
         info = get_worker_info()
         if info is not None and info.id > 0:
             return  # no shard left for this worker
+        wid = float(info.id) if info is not None else 0.0
         for i in range(self.n):
             t = time.perf_counter()
-            while time.perf_counter() - t < 0.002:  # decoding
+            while time.perf_counter() - t < DECODE_S:  # decoding
                 pass
-            yield torch.full((4,), float(i))
+            yield torch.tensor([float(i), wid, 0.0, 0.0])  # [1]: the worker that made it
 
 
 class Cached(Dataset):
@@ -195,6 +198,7 @@ def main() -> None:
     loader = build(a.kind, a.workers, a.any_order, a.batched, a.persistent, a.samples,
                    a.grow_kb)
     start, n, samples = time.perf_counter(), 0, 0
+    makers: set[int] = set()  # idle_shards: the workers that delivered batches
     first = None
     epochs = 0
     # epochs until the time is up, or exactly --epochs of them
@@ -207,6 +211,8 @@ def main() -> None:
                 first = time.perf_counter()
             time.sleep(a.step_ms / 1000)  # sleep-ok: the modelled device step
             n += 1
+            if a.kind == "idle_shards":
+                makers.update(int(w) for w in batch[:, 1].tolist())
             samples += len(batch) if isinstance(batch, torch.Tensor) else \
                 len(batch["x"]) if isinstance(batch, dict) else 1
             if not a.epochs and time.perf_counter() - start > a.seconds:
@@ -214,6 +220,8 @@ def main() -> None:
     took = time.perf_counter() - (first or start)
     print(f"rate {n / took:.1f} batches/s ({n} batches, {samples / took:.0f} samples/s)",
           flush=True)
+    if makers:
+        print(f"workers delivering {len(makers)} of {a.workers}", flush=True)
 
 
 if __name__ == "__main__":
