@@ -27,10 +27,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from monitor.assess import outcomes
 from monitor.config import LIVE_SETTINGS, LoaderConfig
 from monitor.manage.context import learn
+from monitor.manage.experiment import step_time_of
 from monitor.manage.measure import measure
 from monitor.manage.runtime import Runtime
 from monitor.store import Store
-from monitor.tuning.experiment import step_time_of
 
 ROOT = Path(__file__).resolve().parent.parent
 SLIDER_PARAMS = (*LIVE_SETTINGS, "batch_size")

@@ -21,8 +21,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from monitor.config import LoaderConfig
+from monitor.manage.experiment import Experiments
 from monitor.manage.runtime import Runtime
-from monitor.tuning.experiment import Experiments
 from monitor.tuning.search import describe, find_knee, grid
 
 

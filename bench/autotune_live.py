@@ -29,8 +29,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from monitor.config import LoaderConfig
+from monitor.manage.experiment import Experiments
 from monitor.manage.runtime import Runtime
-from monitor.tuning.experiment import Experiments
 from monitor.tuning.live import Cadence, LiveTuner
 from monitor.tuning.policy import describe_settings
 from monitor.tuning.search import describe, find_knee, grid

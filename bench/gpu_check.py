@@ -24,10 +24,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from monitor.assess.analysis import busy_series, nvml_vs_busy, series_stats, span
 from monitor.assess.devices import workload_gpu
 from monitor.assess.window import steady_window
 from monitor.config import LoaderConfig
+from monitor.frames.analysis import busy_series, nvml_vs_busy, series_stats, span
 from monitor.manage.measure import measure
 from monitor.manage.runtime import Runtime
 from monitor.sampling.gpu import open_backend

@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from monitor.assess import analysis
+from monitor.frames import analysis
 
 
 def steps_frame(wait: list[float], compute: list[float], samples: int = 32, t0: float = 1000.0):

@@ -55,8 +55,8 @@ KEYS = ("verdict", "steps", "window_s", "throughput", "data_wait_share", "device
 
 def test_four_paths_agree_on_one_window(store, no_leaks, quiet_page):
     from monitor.manage.attached_run import summary
+    from monitor.manage.experiment import result_from_measurement
     from monitor.manage.measure import summarise
-    from monitor.tuning.experiment import result_from_measurement
 
     run = stored_run(store)
     m = summarise(store, run, CONFIG, context())

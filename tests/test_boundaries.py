@@ -18,8 +18,8 @@ ROOT = Path(__file__).resolve().parent.parent
 CODE = """
 import sys
 import monitor.ui.resources, monitor.ui.panels, monitor.ui.controls, monitor.ui.sweep_panel
-import monitor.ui.charts, monitor.diagnosis, monitor.tuning.search, monitor.tuning.jobs
-import monitor.tuning.experiment, monitor.manage.measure, monitor.assess.window
+import monitor.ui.charts, monitor.diagnosis, monitor.tuning.search, monitor.manage.jobs
+import monitor.manage.experiment, monitor.manage.measure, monitor.assess.window
 import monitor.manage.runtime, monitor.probe.patch, monitor.manage.attached_run, monitor.cli.main
 print(sorted(m for m in sys.modules if m == "torch" or m.startswith("torch.")))
 """
@@ -43,13 +43,13 @@ for name in names:
 print(len(names), sorted(m.split(".")[0] for m in sys.modules if m.split(".")[0] in BLOCK))
 """
 
-PURE = ["monitor.manage", "monitor.ui", "monitor.sampling", "monitor.tuning.experiment",
-        "monitor.tuning.jobs", "psutil", "subprocess", "multiprocessing", "streamlit",
+PURE = ["monitor.manage", "monitor.ui", "monitor.sampling", "monitor.manage.experiment",
+        "monitor.manage.jobs", "psutil", "subprocess", "multiprocessing", "streamlit",
         "torch", "workloads"]
 # (files, module prefixes they may not import): the arrows inside a folder
 FORBIDDEN = [
     ("monitor/*", ["torch", "workloads"]),
-    ("monitor/assess/analysis.py", PURE + ["monitor.store", "monitor.assess.window",
+    ("monitor/frames/analysis.py", PURE + ["monitor.store", "monitor.assess",
                                            "monitor.diagnosis"]),
     ("monitor/tuning/search.py", PURE + ["monitor.store", "monitor.assess"]),
     ("monitor/tuning/policy.py", PURE + ["monitor.store", "monitor.assess", "pandas"]),
@@ -190,6 +190,36 @@ def test_the_cycle_finder_sees_a_cycle_through_type_checking(tmp_path):
     assert cycles(module_graph(tmp_path)) == [["monitor.a", "monitor.b"]]
 
 
+def folder_graph(root: Path) -> dict[str, set[str]]:
+    """monitor's folders (monitor.assess, monitor.probe, ...) and the folders their modules
+    import (module_graph's arrows, lifted: a module directly under monitor/ is its own)."""
+    def folder(mod: str) -> str:
+        return ".".join(mod.split(".")[:2])
+
+    graph: dict[str, set[str]] = {}
+    for mod, deps in module_graph(root).items():
+        graph.setdefault(folder(mod), set()).update(folder(d) for d in deps)
+    return {f: deps - {f} for f, deps in graph.items()}
+
+
+def test_no_folder_imports_a_folder_that_imports_it_back():
+    """Arrows one way between folders (docs/DESIGN.md, layout): frames below assess and
+    diagnosis; manage (the processes) above tuning (the decisions)."""
+    graph = folder_graph(ROOT)
+    assert {"monitor.frames", "monitor.assess", "monitor.diagnosis"} <= set(graph)
+    assert "monitor.frames" in graph["monitor.diagnosis"] and \
+        "monitor.tuning" in graph["monitor.manage"]
+    assert cycles(graph) == []
+
+
+def test_the_folder_walk_sees_two_folders_importing_each_other(tmp_path):
+    for f, line in (("a/x.py", "from monitor.b import y\n"), ("b/y.py", "import monitor.a.x\n"),
+                    ("a/__init__.py", ""), ("b/__init__.py", ""), ("__init__.py", "")):
+        (tmp_path / "monitor" / f).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "monitor" / f).write_text(line)
+    assert cycles(folder_graph(tmp_path)) == [["monitor.a", "monitor.b"]]
+
+
 def test_import_arrows_point_one_way():
     assert violations() == []
 
@@ -210,11 +240,14 @@ def test_the_checker_sees_a_forbidden_arrow(tmp_path, monkeypatch):
 # (folder, an import its ruff.toml refuses): every folder's rule is in force
 FOLDER_RULES = [
     ("monitor/probe", "import pandas"),
-    ("monitor/probe", "from monitor.assess import analysis"),
+    ("monitor/probe", "from monitor.frames import analysis"),
     ("monitor/sampling", "from monitor.ui import charts"),
     ("monitor/store", "import psutil"),
     ("monitor/assess", "from monitor.manage import session"),
     ("monitor/diagnosis", "from monitor.store import Store"),
+    ("monitor/diagnosis", "from monitor.assess import window"),
+    ("monitor/frames", "from monitor.assess import window"),
+    ("monitor/tuning", "from monitor.manage import measure"),
     ("monitor/tuning", "from monitor.ui import charts"),
     ("monitor/export", "from monitor.manage import session"),
     ("monitor/manage", "import streamlit"),

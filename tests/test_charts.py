@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from monitor.assess.analysis import busy_series
+from monitor.frames.analysis import busy_series
 from monitor.ui import charts
 from tests.test_analysis import steps_frame
 

@@ -185,7 +185,7 @@ def test_the_probe_writes_device_times_with_its_steps(store):
     assert len(timed) >= 38, steps[["step", "device_idle_s", "device_span_s"]]
     assert timed["device_span_s"].median() == pytest.approx(0.01)
     assert timed["device_idle_s"].dropna().median() == pytest.approx(0.03 + 0.001 - 0.01)
-    from monitor.assess.analysis import device_timing
+    from monitor.frames.analysis import device_timing
 
     d = device_timing(steps)
     assert d is not None and d["idle_share"] == pytest.approx(0.021 / 0.031, rel=0.05)

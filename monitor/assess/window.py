@@ -19,12 +19,13 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
-from monitor.assess import analysis, history
+from monitor.assess import history
 from monitor.assess import phases as step_phases
 from monitor.diagnosis import Diagnosis, Features, causes, diagnose, features
 from monitor.diagnosis.causes import Finding
 from monitor.diagnosis.rules import HEALTHY
 from monitor.diagnosis.straggler import RankFigures, straggler_diagnosis, stragglers
+from monitor.frames import analysis
 from monitor.records import CpuBudget
 from monitor.thresholds import (
     KPI_WINDOW_S,

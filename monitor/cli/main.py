@@ -155,7 +155,7 @@ def _write_csv(path: str, results: list) -> None:
 
 
 def _sweep(args: argparse.Namespace, configs: list, rt: Any) -> int:
-    from monitor.tuning.experiment import Experiments
+    from monitor.manage.experiment import Experiments
     from monitor.tuning.search import find_knee
 
     exp = Experiments(rt, args.seconds_per_config, args.windows)
@@ -181,7 +181,7 @@ def _sweep(args: argparse.Namespace, configs: list, rt: Any) -> int:
 
 
 def _tune(args: argparse.Namespace, base: LoaderConfig, rt: Any) -> int:
-    from monitor.tuning.experiment import Experiments
+    from monitor.manage.experiment import Experiments
 
     exp = Experiments(rt, args.seconds_per_config)
     state = exp.tune(base, args.max_workers or rt.max_workers, args.budget_seconds)

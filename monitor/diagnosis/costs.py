@@ -11,9 +11,9 @@ from typing import Any
 
 import pandas as pd
 
-from monitor.assess.analysis import epoch_stalls
 from monitor.diagnosis.finding import Finding
 from monitor.diagnosis.rules import Advice
+from monitor.frames.analysis import epoch_stalls
 from monitor.thresholds import (
     HISTORY_MIN_STEPS,
     PER_SAMPLE_MAX_S,

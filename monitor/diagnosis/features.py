@@ -13,7 +13,7 @@ from typing import Any
 
 import pandas as pd
 
-from monitor.assess import analysis
+from monitor.frames import analysis
 from monitor.records import CpuBudget
 from monitor.thresholds import CONTENTION_MIN_WAIT, STARVING_SHARE, memory_budget_mb
 

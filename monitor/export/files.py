@@ -22,8 +22,8 @@ from typing import Any
 
 import pandas as pd
 
-from monitor.assess.analysis import run_rows, span
 from monitor.assess.window import Context, assess_run
+from monitor.frames.analysis import run_rows, span
 from monitor.records import RECORD_TABLES
 from monitor.store import RUNNING, Store, StoreError
 

@@ -29,11 +29,11 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import CollectorRegistry
 
-from monitor.assess.analysis import run_rows
 from monitor.assess.devices import workload_gpu
 from monitor.assess.window import Context, assess, recent_window
 from monitor.config import LIVE_SETTINGS
 from monitor.diagnosis import VERDICTS
+from monitor.frames.analysis import run_rows
 from monitor.store import ATTACHED, RUNNING, Store
 
 PREFIX = "starvation_"

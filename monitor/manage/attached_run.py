@@ -17,13 +17,14 @@ from pathlib import Path
 from typing import Any
 
 from monitor import control
-from monitor.assess import analysis, outcomes
+from monitor.assess import outcomes
 from monitor.assess import probe_notes as notes
 from monitor.assess.stall import STALL_KINDS, stuck_at_end
 from monitor.assess.window import LOADER_KINDS, Context, assess_run, loader_notes
 from monitor.config import ATTACHED_PREFIX
 from monitor.diagnosis import NO_DATA, causes
 from monitor.export.prometheus import ExporterError
+from monitor.frames import analysis
 from monitor.manage import spawn, terminal
 from monitor.manage.context import learn
 from monitor.manage.result import gpu_figures, result

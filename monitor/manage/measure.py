@@ -7,10 +7,10 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from monitor.assess import analysis
 from monitor.assess.stall import STALL_KINDS, active_stall
 from monitor.assess.window import Assessment, Context, assess_run
 from monitor.config import LoaderConfig
+from monitor.frames import analysis
 from monitor.manage.result import gpu_figures, result
 from monitor.store import FAILED, RUNNING, StoreError
 from monitor.thresholds import QUIET_MIN_S, QUIET_STEPS, stall_limit_s

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from monitor.assess import analysis
 from monitor.assess.devices import workload_gpu
+from monitor.frames import analysis
 
 if TYPE_CHECKING:
     from monitor.assess.window import Assessment

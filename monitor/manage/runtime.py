@@ -44,11 +44,11 @@ from monitor.assess.window import Context
 from monitor.config import LoaderConfig, max_workers
 from monitor.manage.collector_process import CollectorProcess
 from monitor.manage.context import machine_context
+from monitor.manage.jobs import JobHolder
 from monitor.manage.session import SessionManager
 from monitor.sampling.collector import Collector
 from monitor.sampling.host import usable_cores
 from monitor.store import ATTACHED, RUNNING, Store
-from monitor.tuning.jobs import JobHolder
 from monitor.tuning.live import Cadence, LiveTuner, window_s
 
 

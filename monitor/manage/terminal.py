@@ -47,7 +47,7 @@ def read(store: Store, run_id: int, ctx: Context, now: float | None = None,
     end = now if now is not None else time.time()
     since = end - KPI_WINDOW_S - 5.0
     steps = store.steps(run_id, since=since, until=end)
-    from monitor.assess import analysis
+    from monitor.frames import analysis
 
     host = analysis.run_rows(store.host_samples(since, end), run_id)
     events = store.events(run_id)

@@ -27,9 +27,9 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 
 from monitor import control, thresholds
-from monitor.assess.analysis import span, starts
 from monitor.assess.window import Context, Window, assess
 from monitor.config import DEFAULT_PREFETCH, LIVE_SETTINGS
+from monitor.frames.analysis import span, starts
 from monitor.store import ATTACHED, RUNNING
 from monitor.thresholds import (
     AUTOTUNE_MIN_STEPS,

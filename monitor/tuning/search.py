@@ -1,6 +1,6 @@
 """The pure search behind sweep and tune: grids, the knee, memory skips, and the seeded hill
 climb. No store, no processes: a search is given a `measure_fn(config) -> ConfigResult`
-(monitor/tuning/experiment.py runs real workloads; tests pass synthetic surfaces).
+(monitor/manage/experiment.py runs real workloads; tests pass synthetic surfaces).
 
 A sweep measures each configuration of a grid in turn, skipping those predicted not to fit
 in memory (from the per-worker memory measured so far). The knee is the cheapest

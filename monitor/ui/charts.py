@@ -16,7 +16,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from monitor import control
-from monitor.assess.analysis import downsample
+from monitor.frames.analysis import downsample
 from monitor.records import GpuSample, HostSample, label
 
 MAX_POINTS = 1200  # per trace: about a point per pixel of a wide chart

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from monitor.assess import analysis
 from monitor.assess.compare import CompareError, compare
+from monitor.frames import analysis
 from monitor.manage.runtime import Runtime
 from monitor.ui import charts
 from monitor.ui.compare_text import kpi_table

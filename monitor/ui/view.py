@@ -15,7 +15,6 @@ from typing import Any
 
 import pandas as pd
 
-from monitor.assess import analysis
 from monitor.assess.window import (
     Assessment,
     Window,
@@ -25,6 +24,7 @@ from monitor.assess.window import (
     steady_window,
 )
 from monitor.diagnosis import NO_DATA, SIMULATED
+from monitor.frames import analysis
 from monitor.store import RUNNING, Store
 from monitor.thresholds import KPI_WINDOW_S
 from monitor.ui import charts

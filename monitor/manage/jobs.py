@@ -11,8 +11,8 @@ from monitor.config import LoaderConfig
 from monitor.tuning.search import SweepState
 
 if TYPE_CHECKING:
+    from monitor.manage.experiment import Experiments
     from monitor.manage.measure import Lab
-    from monitor.tuning.experiment import Experiments
 
 
 class JobHolder:
@@ -40,7 +40,7 @@ class JobHolder:
 
     def _start(self, state: SweepState, seconds: float,
                body: Callable[[Experiments], object]) -> SweepState:
-        from monitor.tuning.experiment import Experiments
+        from monitor.manage.experiment import Experiments
 
         with self._lock:
             if self._thread is not None and self._thread.is_alive():
