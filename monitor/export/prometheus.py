@@ -47,7 +47,7 @@ GPU_LABELS = ["gpu", "UUID", "hostname"]
 MB = 1024 * 1024
 _R = ", ".join(RUN_LABELS)
 
-# name, type, labels, meaning: the README's table is written from this list.
+# name, type, labels, meaning: docs/cluster.md's table is written from this list.
 METRICS: list[tuple[str, str, str, str]] = [
     ("steps_total", "counter", _R, "training steps recorded"),
     ("samples_total", "counter", _R, "samples in those steps"),

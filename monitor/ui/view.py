@@ -155,9 +155,9 @@ def held_figures(state: dict[str, Any], key: Any, figs: dict, now: float,
                  hold_s: float = SECONDARY_HOLD_S) -> dict:
     """The figures to draw for a watched job: the main picture always new; the secondary
     charts as drawn last unless they are `hold_s` old or the view changed (`key`: run,
-    window, rank, settings). A figure sent again unchanged costs the browser no redraw; redrawing
-    the three took Chromium about 0.5 s of CPU each time on the 2-core box (README: watching
-    costs the job little)."""
+    window, rank, settings). A figure sent again unchanged costs the browser no redraw;
+    redrawing the three took Chromium about 0.5 s of CPU each time on the 2-core box
+    (docs/guide.md: watching costs the job little)."""
     held = state.get("held")
     if held is None or held["key"] != key or now - held["at"] >= hold_s:
         state["held"] = {"key": key, "at": now,
