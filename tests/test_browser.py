@@ -23,7 +23,7 @@ from tests.conftest import wait_for
 ROOT = Path(__file__).resolve().parent.parent
 CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
 ARTIFACTS = ROOT / "artifacts"
-# UPDATE_SCREENSHOTS=1 writes the README's and the guide's pictures (docs/img/) instead of artifacts/
+# UPDATE_SCREENSHOTS=1 writes the docs' pictures (docs/img/) instead of artifacts/
 SHOTS = ROOT / "docs" / "img" if os.environ.get("UPDATE_SCREENSHOTS") else ARTIFACTS
 # the banner of any verdict ("no data" shows its sentence alone, with no verdict before it)
 VERDICT_BANNER = re.compile(
