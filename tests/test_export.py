@@ -21,7 +21,7 @@ from prometheus_client import generate_latest
 from prometheus_client.registry import CollectorRegistry
 
 from monitor.export.files import export_run, export_zip, import_run, run_frames, steps_checksum
-from monitor.export.prometheus import StoreCollector
+from monitor.export.prometheus import HOST_GAUGES, StoreCollector
 from monitor.records import GpuDevice, GpuUtilSample
 from monitor.store import Store
 from tests.conftest import wait_for
@@ -74,6 +74,38 @@ def test_metrics_names_labels_and_dcgm_join(store, db_path):
         in text
     # no high-cardinality labels: no step numbers, no PIDs
     assert not re.search(r'\b(step|pid)="', text)
+
+
+def test_the_exporters_verdict_is_held_as_the_pages_banner_holds_it(store, db_path):
+    """One moment, one verdict: a rank that starved and now waits for nothing stays
+    `starving` to the exporter until `healthy` has held a whole KPI window (the banner's
+    hysteresis, monitor/assess/recent.py), not from the first scrape that sees it; a
+    settings change shows at once."""
+    from prometheus_client.core import GaugeMetricFamily, StateSetMetricFamily
+
+    from monitor.assess.recent import HOLD_S, read_recent
+    from monitor.records import StepRecord
+
+    now = time.time()
+    starved = stored_run(store, status="running", t0=now - 21.0)
+    fed = stored_run(store, status="running", t0=now - 45.0)  # its starved steps end at -24 s
+    store.insert([StepRecord(fed, 1000 + i, 5, now - 12.0 + i * 0.041, 0.001, 0.04, 32, 0)
+                  for i in range(290)])  # its last 12 s: fed, 1 ms of wait a step
+    windows = {r: read_recent(store, r, now).window(0) for r in (starved, fed)}
+    c = StoreCollector(str(db_path), context(), hostname="node-a")
+
+    def shown(run: int, at: float, config: dict | None = None) -> str:
+        fam = StateSetMetricFamily("v", "", labels=["rank"])
+        gauges = {n: GaugeMetricFamily(n, "", labels=["rank"]) for n in (
+            "device_busy_ratio", "wait_per_step_seconds", *(g for g, _, _ in HOST_GAUGES))}
+        c._recent(windows[run], (starved, 0), config or {"num_workers": 0}, at, ["0"],
+                  gauges, fam)
+        return next(s.labels["v"] for s in fam.samples if s.value == 1.0)
+
+    assert shown(starved, 0.0) == "starving" and shown(fed, 1.0) == "starving"
+    assert shown(fed, HOLD_S - 0.5) == "starving"
+    assert shown(fed, 1.0 + HOLD_S) == "healthy"
+    assert shown(starved, 2.0 + HOLD_S, {"num_workers": 2}) == "starving"  # a change: at once
 
 
 def promql_metrics(expr: str) -> set[str]:

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 
 from monitor.config import DEFAULT_PREFETCH, LIVE_SETTINGS
+from monitor.frames.analysis import rank_rows
 from monitor.thresholds import (
     OUTCOME_MAX_STEPS,
     OUTCOME_MIN_STEPS,
@@ -76,7 +77,7 @@ def outcomes(events: pd.DataFrame, steps: pd.DataFrame) -> list[dict[str, Any]]:
             continue
         s = steps[steps["ts"] > float(applied["ts"].iloc[0])]
         if rank is not None and "rank" in s.columns and s["rank"].nunique() > 1:
-            s = s[s["rank"] == rank]
+            s = rank_rows(s, rank)
         if s.empty:
             continue
         ended = False

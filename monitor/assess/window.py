@@ -212,7 +212,7 @@ def _warmup(store: Store, run_id: int, steady: pd.DataFrame, last: float,
         return None
     if "rank" in first.columns and first["rank"].notna().any():
         low = first["rank"].min()
-        first, steady = first[first["rank"] == low], steady[steady["rank"] == low]
+        first, steady = analysis.rank_rows(first, low), analysis.rank_rows(steady, low)
     steady_step = float((steady["wait_s"] + steady["compute_s"]).median()) \
         if not steady.empty else math.nan
     run_s = last - float(analysis.starts(first).iloc[0])
@@ -354,7 +354,7 @@ def _assess_job(window: Window, ctx: Context, ranks: list[int], base: dict) -> A
     for r in ranks:
         h = host[host["rank"] == r] if "rank" in host.columns else host.iloc[0:0]
         per[r], own[r] = _one(window, ctx, _rank_config(window, r), h,
-                              window.steps[window.steps["rank"] == r])
+                              analysis.rank_rows(window.steps, r))
     # a rank's "other processes" are not its sibling ranks: they are the same job
     job_cpu = {r: (f.main_cpu_cores or 0.0) + (f.workers_cpu_cores or 0.0)
                for r, f in per.items()}
@@ -376,7 +376,7 @@ def _assess_job(window: Window, ctx: Context, ranks: list[int], base: dict) -> A
     dg = straggler_diagnosis(job, per, own, slow) if slow else own[rep]
     # the causes, of the rank the verdict speaks for (the straggler, else the most starved)
     who = slow[0] if slow and slow[0] in per else rep
-    mine = steps[steps["rank"] == who]
+    mine = analysis.rank_rows(steps, who)
     h = host[host["rank"] == who] if "rank" in host.columns else host.iloc[0:0]
     report = ((window.loader_report or {}).get("by_rank") or {}).get(who) or \
         {"num_workers": per[who].num_workers}

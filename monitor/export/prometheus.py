@@ -15,6 +15,7 @@ writes) and closes it before returning. See METRICS for the list.
 from __future__ import annotations
 
 import socket
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -30,10 +31,10 @@ from prometheus_client.core import (
 from prometheus_client.registry import CollectorRegistry
 
 from monitor.assess.devices import workload_gpu
-from monitor.assess.window import Context, assess, recent_window
+from monitor.assess.recent import read_recent, steady_verdict
+from monitor.assess.window import Context, Window, assess
 from monitor.config import LIVE_SETTINGS
 from monitor.diagnosis import VERDICTS
-from monitor.frames.analysis import run_rows
 from monitor.store import ATTACHED, RUNNING, Store
 
 PREFIX = "starvation_"
@@ -113,6 +114,8 @@ class StoreCollector:
 
     def __init__(self, db: str, ctx: Context, hostname: str | None = None) -> None:
         self.db, self.ctx = db, ctx
+        self.held: dict[tuple[int, int], dict] = {}  # (run, rank) -> its verdict's hysteresis
+        self.lock = threading.Lock()  # scrapes run on the HTTP server's threads
         self.hostname = hostname or socket.gethostname()
 
     def describe(self) -> list[Metric]:
@@ -172,19 +175,15 @@ class StoreCollector:
             if not ranks:
                 continue
             end = min(now, run["ended_at"]) if run.get("status") != RUNNING else now
-            steps = store.steps(int(run["id"]), since=end - 15.0, until=end)
-            host = run_rows(store.host_samples(end - 15.0, end), int(run["id"]))
-            events = store.events(int(run["id"]), kinds=("config",))
+            recent = read_recent(store, int(run["id"]), end)
             for rs in ranks:
                 t = totals.get((int(row.id), rs.rank), {})
                 for key, fam in counters.items():
                     fam.add_metric(rs.labels, float(t.get(key, 0.0)),
                                    created=float(row.started_at))
-                mine = steps[steps["rank"].fillna(0) == rs.rank] if "rank" in steps.columns \
-                    else steps
-                h = host[host["rank"].fillna(0) == rs.rank] if "rank" in host.columns \
-                    and host["rank"].notna().any() else host
-                self._recent(run, mine, h, events, end, rs.labels, gauges, verdict)
+                if recent is not None:
+                    self._recent(recent.window(rs.rank), (int(row.id), rs.rank), rs.config,
+                                 now, rs.labels, gauges, verdict)
                 cfg = rs.config
                 loader.add_metric(rs.labels, {k: str(cfg.get(k)) for k in (*LIVE_SETTINGS,
                                                                             "batch_size")})
@@ -192,19 +191,27 @@ class StoreCollector:
                     "name": str(row.name), "kind": str(row.kind), "status": str(row.status),
                     "accelerator_kind": str(run.get("accelerator_kind")),
                     "world_size": str(rs.world_size)})
+        with self.lock:  # the runs no longer shown: their verdicts are let go
+            shown = {int(i) for i in runs["id"]}
+            self.held = {k: v for k, v in self.held.items() if k[0] in shown}
         yield from counters.values()
         yield from gauges.values()
         yield from (verdict, loader, info)
 
-    def _recent(self, run: dict, steps: Any, host: Any, events: Any, end: float,
+    def _recent(self, w: Window, key: tuple[int, int], config: dict, now: float,
                 labels: list[str], gauges: dict, verdict: Any) -> None:
-        """One rank's gauges and verdict over its last 10 s (the page's KPI window)."""
-        a = assess(recent_window(run, steps, host, events, end), self.ctx)
+        """One rank's gauges and verdict over its last 10 s (the page's KPI window); the
+        verdict held as the page's banner holds it (assess/recent.py steady_verdict)."""
+        a = assess(w, self.ctx)
         f = a.features
         if f.steps:
             gauges["device_busy_ratio"].add_metric(labels, f.device_busy_mean)
             gauges["wait_per_step_seconds"].add_metric(labels, f.wait_per_step_s)
-        verdict.add_metric(labels, {v: v == a.verdict for v in VERDICTS})
+        seq = (key, tuple(str(config.get(k)) for k in LIVE_SETTINGS))
+        with self.lock:
+            shown, _ = steady_verdict(self.held, key, a, seq, now)
+        verdict.add_metric(labels, {v: v == shown.verdict for v in VERDICTS})
+        host = w.host
         if not host.empty:
             last = host.iloc[-1]
             for name, col, scale in HOST_GAUGES:

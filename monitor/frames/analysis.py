@@ -54,6 +54,15 @@ def run_rows(host: pd.DataFrame, run_id: int) -> pd.DataFrame:
     return host[host["run_id"] == run_id]
 
 
+def rank_rows(frame: pd.DataFrame, rank: int) -> pd.DataFrame:
+    """The one rank cut: `frame`'s rows of `rank`, a row with no rank (a one-process run's)
+    counting as rank 0; a frame with no ranks at all (no column, or host rows sampled for
+    the whole node) is every rank's, and comes back whole."""
+    if frame.empty or "rank" not in frame.columns or not frame["rank"].notna().any():
+        return frame
+    return frame[frame["rank"].fillna(0) == rank]
+
+
 def throughput(steps: pd.DataFrame) -> float:
     """Samples per second over the steps' span."""
     if steps.empty:

@@ -13,7 +13,6 @@ stderr is not a terminal, one plain line per EVERY_S and the script's output unt
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import io
 import sys
 import textwrap
@@ -27,12 +26,13 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from monitor.assess.window import Assessment, Context, assess, recent_window, run_history
+from monitor.assess.recent import read_recent
+from monitor.assess.window import Assessment, Context, assess
 from monitor.config import LoaderConfig
 from monitor.diagnosis import NO_DATA
 from monitor.diagnosis.rules import Advice
 from monitor.store import Store
-from monitor.thresholds import KPI_WINDOW_S, VERDICT_MIN_STEPS
+from monitor.thresholds import VERDICT_MIN_STEPS
 
 EVERY_S = 2.0
 FIRST_EVERY_S = 0.25  # until the first verdict: it shows within a refresh of being known
@@ -41,19 +41,8 @@ FIRST_EVERY_S = 0.25  # until the first verdict: it shows within a refresh of be
 def read(store: Store, run_id: int, ctx: Context, now: float | None = None,
          ) -> Assessment | None:
     """The run's recent window assessed, as the page's KPI row shows it."""
-    run = store.run(run_id)
-    if run is None:
-        return None
-    end = now if now is not None else time.time()
-    since = end - KPI_WINDOW_S - 5.0
-    steps = store.steps(run_id, since=since, until=end)
-    from monitor.frames import analysis
-
-    host = analysis.run_rows(store.host_samples(since, end), run_id)
-    events = store.events(run_id)
-    w = recent_window(run, steps, host, events, end, store.ranks(run_id))
-    return assess(dataclasses.replace(w, history=run_history(store, run_id, w.steps, events)),
-                  ctx)
+    rec = read_recent(store, run_id, now if now is not None else time.time())
+    return assess(rec.window(), ctx) if rec is not None else None
 
 
 def status(a: Assessment | None) -> dict[str, str]:

@@ -29,7 +29,7 @@ import pandas as pd
 from monitor import control, thresholds
 from monitor.assess.window import Context, Window, assess
 from monitor.config import DEFAULT_PREFETCH, LIVE_SETTINGS
-from monitor.frames.analysis import span, starts
+from monitor.frames.analysis import rank_rows, run_rows, span, starts
 from monitor.store import ATTACHED, RUNNING
 from monitor.thresholds import (
     AUTOTUNE_MIN_STEPS,
@@ -320,7 +320,7 @@ class LiveTuner:
         for r, config in ranks.items():
             tuner = self.ranks.setdefault(
                 r, RankTuner(r, max(1, self.ctx.max_workers // world), self.cadence))
-            tuner.add(steps[steps["rank"] == r] if world > 1 else steps)
+            tuner.add(rank_rows(steps, r) if world > 1 else steps)
             settings = {k: config.get(k) for k in LIVE_SETTINGS}
             if tuner.unexpected:  # a takeover only if the loader settings moved
                 tuner.unexpected = False
@@ -339,9 +339,10 @@ class LiveTuner:
                 self._ack(r, done_epoch, tuner)
                 continue
             tuner.took()
-            host = self.store.host_samples(span(chosen)[0], float(chosen["ts"].max()))
-            if "rank" in host.columns and world > 1:
-                host = host[host["rank"] == r]
+            host = run_rows(self.store.host_samples(span(chosen)[0], float(chosen["ts"].max())),
+                            self.run_id)
+            if world > 1:
+                host = rank_rows(host, r)
             window = Window({**run, "config": config}, chosen, host)
             if tuner.expect is not None and tuner.expect != settings:
                 tuner.overridden = True  # it runs something other than what was asked

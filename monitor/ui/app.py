@@ -8,6 +8,7 @@ import streamlit as st
 
 from monitor.assess import outcomes
 from monitor.assess.devices import workload_gpu
+from monitor.assess.recent import steady_verdict
 from monitor.assess.stall import STALL_KINDS, active_stall
 from monitor.config import LIVE_SETTINGS
 from monitor.diagnosis import SIMULATED
@@ -151,7 +152,7 @@ def live_region(watching: bool = False) -> None:
         figs = views.held_figures(st.session_state.setdefault("_held", {}),
                                   (seq, window_name, pick, gpu_pick), figs, time.monotonic())
     panels.render_picture(figs)
-    a, changing = views.steady_verdict(st.session_state.setdefault("_verdicts", {}),
+    a, changing = steady_verdict(st.session_state.setdefault("_verdicts", {}),
                                        str(run_id), a, seq, time.monotonic())
     panels.render_verdict(a, changing)
     live_now = run_id == manager.run_id and manager.is_alive() and not rt.jobs.running()

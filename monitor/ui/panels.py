@@ -67,7 +67,7 @@ def render_kpis(a: Assessment, workers_now: str, caption: str) -> None:
 
 def render_verdict(a: Assessment, changing: str | None = None) -> None:
     """The verdict banner: green when fed, grey without data, red otherwise; while a new
-    verdict has not yet held (monitor/ui/view.py steady_verdict) a caption says so. The
+    verdict has not yet held (monitor/assess/recent.py steady_verdict) a caption says so. The
     headline is shown as text (it quotes nothing from users, but stays text all the same)."""
     dg = a.diagnosis
     if changing:

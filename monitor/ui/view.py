@@ -15,6 +15,7 @@ from typing import Any
 
 import pandas as pd
 
+from monitor.assess.recent import READ_MARGIN_S
 from monitor.assess.window import (
     Assessment,
     Window,
@@ -23,7 +24,7 @@ from monitor.assess.window import (
     run_history,
     steady_window,
 )
-from monitor.diagnosis import NO_DATA, SIMULATED
+from monitor.diagnosis import SIMULATED
 from monitor.frames import analysis
 from monitor.store import RUNNING, Store
 from monitor.thresholds import KPI_WINDOW_S
@@ -120,33 +121,6 @@ def follow_target(live: tuple[int, ...], managed: int | None) -> int | None:
     return live[0] if live else managed
 
 
-HOLD_S = KPI_WINDOW_S  # a new verdict shows once it has held for a whole KPI window
-
-
-def steady_verdict(state: dict[str, Any], key: str, a: Assessment, seq: Any,
-                   now: float) -> tuple[Assessment, str | None]:
-    """The assessment the banner shows, and "changing: A → B" while a new verdict has not
-    yet held for HOLD_S (hysteresis: a verdict that flips with each refresh's window stays
-    put). A settings change (`seq`) or a first verdict shows at once; "no data" never
-    replaces a verdict."""
-    s = state.get(key)
-    if s is None or s["seq"] != seq or s["shown"].verdict == NO_DATA:
-        state[key] = {"shown": a, "seq": seq, "cand": None, "since": now}
-        return a, None
-    shown = s["shown"]
-    if a.verdict == shown.verdict:
-        s.update(shown=a, cand=None)
-        return a, None
-    if a.verdict == NO_DATA:
-        return shown, None
-    if s["cand"] != a.verdict:
-        s.update(cand=a.verdict, since=now)
-    if now - s["since"] >= HOLD_S:
-        s.update(shown=a, cand=None)
-        return a, None
-    return shown, f"changing: {shown.verdict} → {a.verdict}"
-
-
 SECONDARY_CHARTS = ("chart_thr", "chart_wait", "chart_host", "chart_phases")
 SECONDARY_HOLD_S = 6.0  # a watched job's secondary charts are redrawn this often
 
@@ -190,7 +164,8 @@ def load_view(
     host = analysis.run_rows(host, run_id)
     return View(
         run=run,
-        steps=store.steps(run_id, since=(end - KPI_WINDOW_S - 5.0) if long else start - 5.0,
+        steps=store.steps(run_id, since=(end - KPI_WINDOW_S - READ_MARGIN_S) if long
+                          else start - READ_MARGIN_S,
                           until=end),
         events=store.events(run_id, since=start),
         host=host,
@@ -265,10 +240,9 @@ def rank_view(view: View, pick: int | None) -> View:
     """The charts' view for one rank of a job (None: the job)."""
     if pick is None or "rank" not in view.steps.columns:
         return view
-    host = view.host[view.host["rank"] == pick] if "rank" in view.host.columns else view.host
-    sec = view.seconds[view.seconds["rank"] == pick] if view.seconds is not None else None
-    return dataclasses.replace(view, steps=view.steps[view.steps["rank"] == pick], host=host,
-                               seconds=sec)
+    sec = analysis.rank_rows(view.seconds, pick) if view.seconds is not None else None
+    return dataclasses.replace(view, steps=analysis.rank_rows(view.steps, pick),
+                               host=analysis.rank_rows(view.host, pick), seconds=sec)
 
 
 @dataclass(frozen=True, slots=True)
