@@ -23,8 +23,10 @@ START = {"num_workers": 0, "prefetch_factor": None, "pin_memory": False,
 
 def obs(settings: dict, thr: float, se: float | None = 2.0, verdict: str = "starving",
         share: float = 0.5, advised: int | None = None, predicted: float | None = None,
-        per_worker: float | None = None, left: float | None = None) -> Observation:
-    return Observation(settings, thr, se, verdict, share, advised, predicted, per_worker, left)
+        per_worker: float | None = None, left: float | None = None,
+        advice: tuple = ()) -> Observation:
+    return Observation(settings, thr, se, verdict, share, advised, predicted, per_worker, left,
+                       advice=advice)
 
 
 def test_jumps_to_the_knee_keeps_what_pays_and_settles():
@@ -112,13 +114,16 @@ def test_a_move_past_the_memory_budget_is_never_made():
     m = p.observe(obs(m.settings, 180.0, advised=6, predicted=500.0, per_worker=400.0,
                       left=600.0))
     assert m.settings["num_workers"] == 2  # one more fits (400 <= 600); five more would not
+    deeper = (("prefetch_factor", 4, 300.0, "prefetch_factor 2 → 4: a deeper queue rides "
+               "out a slow batch"),)  # the diagnosis's advice (rules.py tail_stalls)
     m = p.observe(obs(m.settings, 250.0, advised=6, predicted=500.0, per_worker=400.0,
-                      left=300.0))
-    # a third worker would not fit: the next candidate keeps 2 workers, deeper prefetch
-    # (persistent since the first move from 0 workers: their start-up paid once)
+                      left=300.0, advice=deeper))
+    # a third worker would not fit: the next candidate is the diagnosis's other advice, a
+    # deeper prefetch on 2 workers (persistent since the first move from 0 workers)
     assert m.settings == {**START, "num_workers": 2, "prefetch_factor": 4,
                           "persistent_workers": True}
-    assert "prefetch" in m.reason
+    assert m.reason == "the diagnosis: prefetch_factor 2 → 4: a deeper queue rides out a " \
+        "slow batch"
 
 
 def test_a_healthy_job_is_left_alone():
@@ -288,12 +293,42 @@ def test_mid_epoch_needs_a_position_to_resume_from():
 
 
 def test_pinned_memory_is_tried_only_on_cuda_when_the_copy_shows():
+    """The tuner's moves past num_workers are the diagnosis's advice, not decided again:
+    pin_memory where the diagnosis saw the copy (CUDA's copy share: rules.py
+    transfer_bound), nothing where it gave no such advice (no device copy on a CPU)."""
     two = {**START, "num_workers": 2, "prefetch_factor": 2}
-    fed = Observation(two, 500.0, 3.0, "transfer-bound", 0.01, cuda=True, cores=2)
+    pin = (("pin_memory", True, None, "page-locked batches copy by DMA and overlap compute "
+            "with non_blocking=True"),)
+    fed = Observation(two, 500.0, 3.0, "transfer-bound", 0.01, cuda=True, cores=2, advice=pin)
     m = Policy(max_workers=6).observe(fed)
-    assert m.settings["pin_memory"] is True and "copy" in m.reason
+    assert m.settings["pin_memory"] is True and "copy by DMA" in m.reason
     cpu = Observation(two, 500.0, 3.0, "transfer-bound", 0.01, cuda=False, cores=2)
     assert Policy(max_workers=6).observe(cpu) is None  # no device copy to speed up
+    # a memory relief (prefetch 1, pin_memory off) trades speed for room: never searched
+    relief = (("prefetch_factor", 1, None, "fewer batches in flight"),
+              ("pin_memory", False, None, "pinned pages cannot be swapped"))
+    tight = Observation({**two, "pin_memory": True}, 500.0, 3.0, "memory-pressure", 0.3,
+                        cores=2, advice=relief)
+    m = Policy(max_workers=6).observe(tight)
+    assert m is None or (m.settings["prefetch_factor"] != 1 and m.settings["pin_memory"])
+
+
+def test_the_tuner_tries_what_the_diagnosis_advises_from_a_run_it_assessed(store):
+    """One advice engine: the observation of a stored head-of-line run carries the
+    diagnosis's in_order advice, and the policy's next move is that advice."""
+    from monitor.tuning.policy import loader_advice
+
+    advice = [{"param": "in_order", "value": False, "predicted_throughput": 655.0,
+               "reason": "in_order=False lets finished batches pass a slow one"},
+              {"param": "dataset", "value": "bounded cache", "predicted_throughput": None,
+               "reason": "not a loader setting"}]
+    items = loader_advice(advice)
+    assert items == (("in_order", False, 655.0,
+                      "in_order=False lets finished batches pass a slow one"),)
+    four = {**START, "num_workers": 4, "prefetch_factor": 2}
+    m = Policy(max_workers=6).observe(Observation(four, 520.0, 3.0, "starving", 0.3, cores=2,
+                                                  advice=items))
+    assert m.settings["in_order"] is False and m.reason.startswith("the diagnosis: in_order")
 
 
 def test_a_move_measured_under_another_host_load_is_judged_head_to_head():

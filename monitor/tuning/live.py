@@ -43,6 +43,7 @@ from monitor.tuning.policy import (
     Policy,
     describe_settings,
     host_note,
+    loader_advice,
     memory_left_mb,
     outcome,
 )
@@ -223,7 +224,7 @@ def observation(window: Window, ctx: Context, settings: dict[str, Any],
                        memory_left_mb(f.mem_available_mb, f.workload_peak_mb,
                                       memory_budget_mb(ctx.memory_budget_mb)),
                        None, f.accelerator == "cuda", f.usable_cores, f.other_cpu_cores,
-                       advice.limit if advice else None)
+                       advice.limit if advice else None, loader_advice(a.diagnosis.advice))
 
 
 class LiveTuner:

@@ -13,19 +13,22 @@ its reason. A move measured while other processes took HOST_BUSIER_CORES more (o
 than when the best was measured is not judged on it: the best is measured again under the
 move's load, and the two are compared head to head (each move's record keeps both loads).
 
-Candidates, in order, from the best setting so far:
+Candidates, in order, from the best setting so far. The first two are the diagnosis's own
+advice (one advice engine: the page's Apply buttons and the tuner try the same moves); the
+policy decides only when to move and when to go back:
 1. the bound model's knee for num_workers (monitor/diagnosis/bound.py, searched up to
    max_workers: 3x the usable cores, since storage-latency-bound loaders keep gaining past
    the core count, which the model's io term says);
-2. from num_workers=0, a loader per usable core, persistent (one worker alone only overlaps
-   loading with the compute, a gain of at most the compute's share; workers restarted each
-   epoch pay their start-up each epoch); else one worker more while the
-   data wait could still pay MIN_STEP_GAIN (removing a share s of waiting gains at most
-   s / (1 - s)) and the cores are not the limit (or the last move's measured gain says the
-   climb still pays, whatever the model thought of the cores);
-3. prefetch_factor doubled, on the same condition;
-4. persistent_workers when epoch starts stall;
-5. pin_memory on a CUDA device when the host-to-device copy shows in the step.
+2. the diagnosis's other loader advice that buys speed (Observation.advice, loader_advice):
+   a deeper prefetch (tail stalls), persistent_workers (epoch stalls, start-up),
+   pin_memory (the copy shows), in_order=False (head-of-line); a memory relief (prefetch 1,
+   pin_memory off) trades speed for room and is never searched;
+3. the search's own step, where those are spent: from num_workers=0, a loader per usable
+   core, persistent (one worker alone only overlaps loading with the compute, a gain of at
+   most the compute's share; workers restarted each epoch pay their start-up each epoch);
+   else one worker more while the data wait could still pay MIN_STEP_GAIN (removing a
+   share s of waiting gains at most s / (1 - s)) and the cores are not the limit (or the
+   last move's measured gain says the climb still pays, whatever the model thought).
 A job found healthy at its first stretch is left alone. Never a move past max_workers or
 predicted (per-worker memory measured) to exceed the memory left. It settles when no
 candidate is left that is predicted to gain MIN_STEP_GAIN, or after max_moves, and says so
@@ -37,7 +40,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from monitor.config import DEFAULT_PREFETCH, LIVE_SETTINGS, normalise
-from monitor.diagnosis.rules import CORES_BOUND, EPOCH_STALL, HEALTHY, TRANSFER_BOUND
+from monitor.diagnosis.rules import CORES_BOUND, HEALTHY
 from monitor.thresholds import (
     HOST_BUSIER_CORES,
     MEMORY_HEADROOM,
@@ -70,6 +73,27 @@ class Observation:
     cores: int | None = None  # usable cores (affinity, cgroup quota)
     other_cores: float | None = None  # other processes' CPU while it was measured
     advised_limit: str | None = None  # the bound model's limit at the advised setting
+    # the diagnosis's other loader advice, in its order: (param, value, predicted, reason)
+    advice: tuple[tuple[str, Any, float | None, str], ...] = ()
+
+
+# the advice the tuner can judge by throughput: the direction that buys speed (a memory
+# relief, prefetch 1 or pin_memory off, trades speed for room: the user's call, not a search's)
+SPEED = {"prefetch_factor": lambda old, new: new > (old or DEFAULT_PREFETCH),
+         "pin_memory": lambda old, new: new is True, "persistent_workers": lambda old, new: new
+         is True, "in_order": lambda old, new: new is False}
+
+
+def loader_advice(items: Any) -> tuple[tuple[str, Any, float | None, str], ...]:
+    """The diagnosis's advice on the loader settings other than num_workers (Advice objects
+    or their dicts), for Observation.advice."""
+    out = []
+    for a in items or ():
+        d = a if isinstance(a, dict) else a.to_dict()
+        if d.get("param") in SPEED:
+            out.append((d["param"], d["value"], d.get("predicted_throughput"),
+                        str(d.get("reason") or "")))
+    return tuple(out)
 
 
 @dataclass(frozen=True, slots=True)
@@ -234,7 +258,15 @@ class Policy:
                          f"predicted {b.predicted:,.0f} samples/s"))
             self._predicted[_key(normalise({**s, "num_workers": b.advised_workers}))] = \
                 (b.predicted, b.advised_limit)
-        # what removing the whole data wait would give: share / (1 - share)
+        # then the diagnosis's other advice (rules.py, causes.py), not decided again here:
+        # the moves that buy speed, each once
+        for param, value, pred, why in b.advice:
+            if SPEED[param](s.get(param), value) and (nw > 0 or param == "pin_memory"):
+                out.append(({param: value}, f"the diagnosis: {why}" if why else param))
+                if pred:
+                    self._predicted[_key(normalise({**s, param: value}))] = (pred, None)
+        # last, the search's own steps, where the diagnosis names none that is left: what
+        # removing the whole data wait would give: share / (1 - share)
         room = b.data_wait_share / max(1e-9, 1 - b.data_wait_share)
         if room >= MIN_STEP_GAIN and nw == 0:
             # one worker only overlaps loading with the compute (a gain of at most the
@@ -245,13 +277,6 @@ class Policy:
         elif room >= MIN_STEP_GAIN and not cores_bound:
             out.append(({"num_workers": nw + 1}, f"data wait still {b.data_wait_share:.0%}"
                          " and the cores are not the limit"))
-        if nw > 0 and room >= MIN_STEP_GAIN and not cores_bound:
-            out.append(({"prefetch_factor": 2 * int(s.get("prefetch_factor") or DEFAULT_PREFETCH)},
-                        "deeper prefetch against jittery loading"))
-        if nw > 0 and b.verdict == EPOCH_STALL and not s.get("persistent_workers"):
-            out.append(({"persistent_workers": True}, "epoch starts stall"))
-        if b.cuda and b.verdict == TRANSFER_BOUND and not s.get("pin_memory"):
-            out.append(({"pin_memory": True}, "the host-to-device copy shows in the step"))
         return out
 
     def _candidate(self, b: Observation) -> Move | None:

@@ -23,7 +23,7 @@ from typing import Any
 
 from monitor.config import LIVE_SETTINGS, LOADER_SETTINGS, LoaderConfig
 from monitor.thresholds import KNEE_SHARE, MEMORY_HEADROOM, std_error
-from monitor.tuning.policy import Observation, Policy, memory_left_mb
+from monitor.tuning.policy import Observation, Policy, loader_advice, memory_left_mb
 
 SWEEP_PARAMS = LOADER_SETTINGS
 
@@ -230,7 +230,7 @@ def observation(r: ConfigResult, memory_budget: float | None = None) -> Observat
         ev.get("worker_uss_mb") or ev.get("worker_rss_mb"),
         memory_left_mb(ev.get("mem_available_mb"), r.peak_memory_mb, memory_budget),
         failed, a.get("accelerator_kind") == "cuda", ev.get("usable_cores"),
-        ev.get("other_cpu_cores"))
+        ev.get("other_cpu_cores"), None, loader_advice(a.get("advice")))
 
 
 def autotune(
