@@ -134,3 +134,32 @@ def test_a_store_holding_only_rank_1_keeps_its_settings_and_the_jobs_world_size(
     assert results[0][1]["ranks_held"] == [0] and results[0][1]["world_size"] == 2
     run1 = Store(tmp_path / "n1.db").run(d1["run_id"])
     assert run1["config"]["num_workers"] == 1 and run1["config"]["pin_memory"] is not None
+
+
+SRUN = {"SLURM_JOB_ID": "4242", "SLURM_STEP_NUM_TASKS": "8", "SLURM_STEP_NUM_NODES": "2",
+        "SLURM_PROCID": "5", "SLURM_LOCALID": "1", "SLURM_NODEID": "1", "SLURM_NTASKS": "8"}
+
+
+@pytest.mark.parametrize(("env", "want", "node", "nodes"), [
+    # srun python train.py: Slurm started every rank, no torchrun
+    (SRUN, (5, 1, 8), 1, 2),
+    # torchrun under srun (one task a node): torchrun's variables win
+    ({**SRUN, "SLURM_STEP_NUM_TASKS": "2", "SLURM_PROCID": "1", "RANK": "6",
+      "LOCAL_RANK": "2", "WORLD_SIZE": "8", "GROUP_RANK": "1", "GROUP_WORLD_SIZE": "2"},
+     (6, 2, 8), 1, 2),
+    # a batch script's own step (python train.py, no srun): one process, not rank 0 of 8
+    ({"SLURM_JOB_ID": "4242", "SLURM_NTASKS": "8", "SLURM_PROCID": "0", "SLURM_NODEID": "0",
+      "SLURM_STEP_NUM_TASKS": "1"}, (0, None, 1), 0, None),
+    # a Kubeflow PyTorchJob pod running torchrun: the pod's RANK/WORLD_SIZE are replaced by
+    # torchrun's in the process (what the process sees is torchrun's)
+    ({"RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2",
+      "GROUP_RANK": "1", "GROUP_WORLD_SIZE": "2", "TORCHELASTIC_RUN_ID": "job"},
+     (3, 1, 4), 1, 2),
+])
+def test_placement_from_each_launcher(env, want, node, nodes):
+    """rank, local rank and world size, and the node and node count, as each launcher
+    leaves them in the training process's environment."""
+    from monitor.probe.identity import node_count, node_rank, rank_identity
+
+    assert rank_identity(env, dist=False) == want
+    assert node_rank(env) == node and node_count(env) == nodes

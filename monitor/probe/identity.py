@@ -36,10 +36,12 @@ def _dist() -> Any:
 def rank_identity(env: dict[str, str] | None = None,
                   dist: Any = None) -> tuple[int, int | None, int]:
     """(rank, local rank, world size) of this process in a torch.distributed job, from
-    every launcher: `RANK` (torchrun, torch.distributed.launch, SLURM wrappers); else the
+    every launcher: `RANK` (torchrun, torch.distributed.launch, SLURM wrappers; a Kubeflow
+    pod's RANK counts pods, and torchrun inside the pod writes its own over it); else the
     script's initialised torch.distributed; else `NODE_RANK * LOCAL_WORLD_SIZE + LOCAL_RANK`
-    (Lightning's own DDP launcher sets LOCAL_RANK, NODE_RANK and WORLD_SIZE, not RANK);
-    (0, None, 1) for a single process. `dist` is injected by tests."""
+    (Lightning's own DDP launcher sets LOCAL_RANK, NODE_RANK and WORLD_SIZE, not RANK); else
+    Slurm's own, for `srun` with no torchrun (SLURM_PROCID, SLURM_LOCALID of
+    SLURM_STEP_NUM_TASKS); (0, None, 1) for a single process. `dist` is injected by tests."""
     env = dict(os.environ) if env is None else env
 
     def num(*keys: str) -> int | None:
@@ -63,15 +65,23 @@ def rank_identity(env: dict[str, str] | None = None,
         per_node = num("LOCAL_WORLD_SIZE")
         if node == 0 or per_node:
             rank = node * (per_node or 0) + local
+    if rank is None and local is None and (num("SLURM_STEP_NUM_TASKS") or 0) > 1:
+        # `srun python train.py`: Slurm started every rank itself, one task each (a batch
+        # script's own step has one task: its SLURM_PROCID 0 of SLURM_NTASKS is no rank)
+        rank, local = num("SLURM_PROCID"), num("SLURM_LOCALID")
+        world = world or num("SLURM_STEP_NUM_TASKS")
     return rank or 0, local, world or 1
 
 
 def node_rank(env: dict[str, str] | None = None) -> int | None:
-    """This host's place among the job's nodes (NODE_RANK, else torchrun's GROUP_RANK)."""
+    """This host's place among the job's nodes (NODE_RANK, else torchrun's GROUP_RANK, else
+    Slurm's SLURM_NODEID for srun's own tasks)."""
     env = dict(os.environ) if env is None else env
     for key in ("NODE_RANK", "GROUP_RANK"):
         if env.get(key, "").isdigit():
             return int(env[key])
+    if env.get("SLURM_NODEID", "").isdigit() and not env.get("LOCAL_RANK"):
+        return int(env["SLURM_NODEID"])  # srun's tasks: the node's index in the step
     return None
 
 
@@ -82,6 +92,8 @@ def node_count(env: dict[str, str] | None = None) -> int | None:
     try:
         if env.get("GROUP_WORLD_SIZE"):
             return int(env["GROUP_WORLD_SIZE"])
+        if env.get("SLURM_STEP_NUM_NODES") and not env.get("LOCAL_RANK"):
+            return int(env["SLURM_STEP_NUM_NODES"])
         world, local = int(env["WORLD_SIZE"]), int(env["LOCAL_WORLD_SIZE"])
         return max(1, world // local) if local > 0 else None
     except (KeyError, ValueError):
