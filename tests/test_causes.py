@@ -349,16 +349,19 @@ def test_workers_that_touch_their_pages_once_are_warm_not_growing():
 
 @pytest.mark.slow
 def test_tiny_samples_in_big_batches_are_per_sample_overhead(tmp_path, no_leaks):
-    """Scalars in batches of 1024, fetched and collated one by one: workers do not help, a
-    batched fetch (`__getitems__`) does, measured bare; the product names the per-sample
-    cost and advises the batched fetch, and no workers."""
+    """Scalars in batches of 1024, fetched and collated one by one: a batched fetch
+    (`__getitems__`) is several times faster than the same loader at 0 or 2 workers,
+    measured bare; the product names the per-sample cost and advises the batched fetch
+    first, predicted above any workers it also advises."""
     # no device step: with one, workers overlap its sleep, and a busy box that slows one
     # bare run more than the next made 2 workers read +50% once (107.5 against 161.6)
     args = ("--seconds", "3", "--step-ms", "0")
     runs = [bare("tiny", "--workers", w, *args) for w in ("0", "2", "0", "2")]  # interleaved
     none, two = max(rate(r) for r in runs[0::2]), max(rate(r) for r in runs[1::2])
     batched = rate(bare("tiny", "--workers", "0", "--batched", *args))
-    assert two < 1.5 * none < 1.5 * batched, (none, two, batched)
+    # workers share the cost out or not, box by box (0 -> 2 read 113.6 -> 221.1 on CI, 351
+    # -> 346 here idle); the batched fetch is 4-8 times either
+    assert batched > 2.5 * max(none, two), (none, two, batched)
     rc, d = monitored(tmp_path / "t.db", "tiny", "--workers", "0", *args)
     assert rc == 0
     f = finding(d, causes.PER_SAMPLE)
@@ -367,8 +370,8 @@ def test_tiny_samples_in_big_batches_are_per_sample_overhead(tmp_path, no_leaks)
     first = d["advice"][0]
     assert first["param"] == "dataset" and "__getitems__" in first["reason"]
     assert first["predicted_throughput"] > d["throughput"]
-    assert not more_workers(d) and "persistent_workers" not in \
-        [a["param"] for a in d["advice"]], d["advice"]
+    assert all(a["predicted_throughput"] < first["predicted_throughput"]
+               for a in more_workers(d)), d["advice"]
 
 
 @pytest.mark.slow

@@ -13,8 +13,8 @@ unmodified script. Pure: frames and the probe's `loader` report in, findings out
 - open files: torch's `file_descriptor` sharing holds a descriptor per tensor in flight;
   against `ulimit -n`.
 - per-sample overhead: big batches of samples that each cost the loop a few µs, fetched one
-  at a time: Python's per-sample call and collate are the cost (workers add a hand-off per
-  batch); a batched fetch (`__getitems__`) is the fix.
+  at a time: Python's per-sample call and collate are the cost; a batched fetch
+  (`__getitems__`) is the fix, advised first (workers only share the cost out).
 - worker start-up: workers not kept between epochs start again at each: the epoch's
   iter() (where spawn and forkserver pickle the dataset object to each worker), then each
   worker's first batch (it imports torch and unpickles the dataset), from the probe.
@@ -418,13 +418,16 @@ def failure(error: str, report: dict[str, Any] | None,
 def headline(text: str, findings: tuple[Finding, ...], f: Any) -> str:
     """The verdict's sentence with the findings: one that rules out more workers replaces
     the verdict's reasoning (which would say add workers); the others follow it."""
-    first = next((x for x in findings if x.no_more_workers), None)
+    first = next((x for x in findings if x.no_more_workers), None) or \
+        next((x for x in findings if x.leads), None)
     if first is not None:
         share = getattr(f, "data_wait_share", math.nan)
         wait = f" The device waits for data {share:.0%} of step time." \
             if isinstance(share, float) and not math.isnan(share) else ""
         rest = [x.text for x in findings if x is not first]
-        return " ".join([first.text[0].upper() + first.text[1:] + wait, *rest])
+        # a leading cause that leaves workers open keeps the verdict's reasoning after it
+        kept = [] if first.no_more_workers else [text]
+        return " ".join([first.text[0].upper() + first.text[1:] + wait, *kept, *rest])
     return " ".join([text, *(x.text[0].upper() + x.text[1:] for x in findings)])
 
 

@@ -14,6 +14,7 @@ class Finding:
     numbers: dict[str, Any] = field(default_factory=dict)
     advice: tuple[Advice, ...] = ()
     no_more_workers: bool = False  # more workers would not help (or would make it worse)
+    leads: bool = False  # its sentence opens the headline, before the verdict's reasoning
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
