@@ -48,6 +48,21 @@ def max_workers(usable_cores: int) -> int:
     return WORKER_CEILING_X * max(1, int(usable_cores))
 
 
+def prefetch_of(settings: Any) -> int:
+    """The prefetch_factor a loader runs with (a mapping or a LoaderConfig): torch's default
+    where it is unset."""
+    pf = settings.get("prefetch_factor") if isinstance(settings, dict) \
+        else getattr(settings, "prefetch_factor", None)
+    return int(pf or DEFAULT_PREFETCH)
+
+
+def in_flight(settings: Any) -> int:
+    """The batches a loader keeps in flight: workers x prefetch_factor (none at 0 workers)."""
+    nw = settings.get("num_workers") if isinstance(settings, dict) \
+        else getattr(settings, "num_workers", 0)
+    return int(nw or 0) * prefetch_of(settings)
+
+
 def normalise(settings: dict[str, Any], clear: bool = True) -> dict[str, Any]:
     """The one rule for worker-only settings: with num_workers=0, prefetch_factor is None and
     persistent_workers off (torch refuses them); with workers, prefetch_factor defaults to
@@ -230,7 +245,7 @@ class LoaderConfig:
             "pin_memory": self.pin_memory,
         }
         if self.num_workers > 0:
-            kw["prefetch_factor"] = self.prefetch_factor or DEFAULT_PREFETCH
+            kw["prefetch_factor"] = prefetch_of(self)
             kw["persistent_workers"] = self.persistent_workers
             if not self.in_order:  # (torch before 2.6 has no in_order: only passed when off)
                 kw["in_order"] = False

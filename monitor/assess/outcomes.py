@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
-from monitor.config import DEFAULT_PREFETCH, LIVE_SETTINGS
+from monitor.config import LIVE_SETTINGS, in_flight
 from monitor.frames.analysis import rank_rows
 from monitor.thresholds import (
     OUTCOME_MAX_STEPS,
@@ -85,8 +85,7 @@ def outcomes(events: pd.DataFrame, steps: pd.DataFrame) -> list[dict[str, Any]]:
             first = s["config_seq"].min()
             ended = bool((s["config_seq"] > first).any())
             s = s[s["config_seq"] == first]
-        nw = int(target.get("num_workers") or 0)
-        skip = max(2, nw * int(target.get("prefetch_factor") or DEFAULT_PREFETCH))
+        skip = max(2, in_flight(target))
         s = s.iloc[skip:skip + OUTCOME_MAX_STEPS]
         row["steps"] = len(s)
         row["final"] = ended or len(s) == OUTCOME_MAX_STEPS

@@ -95,6 +95,11 @@ class Features:
     worker_uss_mb: float | None = ev("USS per worker (MB)", "{:,.0f}")
 
     @property
+    def worker_mb(self) -> float | None:
+        """A worker's own memory: its USS, else its RSS where USS is not read."""
+        return self.worker_uss_mb or self.worker_rss_mb
+
+    @property
     def simulated(self) -> bool:
         return self.accelerator == SIMULATED
 
@@ -144,10 +149,7 @@ def workload_memory(host: pd.DataFrame) -> pd.Series:
     if host.empty or "proc_rss_mb" not in host.columns:
         return pd.Series(dtype=float)
     rss = pd.to_numeric(host["proc_rss_mb"], errors="coerce")
-    uss = pd.to_numeric(host["workers_uss_mb"], errors="coerce").ffill() \
-        if "workers_uss_mb" in host.columns else pd.Series(math.nan, index=host.index)
-    wrss = pd.to_numeric(host.get("workers_rss_mb"), errors="coerce")
-    return (rss + uss.fillna(wrss).fillna(0.0)).dropna()
+    return (rss + analysis.workers_memory_mb(host).fillna(0.0)).dropna()
 
 
 def _cpu(h: pd.DataFrame) -> dict[str, float | None]:

@@ -18,8 +18,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from monitor.config import DEFAULT_PREFETCH
 from monitor.config import max_workers as config_max_workers
+from monitor.config import prefetch_of
 from monitor.diagnosis.bound import BoundModel, best_workers, fit_bound
 from monitor.diagnosis.features import Features
 from monitor.thresholds import (
@@ -145,12 +145,12 @@ def memory_pressure(c: Ctx) -> str | None:
     f = c.f
     if f.memory_fraction is None or f.memory_fraction < MEMORY_HEADROOM:
         return None
-    nw, pf = f.num_workers, f.config.get("prefetch_factor") or DEFAULT_PREFETCH
+    nw, pf = f.num_workers, prefetch_of(f.config)
     if nw > 0 and pf > 1:
         c.add("prefetch_factor", 1, None, f"prefetch_factor {pf} → 1: {nw * (pf - 1)} fewer "
               "batches held in memory at once")
     if nw > 1:
-        per, fewer = f.worker_uss_mb or f.worker_rss_mb, max(1, nw // 2)
+        per, fewer = f.worker_mb, max(1, nw // 2)
         pred, then = c.model.predict(fewer) if c.model else (None, None)
         c.add("num_workers", fewer, pred,
               f"num_workers {nw} → {fewer}: frees about {(nw - fewer) * per:,.0f} MB"
@@ -203,7 +203,7 @@ def tail_stalls(c: Ctx) -> str | None:
         return None
     lost = f.spike_wait_share * f.data_wait_share * f.window_s
     pred = f.throughput * f.window_s / max(f.window_s - lost, 1e-9)
-    nw, pf = f.num_workers, f.config.get("prefetch_factor") or DEFAULT_PREFETCH
+    nw, pf = f.num_workers, prefetch_of(f.config)
     if nw > 0:
         c.add("prefetch_factor", pf * 2, pred, f"prefetch_factor {pf} → {pf * 2}: a deeper "
               f"queue rides out a slow batch; up to {gain(pred, f.throughput)} if the stalls "

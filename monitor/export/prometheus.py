@@ -35,6 +35,7 @@ from monitor.assess.recent import read_recent, steady_verdict
 from monitor.assess.window import Context, Window, assess
 from monitor.config import LIVE_SETTINGS
 from monitor.diagnosis import VERDICTS
+from monitor.frames.analysis import workers_memory_mb
 from monitor.store import ATTACHED, RUNNING, Store
 
 PREFIX = "starvation_"
@@ -215,9 +216,8 @@ class StoreCollector:
         if not host.empty:
             last = host.iloc[-1]
             for name, col, scale in HOST_GAUGES:
-                v = last.get(col)
-                if col == "workers_uss_mb" and (v is None or v != v):
-                    v = last.get("workers_rss_mb")
+                v = workers_memory_mb(host).iloc[-1] if col == "workers_uss_mb" \
+                    else last.get(col)
                 if v is not None and v == v:
                     gauges[name].add_metric(labels, float(v) * scale)
 

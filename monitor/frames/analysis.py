@@ -63,6 +63,19 @@ def rank_rows(frame: pd.DataFrame, rank: int) -> pd.DataFrame:
     return frame[frame["rank"].fillna(0) == rank]
 
 
+def workers_memory_mb(host: pd.DataFrame) -> pd.Series:
+    """The DataLoader workers' memory per host row, MB: their USS (what each adds beyond the
+    pages it shares with its parent; read one sampler pass in 8, so carried forward), else
+    their RSS where USS is not read. The one home of "USS, else RSS" over rows."""
+    if host.empty:
+        return pd.Series(dtype=float)
+    rss = pd.to_numeric(host["workers_rss_mb"], errors="coerce") \
+        if "workers_rss_mb" in host.columns else pd.Series(math.nan, index=host.index)
+    if "workers_uss_mb" not in host.columns:
+        return rss
+    return pd.to_numeric(host["workers_uss_mb"], errors="coerce").ffill().fillna(rss)
+
+
 def throughput(steps: pd.DataFrame) -> float:
     """Samples per second over the steps' span."""
     if steps.empty:

@@ -27,6 +27,8 @@ import signal
 import sys
 from typing import Any
 
+from monitor.config import in_flight
+
 MAX_WALK = 256  # items looked at when counting a batch's tensors and bytes
 
 
@@ -164,7 +166,7 @@ def report(loader: Any, batch: Any) -> dict[str, Any]:
     return {
         "batch_bytes": nbytes, "batch_tensors": tensors, "num_workers": nw,
         "batch_size": getattr(loader, "batch_size", None), "batched_fetch": batched,
-        "prefetch_factor": pf, "in_flight": nw * (pf or 0),
+        "prefetch_factor": pf, "in_flight": in_flight({"num_workers": nw, "prefetch_factor": pf}),
         "shm_total_mb": shm_total, "shm_free_mb": shm_free,
         "nofile_limit": None if soft == resource.RLIM_INFINITY else int(soft),
         "open_fds": _open_fds(), "sharing_strategy": sharing,

@@ -28,7 +28,7 @@ import pandas as pd
 
 from monitor import control, thresholds
 from monitor.assess.window import Context, Window, assess
-from monitor.config import DEFAULT_PREFETCH, LIVE_SETTINGS
+from monitor.config import LIVE_SETTINGS, in_flight
 from monitor.frames.analysis import rank_rows, run_rows, span, starts
 from monitor.store import ATTACHED, RUNNING
 from monitor.thresholds import (
@@ -208,8 +208,7 @@ def observation(window: Window, ctx: Context, settings: dict[str, Any],
     `end`: where an epoch stretch ended (_epoch_end), its throughput then the job's epoch
     rate, the time between its epochs and after the last included."""
     a = assess(window, ctx)
-    nw = int(settings.get("num_workers") or 0)
-    se = std_error(window.steps, nw * int(settings.get("prefetch_factor") or DEFAULT_PREFETCH))
+    se = std_error(window.steps, in_flight(settings))
     f = a.features
     advice = next((x for x in a.diagnosis.advice if x.param == "num_workers"), None)
     thr = f.throughput
@@ -220,7 +219,7 @@ def observation(window: Window, ctx: Context, settings: dict[str, Any],
     return Observation(settings, thr, se, a.verdict, f.data_wait_share,
                        advice.value if advice else None,
                        advice.predicted_throughput if advice else None,
-                       f.worker_uss_mb or f.worker_rss_mb,
+                       f.worker_mb,
                        memory_left_mb(f.mem_available_mb, f.workload_peak_mb,
                                       memory_budget_mb(ctx.memory_budget_mb)),
                        None, f.accelerator == "cuda", f.usable_cores, f.other_cpu_cores,
@@ -333,9 +332,8 @@ class LiveTuner:
             self._refused(tuner)
             done_epoch, done_at = control.epoch_done(
                 self.store.meta(control.epoch_done_key(self.run_id, r)))
-            chosen = tuner.ready(int(config.get("num_workers") or 0)
-                                 * int(config.get("prefetch_factor") or DEFAULT_PREFETCH),
-                                 done_epoch, bool(config.get("persistent_workers")), done_at)
+            chosen = tuner.ready(in_flight(config), done_epoch,
+                                 bool(config.get("persistent_workers")), done_at)
             if chosen is None:
                 self._ack(r, done_epoch, tuner)
                 continue

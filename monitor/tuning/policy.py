@@ -39,7 +39,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from monitor.config import DEFAULT_PREFETCH, LIVE_SETTINGS, normalise
+from monitor.config import LIVE_SETTINGS, normalise, prefetch_of
 from monitor.diagnosis.rules import CORES_BOUND, HEALTHY
 from monitor.thresholds import (
     HOST_BUSIER_CORES,
@@ -79,9 +79,9 @@ class Observation:
 
 # the advice the tuner can judge by throughput: the direction that buys speed (a memory
 # relief, prefetch 1 or pin_memory off, trades speed for room: the user's call, not a search's)
-SPEED = {"prefetch_factor": lambda old, new: new > (old or DEFAULT_PREFETCH),
-         "pin_memory": lambda old, new: new is True, "persistent_workers": lambda old, new: new
-         is True, "in_order": lambda old, new: new is False}
+SPEED = {"prefetch_factor": lambda s, new: new > prefetch_of(s),
+         "pin_memory": lambda s, new: new is True, "persistent_workers": lambda s, new: new
+         is True, "in_order": lambda s, new: new is False}
 
 
 def loader_advice(items: Any) -> tuple[tuple[str, Any, float | None, str], ...]:
@@ -261,7 +261,7 @@ class Policy:
         # then the diagnosis's other advice (rules.py, causes.py), not decided again here:
         # the moves that buy speed, each once
         for param, value, pred, why in b.advice:
-            if SPEED[param](s.get(param), value) and (nw > 0 or param == "pin_memory"):
+            if SPEED[param](s, value) and (nw > 0 or param == "pin_memory"):
                 out.append(({param: value}, f"the diagnosis: {why}" if why else param))
                 if pred:
                     self._predicted[_key(normalise({**s, param: value}))] = (pred, None)

@@ -8,13 +8,13 @@ import streamlit as st
 
 from monitor.config import (
     CUSTOM,
-    DEFAULT_PREFETCH,
     MODEL_SIZES,
     PRESETS,
     SHOWN_SETTINGS,
     USER_STEP_TIME_MS,
     ConfigError,
     LoaderConfig,
+    prefetch_of,
 )
 from monitor.manage.runtime import Runtime
 from monitor.manage.session import SessionManager
@@ -47,7 +47,7 @@ def shown_step_ms(config: LoaderConfig, store: Any) -> int:
 def _sync_from(config: LoaderConfig, store: Any) -> None:
     """Point this browser's widgets at the manager's config (another tab may have moved it)."""
     values = config.to_dict()
-    values["prefetch_factor"] = config.prefetch_factor or DEFAULT_PREFETCH
+    values["prefetch_factor"] = prefetch_of(config)
     values["step_time_ms"] = shown_step_ms(config, store)
     if values["batch_size"] not in BATCH_SIZES:
         values["batch_size"] = min(BATCH_SIZES, key=lambda b: abs(b - config.batch_size))

@@ -15,11 +15,11 @@ from monitor.assess import outcomes, probe_notes
 from monitor.assess.devices import workload_gpu
 from monitor.assess.window import Assessment
 from monitor.config import (
-    DEFAULT_PREFETCH,
     LOADER_SETTINGS,
     MAX_PREFETCH_FACTOR,
     ConfigError,
     LoaderConfig,
+    prefetch_of,
 )
 from monitor.diagnosis import NO_DATA, evidence_rows
 from monitor.diagnosis.rules import HEALTHY
@@ -222,7 +222,7 @@ def render_attached_controls(store: Store, run: dict, ranks: list[int]) -> None:
         nw = c[0].number_input("num_workers", 0, 64, int(cfg.get("num_workers") or 0),
                                key=f"att_nw_{run['id']}")
         pf = c[1].number_input("prefetch_factor", 1, MAX_PREFETCH_FACTOR,
-                               int(cfg.get("prefetch_factor") or DEFAULT_PREFETCH),
+                               prefetch_of(cfg),
                                key=f"att_pf_{run['id']}", disabled=nw == 0)
         pin = c[2].toggle("pin_memory", bool(cfg.get("pin_memory")), key=f"att_pin_{run['id']}")
         pers = c[3].toggle("persistent_workers", bool(cfg.get("persistent_workers")),
