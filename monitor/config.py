@@ -210,12 +210,14 @@ class LoaderConfig:
             )
 
     @classmethod
-    def live_request(cls, current: dict[str, Any], **changes: Any) -> dict[str, Any]:
+    def live_request(cls, current: dict[str, Any], worker_limit: int | None = None,
+                     **changes: Any) -> dict[str, Any]:
         """An attached script's loader change, validated and normalised like any setting:
-        returns the LIVE_SETTINGS to request. `current` is the run's recorded config."""
+        returns the LIVE_SETTINGS to request. `current` is the run's recorded config;
+        `worker_limit` the page's worker ceiling (the probe, which applies it, passes none)."""
         merged = {k: current.get(k) for k in LIVE_SETTINGS if current.get(k) is not None}
         merged.update({k: v for k, v in changes.items() if k in LIVE_SETTINGS})
-        cfg = cls.build(workload=f"{ATTACHED_PREFIX}request",
+        cfg = cls.build(worker_limit, workload=f"{ATTACHED_PREFIX}request",
                         batch_size=int(current.get("batch_size") or 1), **merged)
         return {k: getattr(cfg, k) for k in LIVE_SETTINGS}
 

@@ -43,6 +43,7 @@ TAIL_WAIT_SHARE = 0.5
 # ...and such steps are rare: at most this share of steps, and at most half a step per
 # worker (n workers hand over batches in rounds: one step in n waiting is the pipeline).
 TAIL_MAX_STEP_SHARE = 0.05
+TAIL_ROUND_SHARE = 0.5  # ... and at most this many steps a round of n workers
 # Warm-up: the run's first steps, until one takes at most WARMUP_SETTLED_X median steps
 # (read from the first WARMUP_READ_STEPS); time they took beyond median steps is the run's
 # warm-up, which dominates a run when it is WARMUP_DOMINANT_SHARE of the run's stepping.
@@ -248,3 +249,14 @@ HISTORY_SKIP_STEPS = 5
 HISTORY_MIN_STEPS = 30
 HISTORY_FINAL_S = 2.0
 SLOWER_SHARE = 0.10
+
+# The loading bound (monitor/diagnosis/bound.py): a workers' limit within this factor of the
+# cores' rate is the cores' (one more worker would meet the cores anyway).
+CORES_TIE_X = 1.05
+# The device's own clock (frames/analysis.device_timing) is read when at least this share
+# of the window's steps (and VERDICT_MIN_STEPS) carry it.
+DEVICE_CLOCK_MIN_SHARE = 0.5
+# NVML alignment (frames/analysis): steps' device busy is summed in bins this long (s).
+ALIGN_BIN_S = 0.01
+# `monitor compare`'s gate: a slowdown past this share (%), beyond the runs' noise, fails.
+MAX_REGRESSION_PCT = 5.0

@@ -85,6 +85,10 @@ def test_attached_requests_are_validated_and_normalised():
         "prefetch_factor"] is None
     with pytest.raises(ConfigError, match="num_workers=0"):
         LoaderConfig.live_request(current, num_workers=-1)
+    # the page's request is held to the sidebar's worker ceiling; the probe's, to none
+    with pytest.raises(ConfigError, match="use at most 6"):
+        LoaderConfig.live_request(current, 6, num_workers=7)
+    assert LoaderConfig.live_request(current, num_workers=7)["num_workers"] == 7
 
 
 def test_change_labels_work_on_recorded_dicts():

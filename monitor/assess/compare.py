@@ -17,6 +17,7 @@ from monitor.thresholds import (
     HOST_BUSIER_CORES,
     HOST_BUSIER_RUNQ,
     HOST_STEP_CHANGE,
+    MAX_REGRESSION_PCT,
     NOISE_PARTS,
     noise_band,
     std_error,
@@ -131,7 +132,7 @@ def gate(a: Side, b: Side, max_regression_pct: float) -> tuple[bool, str]:
 
 
 def compare(store: Store, specs: list[str], ctx: Context,
-            max_regression_pct: float = 5.0) -> dict[str, Any]:
+            max_regression_pct: float = MAX_REGRESSION_PCT) -> dict[str, Any]:
     """Everything `monitor compare` prints and the Compare tab shows."""
     if len(specs) < 2:
         raise CompareError("give at least two runs to compare, e.g. latest~1 latest")

@@ -6,7 +6,14 @@ from typing import Any
 
 from monitor.config import MODEL_SIZES, PRESETS
 from monitor.store import ENV_VAR, default_path
-from monitor.thresholds import BUDGET_ENV
+from monitor.thresholds import (
+    BUDGET_ENV,
+    KNEE_SHARE,
+    MAX_REGRESSION_PCT,
+    MIN_STEP_GAIN,
+    WARMUP_FRACTION,
+    WARMUP_MAX_S,
+)
 from monitor.tuning.search import SWEEP_PARAMS
 
 
@@ -71,8 +78,9 @@ def _measure(sub: argparse._SubParsersAction, common: argparse.ArgumentParser,
         help="run a managed workload for a while and print throughput and data-wait share",
         description=(
             "Run a synthetic workload with the given DataLoader settings, record it to the "
-            "store as a run, and assess its steady state (the first fifth of the run, at "
-            "most 2 s, is discarded as warm-up): throughput, data-wait share, device busy, "
+            "store as a run, and assess its steady state (the run's first "
+            f"{WARMUP_FRACTION:.0%}, at most {WARMUP_MAX_S:g} s, is discarded as warm-up): "
+            "throughput, data-wait share, device busy, "
             "the verdict, the bound and advice. Without CUDA the accelerator is simulated."
         ),
     )
@@ -91,7 +99,8 @@ def _sweep(sub: argparse._SubParsersAction, common: argparse.ArgumentParser,
             "state assessed as measure does, its throughput over the whole window and the "
             "spread over its parts, with data-wait share, device busy and peak memory. "
             "Configurations predicted not to fit in memory are skipped with the reason. The "
-            "knee is the cheapest configuration within 3% of the best. Ctrl-C stops after "
+            f"knee is the cheapest configuration within {1 - KNEE_SHARE:.0%} of the best. "
+            "Ctrl-C stops after "
             "cleaning up; finished results are kept."
         ),
     )
@@ -114,7 +123,8 @@ def _tune(sub: argparse._SubParsersAction, common: argparse.ArgumentParser,
         help="adaptive search: near the grid's best in a fraction of its time",
         description=(
             "Measure the starting settings, jump to the bound model's predicted knee, then "
-            "step num_workers (and prefetch_factor once) until no step gains 3%. Each "
+            "step num_workers (and prefetch_factor once) until no step gains "
+            f"{MIN_STEP_GAIN:.0%}. Each "
             "configuration is a run in the store."
         ),
     )
@@ -145,7 +155,8 @@ def _run(sub: argparse._SubParsersAction) -> None:
     r.add_argument("--autotune", action="store_true",
                    help="tune the script's loader by itself, epoch by epoch: measure, try the "
                         "next setting (applied at the next iter(loader)), keep it only if it "
-                        "pays beyond the noise, stop when nothing is predicted to gain 3%%")
+                        "pays beyond the noise, stop when nothing is predicted to gain "
+                        f"{MIN_STEP_GAIN:.0%}%")
     r.add_argument("--autotune-every-steps", type=int, default=None, metavar="N",
                    help="with --autotune, judge every N steps and apply a change at a step "
                         "boundary, without waiting for the epoch (for epochs of hours): only "
@@ -213,7 +224,7 @@ def _compare(sub: argparse._SubParsersAction) -> None:
             "it, exit 0 otherwise."))
     c.add_argument("runs", nargs="+", metavar="RUN",
                    help="run ids, latest, latest~1 (the one before), or name:NAME")
-    c.add_argument("--max-regression-pct", type=float, default=5.0)
+    c.add_argument("--max-regression-pct", type=float, default=MAX_REGRESSION_PCT)
     c.add_argument("--strict", action="store_true",
                    help="an inconclusive comparison (a busier host) fails too: exit 1")
     c.add_argument("--json", action="store_true", help="print one JSON object")

@@ -46,6 +46,7 @@ from dataclasses import dataclass, field
 
 from monitor.diagnosis.features import Features
 from monitor.thresholds import (
+    CORES_TIE_X,
     DEFAULT_OVERHEAD_S,
     KNEE_SHARE,
     MAIN_IDLE_CORES,
@@ -107,7 +108,7 @@ class BoundModel:
             "cores": self.cores_for(num_workers) / self.cpu_s if self.cpu_s > 0 else math.inf,
         }
         limit = min(rates, key=rates.get)
-        if limit == "workers" and rates["cores"] <= 1.05 * rates["workers"]:
+        if limit == "workers" and rates["cores"] <= CORES_TIE_X * rates["workers"]:
             limit = "cores"
         return rates[limit], limit
 

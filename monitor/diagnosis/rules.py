@@ -35,6 +35,7 @@ from monitor.thresholds import (
     STARVING_SHARE,
     STORAGE_READ_KB,
     TAIL_MAX_STEP_SHARE,
+    TAIL_ROUND_SHARE,
     TAIL_WAIT_SHARE,
     TRANSFER_SHARE,
     VERDICT_MIN_STEPS,
@@ -197,7 +198,8 @@ def tail_stalls(c: Ctx) -> str | None:
     the steady wait is also high."""
     f = c.f
     # rare: n workers hand over batches in rounds, so one step in n waiting is the pipeline
-    rare = f.spike_steps <= f.steps * min(TAIL_MAX_STEP_SHARE, 0.5 / max(f.num_workers, 1))
+    rounds = TAIL_ROUND_SHARE / max(f.num_workers, 1)
+    rare = f.spike_steps <= f.steps * min(TAIL_MAX_STEP_SHARE, rounds)
     if f.spike_steps < 2 or not rare or f.spike_wait_share is None or \
             f.spike_wait_share < TAIL_WAIT_SHARE:
         return None

@@ -37,6 +37,7 @@ from monitor.config import LIVE_SETTINGS
 from monitor.diagnosis import VERDICTS
 from monitor.frames.analysis import workers_memory_mb
 from monitor.store import ATTACHED, RUNNING, Store
+from monitor.thresholds import KPI_WINDOW_S
 
 PREFIX = "starvation_"
 RECENT_S = 300.0  # ended runs stay exported this long, so their last increments are scraped
@@ -48,6 +49,7 @@ RUN_LABELS = ["run_id", "job_id", "rank", "local_rank", "node_rank", "hostname",
 GPU_LABELS = ["gpu", "UUID", "hostname"]
 MB = 1024 * 1024
 _R = ", ".join(RUN_LABELS)
+_KPI = f"{KPI_WINDOW_S:g} s"  # the page's KPI window, the gauges' span
 
 # name, type, labels, meaning: docs/cluster.md's table is written from this list.
 METRICS: list[tuple[str, str, str, str]] = [
@@ -60,10 +62,11 @@ METRICS: list[tuple[str, str, str, str]] = [
     ("step_seconds_total", "counter", _R,
      "data wait + compute: the denominator of the data-wait share"),
     ("wait_per_step_seconds", "gauge", _R,
-     "mean data wait per step over the last 10 s: the input-straggler signal"),
-    ("device_busy_ratio", "gauge", _R, "device busy (step-derived) over the last 10 s, 0-1"),
+     "mean data wait per step over the last " + _KPI + ": the input-straggler signal"),
+    ("device_busy_ratio", "gauge", _R,
+     "device busy (step-derived) over the last " + _KPI + ", 0-1"),
     ("verdict", "stateset", _R + ", starvation_verdict",
-     "the rank's diagnosis of the last 10 s: 1 for the current verdict, 0 for the others"),
+     "the rank's diagnosis of the last " + _KPI + ": 1 for the current verdict, 0 for the others"),
     ("loader_info", "info", _R + ", num_workers, prefetch_factor, pin_memory, "
      "persistent_workers, batch_size", "the loader settings in force"),
     ("run_info", "info", _R + ", name, kind, status, accelerator_kind, world_size",

@@ -19,7 +19,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from monitor.thresholds import STRAGGLER_MIN_S, STRAGGLER_RATIO
+from monitor.thresholds import KPI_WINDOW_S, STRAGGLER_MIN_S, STRAGGLER_RATIO
 
 RANK = "job_id, node_rank, rank, hostname"  # what names a rank across nodes
 SEL = 'job_id=~"$job_id", hostname=~"$hostname", run_id=~"$run_id"'
@@ -101,7 +101,7 @@ def panels(rng: str = "$__rate_interval") -> list[dict]:
             f"mean and {STRAGGLER_MIN_S * 1000:g} ms more; the value is its wait per step."),
         _panel(5, "timeseries", "Device busy (the sawtooth), per rank", (0, 16, 12, 8), [
             _target(f"starvation_device_busy_ratio{{{SEL}}}", RANK_LEGEND)], "percentunit",
-            "Step-derived device busy over each rank's last 10 s."),
+            f"Step-derived device busy over each rank's last {KPI_WINDOW_S:g} s."),
         _panel(6, "timeseries", "GPU utilization of each rank's GPU (DCGM)", (12, 16, 12, 8), [
             _target("DCGM_FI_DEV_GPU_UTIL * on (UUID) group_left (job_id, node_rank, rank) "
                     "max by (UUID, job_id, node_rank, rank) "
@@ -116,7 +116,7 @@ def panels(rng: str = "$__rate_interval") -> list[dict]:
             _target(f"count by (job_id, world_size) (starvation_run_info{{{SEL}}})",
                     table=True)], None,
             "How many ranks report, against world_size: each node's exporter shows its own."),
-        _panel(9, "table", "Verdict per rank (last 10 s)", (0, 32, 12, 6), [
+        _panel(9, "table", f"Verdict per rank (last {KPI_WINDOW_S:g} s)", (0, 32, 12, 6), [
             _target(f"starvation_verdict{{{SEL}}} == 1", table=True)]),
         _panel(10, "table", "Loader settings in force", (12, 32, 12, 6), [
             _target(f"starvation_loader_info{{{SEL}}}", table=True)]),

@@ -13,6 +13,8 @@ import numpy as np
 import pandas as pd
 
 from monitor.thresholds import (
+    ALIGN_BIN_S,
+    DEVICE_CLOCK_MIN_SHARE,
     IDLE_GAP_MIN_S,
     SAWTOOTH_MIN_AC,
     SAWTOOTH_MIN_STD,
@@ -231,7 +233,7 @@ def device_timing(steps: pd.DataFrame) -> dict[str, float] | None:
     if steps.empty or "device_span_s" not in steps.columns:
         return None
     both = steps.dropna(subset=["device_idle_s", "device_span_s"])
-    if len(both) < max(VERDICT_MIN_STEPS, 0.5 * len(steps)):
+    if len(both) < max(VERDICT_MIN_STEPS, DEVICE_CLOCK_MIN_SHARE * len(steps)):
         return None
     idle, span = both["device_idle_s"].astype(float), both["device_span_s"].astype(float)
     total = float((idle + span).sum())
@@ -294,15 +296,15 @@ def nvml_vs_busy(util: pd.DataFrame, steps: pd.DataFrame) -> dict[str, float | N
     if not spacing > 0:
         return {"correlation": None, "spacing_s": None, "pairs": 0}
     start, end = span(steps)
-    fine = busy_series(steps, 0.01, start, end)
-    cum = np.concatenate([[0.0], np.cumsum(fine["busy"].to_numpy() * 0.01)])
+    fine = busy_series(steps, ALIGN_BIN_S, start, end)
+    cum = np.concatenate([[0.0], np.cumsum(fine["busy"].to_numpy() * ALIGN_BIN_S)])
     t = u["ts"].to_numpy()
     keep = (t - spacing >= start) & (t <= end)
     if keep.sum() < 3:
         return {"correlation": None, "spacing_s": spacing, "pairs": int(keep.sum())}
-    hi = np.clip(((t[keep] - start) / 0.01).astype(int), 0, len(cum) - 1)
-    lo = np.clip(((t[keep] - spacing - start) / 0.01).astype(int), 0, len(cum) - 1)
-    busy = (cum[hi] - cum[lo]) / np.maximum((hi - lo) * 0.01, 1e-9)
+    hi = np.clip(((t[keep] - start) / ALIGN_BIN_S).astype(int), 0, len(cum) - 1)
+    lo = np.clip(((t[keep] - spacing - start) / ALIGN_BIN_S).astype(int), 0, len(cum) - 1)
+    busy = (cum[hi] - cum[lo]) / np.maximum((hi - lo) * ALIGN_BIN_S, 1e-9)
     nv = u["util_pct"].to_numpy()[keep] / 100.0
     if np.std(busy) == 0 or np.std(nv) == 0:
         corr = None

@@ -172,7 +172,7 @@ def live_region(watching: bool = False) -> None:
         st.caption(plain(gpu_notice))
         panels.render_gpu_panel(view, devices, default_gpu)
     if view.run["kind"] == ATTACHED and view.run["status"] == RUNNING:
-        panels.render_attached_controls(rt.store, view.run, ranks)
+        panels.render_attached_controls(rt.store, view.run, ranks, rt.max_workers)
     if view.run["status"] != RUNNING and st.session_state.get("_live_fragment"):
         st.rerun()  # it ended: the still view takes over (an ended run is not re-read)
     if st.session_state.get("_synced") not in (None, manager.config):

@@ -9,6 +9,7 @@ import pandas as pd
 import streamlit as st
 
 from monitor.store import ATTACHED
+from monitor.thresholds import MIN_STEP_GAIN
 from monitor.tuning.policy import describe_settings, outcome
 from monitor.ui.text import plain
 
@@ -52,7 +53,7 @@ def render_autotune(rt: Any, run: dict) -> None:
                    + ("window of the workload" if managed else "epoch of the script")
                    + ", tries the next setting the bound model suggests, keeps it only if "
                    "it pays beyond the noise, and stops when nothing is predicted to gain "
-                   "3%. Moving a setting by hand turns it off.")
+                   f"{MIN_STEP_GAIN:.0%}. Moving a setting by hand turns it off.")
     why = st.session_state.get(f"{key}_error")
     if why:
         st.warning(plain(why))

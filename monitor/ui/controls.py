@@ -8,6 +8,7 @@ import streamlit as st
 
 from monitor.config import (
     CUSTOM,
+    MAX_PREFETCH_FACTOR,
     MODEL_SIZES,
     PRESETS,
     SHOWN_SETTINGS,
@@ -129,7 +130,7 @@ def render_controls(rt: Runtime, simulated: bool) -> None:
                    f"{nw_max // 3} usable cores (slider goes to 3x).")
     sb.select_slider("batch_size", BATCH_SIZES, key=_key("batch_size"), **args)
     no_workers = int(st.session_state[_key("num_workers")]) == 0
-    sb.slider("prefetch_factor", 1, 16, key=_key("prefetch_factor"),
+    sb.slider("prefetch_factor", 1, MAX_PREFETCH_FACTOR, key=_key("prefetch_factor"),
               help="batches each worker loads ahead (needs num_workers >= 1)",
               **{**args, "disabled": locked or no_workers})
     sb.toggle("pin_memory", key=_key("pin_memory"), **args,

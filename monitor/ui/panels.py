@@ -204,10 +204,10 @@ def rank_gpus(ranks: Any, devices: list, order: list[int]) -> list[int | None]:
     return [workload_gpu(devices, by_rank.get(int(r))) for r in order]
 
 
-def render_attached_controls(store: Store, run: dict, ranks: list[int]) -> None:
+def render_attached_controls(store: Store, run: dict, ranks: list[int], limit: int) -> None:
     """Loader changes for an attached script: requested through the store, applied by its
     probe at the script's next iter(loader), i.e. the next epoch; for a job, by every rank or
-    by the one picked."""
+    by the one picked. `limit` is the worker ceiling (config.max_workers) the sidebar has."""
     cfg = run["config"] or {}
     fixed = probe_notes.retune(store.events(int(run["id"]), kinds=("probe",)))
     if not fixed["possible"]:  # a request would only be refused: say why instead
@@ -219,7 +219,8 @@ def render_attached_controls(store: Store, run: dict, ranks: list[int]) -> None:
                               format_func=lambda r: r if isinstance(r, str) else f"rank {r}") \
             if len(ranks) > 1 else "all ranks"
         c = st.columns(5)
-        nw = c[0].number_input("num_workers", 0, 64, int(cfg.get("num_workers") or 0),
+        nw = c[0].number_input("num_workers", 0, limit,
+                               min(int(cfg.get("num_workers") or 0), limit),
                                key=f"att_nw_{run['id']}")
         pf = c[1].number_input("prefetch_factor", 1, MAX_PREFETCH_FACTOR,
                                prefetch_of(cfg),
@@ -233,7 +234,7 @@ def render_attached_controls(store: Store, run: dict, ranks: list[int]) -> None:
                    "DataLoader: change those in the script.")
         if st.button("Request", key=f"att_req_{run['id']}"):
             try:
-                payload = LoaderConfig.live_request(cfg, num_workers=int(nw),
+                payload = LoaderConfig.live_request(cfg, limit, num_workers=int(nw),
                                                     prefetch_factor=int(pf), pin_memory=bool(pin),
                                                     persistent_workers=bool(pers),
                                                     in_order=bool(order) or nw == 0)
