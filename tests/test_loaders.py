@@ -128,3 +128,33 @@ def test_how_a_loaders_workers_ended_is_said_in_torchs_words(no_leaks):
     assert f"DataLoader worker (pid {procs[0].pid}) is killed by signal: Killed." in note
     assert f"DataLoader worker (pid {procs[1].pid}) exited with code 3." in note
     assert exit_note([object()]) == ""  # not a process: nothing said, nothing raised
+
+
+def _die_soon() -> None:
+    import signal
+    import time
+
+    time.sleep(0.5)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def test_an_error_a_death_raises_waits_for_the_workers_exit_code(no_leaks):
+    """The OOM killer's kill lands while the main process is receiving the worker's batch:
+    EOFError comes before the worker is reaped. The note waits for its exit code (a bounded
+    poll); an error of the dataset's own is not delayed."""
+    import multiprocessing as mp
+    import time
+
+    from monitor.probe.workers import DEATH_WAIT_S, exit_note
+
+    p = mp.get_context("fork").Process(target=_die_soon)
+    p.start()
+    try:
+        t0 = time.monotonic()
+        assert exit_note([p], ValueError("a bad sample")) == ""  # alive: nothing to say
+        assert time.monotonic() - t0 < 0.4
+        note = exit_note([p], EOFError())
+        assert f"DataLoader worker (pid {p.pid}) is killed by signal: Killed." in note, note
+        assert time.monotonic() - t0 < DEATH_WAIT_S + 0.5
+    finally:
+        p.join(timeout=30)

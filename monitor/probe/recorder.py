@@ -140,7 +140,7 @@ class Recorder:
     def _loader_error(self, exc: BaseException) -> None:
         """The loader raised into the loop (its own error, passed on untouched)."""
         text = workers.error_text(exc)
-        if "killed by signal" not in text and (how := workers.exit_note(self.worker_procs)):
+        if "killed by signal" not in text and (how := workers.exit_note(self.worker_procs, exc)):
             text = f"{text}; {how}"
         self._event("loader error", text, {"error": text, "at_step": self.probe.step})
         workers.remove_dead_segments(w.pid for w in self.worker_procs)  # (after the event)

@@ -25,6 +25,7 @@ import pickle
 import resource
 import signal
 import sys
+import time
 from typing import Any
 
 from monitor.config import in_flight
@@ -195,13 +196,27 @@ def error_text(exc: BaseException) -> str:
     return (" (from ".join(parts) + ")" * (len(parts) - 1))[:600]
 
 
-def exit_note(procs: Any) -> str:
+# Errors a worker's death raises in the main process before the worker is reaped: a batch's
+# shared-memory handle cut off mid-send (EOFError, a reset connection), torch's queue timeout.
+DEATH_ERRORS = (EOFError, ConnectionError)
+DEATH_WAIT_S = 2.0  # how long such an error waits for the dead worker's exit code
+
+
+def exit_note(procs: Any, exc: BaseException | None = None) -> str:
     """How the epoch's workers that have ended ended, in torch's words ('DataLoader worker
     (pid 123) is killed by signal: Killed.'), for an error that does not say: torch raises
     "exited unexpectedly" from a queue timeout when its SIGCHLD handler did not run first.
-    Read from the worker processes' exit codes (multiprocessing reaps them); '' if none."""
+    Read from the worker processes' exit codes (multiprocessing reaps them); '' if none.
+    After an error a death raises (`exc`: EOFError while a killed worker's batch was being
+    received), the kernel may not have finished the kill: it polls up to DEATH_WAIT_S for
+    an exit code (the loop is failing already; any other error is not delayed)."""
+    procs = list(procs or ())
+    if isinstance(exc, DEATH_ERRORS) or "exited unexpectedly" in str(exc or ""):
+        deadline = time.monotonic() + DEATH_WAIT_S
+        while not _ended(procs) and time.monotonic() < deadline:
+            time.sleep(0.05)
     out = []
-    for w in procs or ():
+    for w in procs:
         try:
             code = w.exitcode
         except Exception:  # not a process this one started
@@ -215,6 +230,17 @@ def exit_note(procs: Any) -> str:
         elif isinstance(code, int) and code > 0:
             out.append(f"DataLoader worker (pid {w.pid}) exited with code {code}.")
     return " ".join(out)
+
+
+def _ended(procs: list[Any]) -> bool:
+    """Whether any of the worker processes has an exit code (no process objects: True)."""
+    codes = []
+    for w in procs:
+        try:
+            codes.append(w.exitcode)
+        except Exception:  # not a process this one started
+            continue
+    return not codes or any(c is not None for c in codes)
 
 
 def _dead(pid: int) -> bool:
