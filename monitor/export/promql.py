@@ -49,6 +49,21 @@ def straggler(w: str, others: str) -> str:
     return f"({w} >= {STRAGGLER_RATIO:g} * {others}) and ({w} - {others} >= {STRAGGLER_MIN_S:g})"
 
 
+def finite(w: str) -> str:
+    """The ranks whose W is a number: a rank with no step in the range (hung, or just
+    started) reads 0/0 or x/0, which would make every other rank's mean NaN or +Inf and hide
+    the job's stragglers."""
+    return f"({w} >= 0 < Inf)"
+
+
+def missing(window: str = "10m") -> str:
+    """Ranks seen in the last `window` whose series have stopped (their node's exporter
+    went, or stopped exposing them) while other ranks of their job still report."""
+    seen = f'group by ({RANK}) (max_over_time(starvation_steps_total{{job_id!=""}}[{window}]))'
+    now = f'group by ({RANK}) (starvation_steps_total{{job_id!=""}})'
+    return f"({seen} unless on ({RANK}) {now}) and on (job_id) group by (job_id) ({now})"
+
+
 def job_sel(sel: str) -> str:
     return f'job_id!="", {sel}' if sel else 'job_id!=""'
 
@@ -96,7 +111,7 @@ def panels(rng: str = "$__rate_interval") -> list[dict]:
                "A rank far above the others is an input straggler: it waits for data while "
                "the others wait for it in the all-reduce."),
         _panel(4, "table", "Input stragglers (across every node)", (12, 8, 12, 8), [
-            _target(straggler(jw, others_mean(jw)), table=True)], None,
+            _target(straggler(finite(jw), others_mean(finite(jw))), table=True)], None,
             f"Ranks whose wait per step is at least {STRAGGLER_RATIO:g}x the other ranks' "
             f"mean and {STRAGGLER_MIN_S * 1000:g} ms more; the value is its wait per step."),
         _panel(5, "timeseries", "Device busy (the sawtooth), per rank", (0, 16, 12, 8), [
@@ -169,8 +184,11 @@ def rules(rng: str = RULES_RANGE) -> str:
         (f"starvation:samples:rate{rng}", per_rank("samples_total", "", rng)),
         (f"starvation:job_samples:rate{rng}",
          f"sum by (job_id) (rate(starvation_samples_total[{rng}]))"),
-        (o, others_mean(f'{w}{{job_id!=""}}')),
-        ("starvation:input_straggler", straggler(f'{w}{{job_id!=""}}', o)),
+        (o, others_mean(finite(f'{w}{{job_id!=""}}'))),
+        ("starvation:input_straggler", straggler(finite(f'{w}{{job_id!=""}}'), o)),
+        ("starvation:job_ranks_reporting",
+         f'count by (job_id) (group by ({RANK}) (starvation_steps_total{{job_id!=""}}))'),
+        ("starvation:rank_missing", missing()),
     ]
     lines = ["# Prometheus rules for Starvation Monitor, written by",
              "#   python -m monitor.export.promql --write deploy",
@@ -192,6 +210,14 @@ def rules(rng: str = RULES_RANGE) -> str:
             f"Its wait per step is at least {STRAGGLER_RATIO:g}x the other ranks' and "
             f"{STRAGGLER_MIN_S * 1000:g} ms more: the whole job waits for its loader in the "
             "all-reduce. Give that rank's loader more workers, or find its slow storage."),
+        "      - alert: RankMissing",
+        "        expr: starvation:rank_missing",
+        "        for: 2m",
+        "        labels: {severity: warning}",
+        "        annotations:",
+        "          summary: " + json.dumps(
+            "rank {{ $labels.rank }} (node {{ $labels.node_rank }}, {{ $labels.hostname }}) "
+            "of job {{ $labels.job_id }} stopped reporting"),
         "      - alert: InputStarved",
         f"        expr: starvation:data_wait_share:rate{rng} > 0.5",
         "        for: 10m",
