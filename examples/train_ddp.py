@@ -8,6 +8,11 @@ Each sample costs `--sample-ms` of storage latency (a sleep, like a network read
 little CPU; `--slow-rank R --slow-factor F` makes rank R's samples F times slower, the input
 straggler: rank R waits for data while every other rank waits for it inside the gradient
 all-reduce. Nothing is downloaded.
+
+Under Slurm without torchrun (`srun --ntasks 8 --cpus-per-task 4 python -m monitor run --
+python examples/train_ddp.py`), each task is a rank: its rank and the world size come from
+SLURM_PROCID and SLURM_NTASKS, the rendezvous from MASTER_ADDR and MASTER_PORT (set them in
+the batch script: the first node's hostname, a free port).
 """
 from __future__ import annotations
 
@@ -46,7 +51,11 @@ def main() -> None:
     ap.add_argument("--slow-factor", type=float, default=4.0)
     ap.add_argument("--fail-rank", type=int, default=None, help="this rank raises in epoch 1")
     a = ap.parse_args()
-    dist.init_process_group("gloo")
+    if "RANK" not in os.environ and "SLURM_PROCID" in os.environ:  # srun started it
+        dist.init_process_group("gloo", rank=int(os.environ["SLURM_PROCID"]),
+                                world_size=int(os.environ["SLURM_NTASKS"]))
+    else:
+        dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.set_num_threads(1)
     slow = a.slow_factor if rank == a.slow_rank else 1.0

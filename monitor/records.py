@@ -134,7 +134,9 @@ class CpuBudget:
     affinity: cores in this process's CPU affinity mask; quota: cores granted by the cgroup's
     CPU quota (cpu.max, or cfs_quota_us/cfs_period_us on v1), None when unlimited; usable: the
     whole cores that leaves; throttled: the share of CFS periods in which the cgroup was
-    throttled so far (None when unknown): high means the quota, not the cores, is the limit.
+    throttled so far (None when unknown): high means the quota, not the cores, is the limit;
+    scheduler: the CPUs the batch scheduler grants a task (Slurm's SLURM_CPUS_PER_TASK), None
+    outside one: a rank's workers must fit it even where no cgroup or mask enforces it.
     """
 
     affinity: int
@@ -142,6 +144,7 @@ class CpuBudget:
     usable: int
     throttled: float | None
     throttled_s: float | None
+    scheduler: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

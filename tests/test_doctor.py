@@ -94,3 +94,11 @@ def test_spawn_and_forkserver_workers_are_said_to_start_every_epoch():
     assert doctor.start_method_check("fork").status == doctor.OK
     c = doctor.start_method_check("forkserver")
     assert c.status == doctor.WARN and "persistent_workers=True" in c.todo
+
+
+def test_a_slurm_grant_below_the_mask_is_a_warning_with_the_flag():
+    checks = doctor.cgroup_check(CpuBudget(16, None, 4, None, None, 4), None)
+    warn = [c for c in checks if "Slurm grants 4 CPUs a task" in c.what]
+    assert warn and warn[0].status == doctor.WARN and "--cpus-per-task" in warn[0].todo
+    assert not any("Slurm" in c.what for c in doctor.cgroup_check(
+        CpuBudget(16, None, 16, None, None), None))

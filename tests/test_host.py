@@ -248,3 +248,20 @@ def test_the_monitors_own_processes_are_counted_apart_from_the_job_and_other_pro
     finally:
         ours.kill()
         ours.wait()
+
+
+def test_the_cpu_budget_keeps_within_slurms_grant(tmp_path):
+    """SLURM_CPUS_PER_TASK bounds the usable cores where no mask or cgroup enforces it;
+    outside a Slurm job, or unset, it is not read."""
+    from monitor.sampling.host import cpu_budget
+
+    granted = {"SLURM_JOB_ID": "7", "SLURM_CPUS_PER_TASK": "2"}
+    b = cpu_budget(str(tmp_path), affinity=16, env=granted)
+    assert (b.usable, b.scheduler, b.affinity) == (2, 2, 16)
+    # a grant above the mask leaves the mask the limit
+    assert cpu_budget(str(tmp_path), affinity=1, env=granted).usable == 1
+    assert cpu_budget(str(tmp_path), affinity=16, env={"SLURM_CPUS_PER_TASK": "2"}).usable \
+        == 16
+    assert cpu_budget(str(tmp_path), affinity=16, env={"SLURM_JOB_ID": "7"}).scheduler is None
+    assert cpu_budget(str(tmp_path), affinity=16,
+                      env={**granted, "SLURM_CPUS_PER_TASK": "x"}).usable == 16

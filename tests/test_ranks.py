@@ -163,3 +163,35 @@ def test_placement_from_each_launcher(env, want, node, nodes):
 
     assert rank_identity(env, dist=False) == want
     assert node_rank(env) == node and node_count(env) == nodes
+
+
+def test_a_slurm_shaped_launch_without_torchrun(tmp_path, no_leaks):
+    """Two tasks as `srun --ntasks 2 --nodes 2 --cpus-per-task 1` starts them (the SLURM_*
+    variables, no torchrun: the script joins the gloo group from SLURM_PROCID and
+    SLURM_NTASKS), each under its own `monitor run`: ranks 0 and 1 of a world of 2, on nodes
+    0 and 1, the job id from SLURM_JOB_ID and the CPU budget from SLURM_CPUS_PER_TASK."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    base = {k: v for k, v in os.environ.items()
+            if not k.startswith(("SLURM_", "TORCHELASTIC_")) and k not in
+            ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK")}
+    procs = [subprocess.Popen(
+        [sys.executable, "-m", "monitor", "run", "--db", str(tmp_path / f"n{task}.db"),
+         "--json", "--", sys.executable, str(DDP), "--epochs", "2", "--samples", "256",
+         "--num-workers", "1", "--batch-size", "16"], cwd=ROOT,
+        env={**base, "PYTHONPATH": str(ROOT), "MASTER_ADDR": "127.0.0.1",
+             "MASTER_PORT": str(port), "SLURM_JOB_ID": "4242", "SLURM_NTASKS": "2",
+             "SLURM_STEP_NUM_TASKS": "2", "SLURM_STEP_NUM_NODES": "2",
+             "SLURM_PROCID": str(task), "SLURM_LOCALID": "0", "SLURM_NODEID": str(task),
+             "SLURM_CPUS_PER_TASK": "1"},
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for task in (0, 1)]
+    results = [finish(p) for p in procs]
+    for task, (rc, d, _out, err) in enumerate(results):
+        assert rc == 0 and d is not None, err[-3000:]
+        assert d["ranks_held"] == [task] and d["world_size"] == 2, d
+        assert d["evidence"]["usable_cores"] == 1, d["evidence"]
+        ranks = Store(tmp_path / f"n{task}.db").ranks(d["run_id"])
+        assert ranks["job_id"].tolist() == ["4242"] and ranks["node_rank"].tolist() == [task]

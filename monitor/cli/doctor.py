@@ -162,6 +162,14 @@ def limit_check(name: str, soft: int, minimum: int, todo: str) -> Check:
 
 def cgroup_check(budget: Any, mem_limit_mb: float | None) -> list[Check]:
     out = []
+    sched = getattr(budget, "scheduler", None)
+    if sched is not None:
+        over = sched < budget.affinity
+        out.append(Check(WARN if over else OK,
+                         f"Slurm grants {sched} CPU{'s' if sched != 1 else ''} a task "
+                         f"(SLURM_CPUS_PER_TASK) of the {budget.affinity} in its mask",
+                         f"the advice keeps this task's workers within {budget.usable} cores;"
+                         " ask for more with --cpus-per-task" if over else ""))
     if budget.quota is not None:
         out.append(Check(WARN if budget.quota < budget.affinity else OK,
                          f"cgroup CPU quota {budget.quota:g} cores of {budget.affinity}",

@@ -82,7 +82,7 @@ class Features:
                                              "their time)", "{:.0%}")
     read_per_sample_kb: float | None = ev("loaders' reads per sample (KB)", "{:,.1f}")
     missing_evidence: tuple[str, ...] = ev(default=())
-    usable_cores: int = ev("usable cores (affinity, cgroup quota)", "{}", 1)
+    usable_cores: int = ev("usable cores (affinity, cgroup quota, SLURM_CPUS_PER_TASK)", "{}", 1)
     cpu_quota: float | None = ev()
     cpu_throttled: float | None = ev("cgroup periods throttled", "{:.0%}")
     mem_total_mb: float | None = ev()

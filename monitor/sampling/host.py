@@ -12,7 +12,7 @@ import os
 import shutil
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from types import ModuleType
 from typing import Any
 
@@ -61,15 +61,33 @@ def cgroup_cpu_quota(root: str = "/sys/fs/cgroup") -> float | None:
     return quota_us / period_us if quota_us > 0 and period_us > 0 else None
 
 
-def cpu_budget(root: str = "/sys/fs/cgroup", affinity: int | None = None) -> CpuBudget:
-    """Affinity, cgroup quota and throttling (v2 cpu.stat, else v1 cpu/cpu.stat)."""
+def scheduler_cpus(env: Mapping[str, str] | None = None) -> int | None:
+    """The CPUs Slurm grants each task of the step (`--cpus-per-task`), None outside Slurm
+    or where it is not set (Slurm then grants one CPU a task, and binds it where the task
+    affinity plugin runs: the mask says so)."""
+    env = os.environ if env is None else env
+    if not env.get("SLURM_JOB_ID"):
+        return None
+    try:
+        n = int(env.get("SLURM_CPUS_PER_TASK", ""))
+    except ValueError:
+        return None
+    return n if n > 0 else None
+
+
+def cpu_budget(root: str = "/sys/fs/cgroup", affinity: int | None = None,
+               env: Mapping[str, str] | None = None) -> CpuBudget:
+    """Affinity, cgroup quota, the scheduler's grant and throttling (v2 cpu.stat, else v1
+    cpu/cpu.stat): usable is the least of the three."""
     if affinity is None:
         try:
             affinity = len(os.sched_getaffinity(0))
         except (AttributeError, OSError):
             affinity = os.cpu_count() or 1
     quota = cgroup_cpu_quota(root)
+    sched = scheduler_cpus(env)
     usable = max(1, min(affinity, int(quota + 0.999)) if quota is not None else affinity)
+    usable = max(1, min(usable, sched)) if sched is not None else usable
     stat = _stat_fields(_read(os.path.join(root, "cpu.stat")))
     throttled_s = stat["throttled_usec"] / 1e6 if "throttled_usec" in stat else None
     if not stat:
@@ -78,7 +96,7 @@ def cpu_budget(root: str = "/sys/fs/cgroup", affinity: int | None = None) -> Cpu
             throttled_s = stat["throttled_time"] / 1e9
     periods, thr = stat.get("nr_periods"), stat.get("nr_throttled")
     throttled = thr / periods if periods and thr is not None else None
-    return CpuBudget(affinity, quota, usable, throttled, throttled_s)
+    return CpuBudget(affinity, quota, usable, throttled, throttled_s, sched)
 
 
 def usable_cores(root: str = "/sys/fs/cgroup") -> int:
