@@ -3,6 +3,7 @@ Playwright. Opens the page, finds the verdict and a chart, moves num_workers, an
 config marker. Screenshots land in artifacts/."""
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -45,22 +46,23 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture
-def server(tmp_path, request):
-    """A served dashboard; `@pytest.mark.server_env(NAME=value)` adds to its environment."""
-    if not Path(CHROMIUM).exists() and not shutil.which("chromium"):
-        pytest.skip("chromium is not installed (apt-get install -y chromium)")
+@contextlib.contextmanager
+def serve_dashboard(tmp_path: Path, env_extra: dict[str, str] | None = None,
+                    command: list[str] | None = None):
+    """A served dashboard on a free port: `streamlit run app.py`, or `command` (given the
+    port as {port}); yields (url, db, process). Closing it must leave no process and no
+    exception box in its log."""
     port = free_port()
     db = tmp_path / "monitor.db"
-    extra = request.node.get_closest_marker("server_env")
     env = {**os.environ, "STARVATION_MONITOR_DB": str(db), "STARVATION_MONITOR_SIMULATE": "1",
-           **(extra.kwargs if extra else {})}
+           **(env_extra or {})}
+    cmd = [a.format(port=port) for a in command] if command else [
+        sys.executable, "-m", "streamlit", "run", "app.py", "--server.port", str(port),
+        "--server.address", "127.0.0.1", "--server.headless", "true"]
     log = open(tmp_path / "server.log", "w")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "streamlit", "run", "app.py", "--server.port", str(port),
-         "--server.address", "127.0.0.1", "--server.headless", "true"],
-        cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
+
     def healthy() -> bool:
         try:
             urllib.request.urlopen(url + "/_stcore/health", timeout=2)
@@ -69,20 +71,32 @@ def server(tmp_path, request):
             return False
 
     wait_for(healthy, timeout=60, every=0.3)
-    yield url, db, proc
-    tree = psutil.Process(proc.pid).children(recursive=True) if proc.poll() is None else []
-    proc.send_signal(signal.SIGTERM)  # closing the dashboard stops its workload
     try:
-        proc.wait(30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-    _, alive = psutil.wait_procs(tree, timeout=20)
-    for p in alive:
-        p.kill()
+        yield url, db, proc
+    finally:
+        tree = psutil.Process(proc.pid).children(recursive=True) if proc.poll() is None else []
+        proc.send_signal(signal.SIGTERM)  # closing the dashboard stops its workload
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        _, alive = psutil.wait_procs(tree, timeout=20)
+        for p in alive:
+            p.kill()
+        log.close()
     assert not alive, f"closing the dashboard left processes: {alive}"
-    log.close()
     text = (tmp_path / "server.log").read_text()
     assert "Uncaught app execution" not in text, text[-3000:]  # an exception box in the page
+
+
+@pytest.fixture
+def server(tmp_path, request):
+    """A served dashboard; `@pytest.mark.server_env(NAME=value)` adds to its environment."""
+    if not Path(CHROMIUM).exists() and not shutil.which("chromium"):
+        pytest.skip("chromium is not installed (apt-get install -y chromium)")
+    extra = request.node.get_closest_marker("server_env")
+    with serve_dashboard(tmp_path, extra.kwargs if extra else None) as served:
+        yield served
 
 
 def test_page_shows_sawtooth_and_reacts_to_num_workers(server):

@@ -112,6 +112,9 @@ def test_two_node_job_in_prometheus(tmp_path, no_leaks):
         for pid, exprs in panel_queries().items():
             results[pid] = [prom_query(base, e, time=str(at)) for e in exprs]
         recorded = prom_query(base, "starvation:input_straggler", time=str(at))
+        # the page's Job tab reads the same job back (dashboard --prometheus)
+        from monitor.export import promread
+        tab = promread.job(base, f"127.0.0.1:{master}", rng=WINDOW, at=at)
         scrape = prom_query(base, 'max_over_time(scrape_duration_seconds'
                                   f'{{job="starvation-monitor"}}[{WINDOW}])', time=str(at))
     finally:
@@ -133,6 +136,9 @@ def test_two_node_job_in_prometheus(tmp_path, no_leaks):
     for found in (results[4][0], recorded):
         assert [(s["metric"]["rank"], s["metric"]["node_rank"]) for s in found] == \
             [("1", "1")], found
+    assert tab.ranks[["rank", "node_rank"]].values.tolist() == [[0, 0], [1, 1]]
+    assert tab.stragglers()[["rank", "node_rank"]].values.tolist() == [[1, 1]]
+    assert tab.throughput == pytest.approx(float(results[1][0][0]["value"][1]), rel=0.01)
     # DCGM's utilization of node 0's GPU, labelled with the rank that uses it
     joined = results[6][0]
     assert [(s["metric"]["rank"], s["metric"]["gpu"], float(s["value"][1])) for s in joined] \

@@ -255,6 +255,9 @@ def _dashboard(sub: argparse._SubParsersAction) -> None:
                    help="your dataset for the page's managed workload")
     d.add_argument("--metrics-port", type=int, default=None,
                    help="also serve Prometheus /metrics on this port")
+    d.add_argument("--prometheus", default=None, metavar="URL",
+                   help="a Prometheus that scrapes every node's exporter (its base URL, e.g. "
+                        "http://127.0.0.1:9090): the Job tab shows the whole job from it")
     _db(d)
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import os
 import signal
 import sys
 from pathlib import Path
@@ -280,26 +281,31 @@ def _files(args: argparse.Namespace) -> int:
 
 
 def _dashboard(args: argparse.Namespace) -> int:
-    """`streamlit run` on the page inside the package, bound to --address (127.0.0.1)."""
-    import subprocess
-
+    """`streamlit run` on the page inside the package, bound to --address (127.0.0.1): this
+    process becomes it (exec), so a SIGTERM or Ctrl-C reaches the server itself and closing
+    it leaves no server behind (a child would outlive a killed parent)."""
     from monitor.manage import spawn
 
+    if args.prometheus and not args.prometheus.startswith(("http://", "https://")):
+        print(f"error: --prometheus {args.prometheus!r} is not a URL: give Prometheus's base "
+              "URL, e.g. http://127.0.0.1:9090", file=sys.stderr)
+        return 2
     env = spawn.child_env()
     if args.db:
         env["STARVATION_MONITOR_DB"] = str(Path(args.db).resolve())
     if args.watch:
         env["STARVATION_MONITOR_AUTOSTART"] = "0"
     extra = (["--workload", args.workload] if args.workload else []) + (
-        ["--metrics-port", str(args.metrics_port)] if args.metrics_port else [])
+        ["--metrics-port", str(args.metrics_port)] if args.metrics_port else []) + (
+        ["--prometheus", args.prometheus] if args.prometheus else [])
     page = spawn.PACKAGE / "ui" / "_serve" / "dashboard.py"
     cmd = [*spawn.module_command("streamlit", "run", str(page), "--server.address",
                                  args.address, "--server.port", str(args.port)),
            *(["--", *extra] if extra else [])]
-    try:
-        return subprocess.call(cmd, env=env)
-    except KeyboardInterrupt:
-        return 130
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execve(cmd[0], cmd, env)
+    return 0  # not reached: execve replaces this process
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -18,7 +18,8 @@ from monitor.ui import view as views
 from monitor.ui.autotune_panel import render_autotune
 from monitor.ui.compare_panel import ask_compare_with_previous, render_compare
 from monitor.ui.controls import render_controls, shown_step_ms
-from monitor.ui.resources import get_runtime
+from monitor.ui.job_panel import render_job_tab
+from monitor.ui.resources import get_runtime, prometheus_arg
 from monitor.ui.sweep_panel import render_sweep_controls, render_sweep_progress
 from monitor.ui.text import plain
 
@@ -52,7 +53,9 @@ gpu_available, gpu_notice, devices = rt.store.gpu_inventory()
 if not gpu_available:
     st.caption(f"GPU telemetry: {plain(gpu_notice)}")
 
-live_tab, compare_tab, sweep_tab = st.tabs(["Live", "Compare", "Sweep & tune"])
+prometheus = prometheus_arg()
+tabs = st.tabs(["Live", "Compare", "Sweep & tune", *(["Job (Prometheus)"] if prometheus else [])])
+live_tab, compare_tab, sweep_tab = tabs[:3]
 top = live_tab.columns([3, 2])
 window_name = top[0].segmented_control("Window", list(panels.WINDOWS), default="30 s",
                                        key="window") or "30 s"
@@ -236,5 +239,8 @@ with compare_tab:
 with sweep_tab:
     render_sweep_controls(rt)
     sweep_progress()
+if prometheus:
+    with tabs[3]:
+        render_job_tab(prometheus)
 with st.sidebar:
     discover()

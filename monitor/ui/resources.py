@@ -16,6 +16,7 @@ from monitor.presets import preset_batch_size
 
 COLLECTOR_ENV = "STARVATION_MONITOR_COLLECTOR"  # "process" (default) or "thread"
 METRICS_ENV = "STARVATION_MONITOR_METRICS_PORT"
+PROMETHEUS_ENV = "STARVATION_MONITOR_PROMETHEUS"  # the Job tab's Prometheus (base URL)
 
 
 def launch_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -26,12 +27,18 @@ def launch_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--workload", default=os.environ.get(ENV_VAR) or None)
     p.add_argument("--metrics-port", type=int, default=os.environ.get(METRICS_ENV) or None)
     p.add_argument("--metrics-address", default="127.0.0.1")
+    p.add_argument("--prometheus", default=os.environ.get(PROMETHEUS_ENV) or None)
     args, _ = p.parse_known_args(sys.argv[1:] if argv is None else argv)
     return args
 
 
 def workload_arg(argv: list[str] | None = None) -> str | None:
     return launch_args(argv).workload
+
+
+def prometheus_arg(argv: list[str] | None = None) -> str | None:
+    """The Prometheus whose series the Job tab reads, named at launch (`--prometheus`)."""
+    return launch_args(argv).prometheus
 
 
 def default_config(workload: dict | None = None) -> LoaderConfig:

@@ -1,0 +1,160 @@
+"""A job across nodes read back from Prometheus (the page's `--prometheus URL` mode): each
+node's exporter exposes its own ranks; Prometheus holds them all, and this module asks its
+HTTP API (`/api/v1/query`) for the job's rank table, the straggler and the per-rank wait.
+
+The expressions are monitor/export/promql.py's (one home for PromQL); the verdict of each
+rank is the one its node's exporter computed with the page's own code and hysteresis
+(`starvation_verdict`), not a second diagnosis made here. Nothing is written: a loader change
+for a rank is requested on that rank's own node, whose store its probe reads.
+"""
+from __future__ import annotations
+
+import json
+import math
+import urllib.error
+import urllib.parse
+import urllib.request
+from dataclasses import dataclass
+from typing import Any
+
+import pandas as pd
+
+from monitor.export import promql
+
+RANGE = "30s"  # the rates' range: a few scrapes at any usual interval (15 s at most)
+TIMEOUT_S = 3.0
+LOADER_KEYS = ("num_workers", "prefetch_factor", "batch_size", "pin_memory",
+               "persistent_workers")
+COLUMNS = ("node_rank", "hostname", "rank", "throughput", "data_wait_share",
+           "wait_per_step_s", "verdict", *LOADER_KEYS, "straggler")
+
+
+class PrometheusError(RuntimeError):
+    """Prometheus could not be read; the message says what to check."""
+
+
+@dataclass(frozen=True)
+class JobView:
+    job_id: str
+    ranks: pd.DataFrame  # COLUMNS, one row per rank, by node then rank
+    throughput: float  # the job's samples/s, Σ over every node
+    others_wait_s: dict[int, float]  # rank -> the other ranks' mean wait per step
+
+    def stragglers(self) -> pd.DataFrame:
+        return self.ranks[self.ranks["straggler"]]
+
+
+def query(url: str, expr: str, at: float | None = None) -> list[dict[str, Any]]:
+    """An instant query's result (Prometheus's JSON `data.result`)."""
+    params = {"query": expr, **({"time": f"{at:.3f}"} if at is not None else {})}
+    full = url.rstrip("/") + "/api/v1/query?" + urllib.parse.urlencode(params)
+    try:
+        with urllib.request.urlopen(full, timeout=TIMEOUT_S) as r:
+            body = json.loads(r.read())
+    except urllib.error.HTTPError as exc:
+        raise PrometheusError(f"Prometheus at {url} refused a query ({exc.code}): "
+                              f"{_error_of(exc)}") from None
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        why = getattr(exc, "reason", None) or exc
+        raise PrometheusError(f"cannot read Prometheus at {url} ({why}): check that it runs "
+                              "and that --prometheus names its base URL, e.g. "
+                              "http://127.0.0.1:9090") from None
+    if body.get("status") != "success":
+        raise PrometheusError(f"Prometheus at {url}: {body.get('error', 'no result')}")
+    return body["data"]["result"]
+
+
+def _error_of(exc: urllib.error.HTTPError) -> str:
+    try:
+        return str(json.loads(exc.read()).get("error"))
+    except (ValueError, OSError):
+        return exc.reason or "no reason given"
+
+
+def jobs(url: str) -> list[str]:
+    """The job ids with ranks reporting now, the most ranks first."""
+    res = query(url, 'count by (job_id) (starvation_run_info{job_id!=""})')
+    return [s["metric"]["job_id"] for s in sorted(res, key=lambda s: -float(s["value"][1]))]
+
+
+def _value(s: dict[str, Any]) -> float:
+    try:
+        return float(s["value"][1])
+    except (KeyError, IndexError, TypeError, ValueError):
+        return math.nan
+
+
+def _key(m: dict[str, str]) -> tuple[str, str, str]:
+    return m.get("node_rank", ""), m.get("hostname", ""), m.get("rank", "")
+
+
+def _int(v: str) -> int | float:
+    try:
+        return int(v)
+    except (TypeError, ValueError):
+        return math.nan
+
+
+def job(url: str, job_id: str, rng: str = RANGE, at: float | None = None) -> JobView:
+    """The job's ranks as every node's exporter reports them, the straggler named by the
+    rule the rules file and the Grafana panel use."""
+    sel = f'job_id="{_quote(job_id)}"'
+    w = promql.wait_per_step(sel, rng)
+    figures = {
+        "throughput": promql.per_rank("samples_total", sel, rng),
+        "data_wait_share": f"{promql.per_rank('data_wait_seconds_total', sel, rng)} / "
+                           f"{promql.per_rank('step_seconds_total', sel, rng)}",
+        "wait_per_step_s": w,
+    }
+    rows: dict[tuple[str, str, str], dict[str, Any]] = {}
+
+    def row(m: dict[str, str]) -> dict[str, Any]:
+        k = _key(m)
+        return rows.setdefault(k, {"node_rank": _int(k[0]), "hostname": k[1],
+                                   "rank": _int(k[2]), "straggler": False})
+    for name, expr in figures.items():
+        for s in query(url, expr, at):
+            row(s["metric"])[name] = _value(s)
+    for s in query(url, f"starvation_verdict{{{sel}}} == 1", at):
+        row(s["metric"])["verdict"] = s["metric"].get("starvation_verdict")
+    for s in query(url, f"starvation_loader_info{{{sel}}}", at):
+        r = row(s["metric"])
+        for k in LOADER_KEYS:
+            r[k] = s["metric"].get(k)
+    fw = promql.finite(w)
+    others = {}
+    for s in query(url, promql.others_mean(fw), at):
+        others[_int(s["metric"].get("rank", ""))] = _value(s)
+    for s in query(url, promql.straggler(fw, promql.others_mean(fw)), at):
+        row(s["metric"])["straggler"] = True
+    total = query(url, f"sum(rate(starvation_samples_total{{{sel}}}[{rng}]))", at)
+    frame = pd.DataFrame(list(rows.values()), columns=list(COLUMNS))
+    frame = frame.sort_values(["node_rank", "rank"], kind="stable").reset_index(drop=True)
+    frame["straggler"] = frame["straggler"].fillna(False).astype(bool)
+    return JobView(job_id, frame, _value(total[0]) if total else 0.0, others)
+
+
+def wait_history(url: str, job_id: str, minutes: float = 5.0, step_s: float = 2.0,
+                 rng: str = RANGE, end: float | None = None) -> pd.DataFrame:
+    """Each rank's wait per step over the last minutes (`/api/v1/query_range`): columns ts,
+    node_rank, rank, wait_per_step_s."""
+    import time
+
+    end = time.time() if end is None else end
+    expr = promql.wait_per_step(f'job_id="{_quote(job_id)}"', rng)
+    params = {"query": expr, "start": f"{end - minutes * 60:.3f}", "end": f"{end:.3f}",
+              "step": f"{step_s:g}"}
+    full = url.rstrip("/") + "/api/v1/query_range?" + urllib.parse.urlencode(params)
+    try:
+        with urllib.request.urlopen(full, timeout=TIMEOUT_S) as r:
+            body = json.loads(r.read())
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        raise PrometheusError(f"cannot read Prometheus at {url} "
+                              f"({getattr(exc, 'reason', None) or exc})") from None
+    out = [(float(t), _int(s["metric"].get("node_rank", "")), _int(s["metric"].get("rank", "")),
+            float(v)) for s in body.get("data", {}).get("result", []) for t, v in s["values"]]
+    return pd.DataFrame(out, columns=["ts", "node_rank", "rank", "wait_per_step_s"])
+
+
+def _quote(v: str) -> str:
+    return v.replace("\\", "\\\\").replace('"', '\\"')

@@ -1,0 +1,130 @@
+"""The Job tab (`dashboard --prometheus URL`): a job across nodes read back from a real
+Prometheus (Debian's) scraping each node's exporter. The nodes here serve the exporter's
+series from tests/fake_nodes.py (a real two-node torchrun job is read the same way in
+tests/test_cluster.py); the page is a real Chromium on a served dashboard."""
+from __future__ import annotations
+
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from monitor.export import promread
+from tests.conftest import wait_for
+from tests.fake_nodes import SAMPLES_PER_STEP, STEPS_PER_S, FakeNode, FakeRank
+from tests.test_export import free_port, start_prometheus
+
+pytestmark = pytest.mark.slow
+PROM = shutil.which("prometheus")
+
+
+def prometheus(tmp_path, ports: list[int]):
+    if PROM is None:
+        pytest.skip("prometheus is not installed (apt-get install -y prometheus)")
+    targets = ", ".join(f"'127.0.0.1:{p}'" for p in ports)
+    return start_prometheus(
+        PROM, tmp_path, free_port(), "global: {scrape_interval: 1s}\nscrape_configs:\n"
+        f"  - job_name: starvation-monitor\n    static_configs: [{{targets: [{targets}]}}]\n")
+
+
+def job_of(nodes: int, per_node: int, slow: set[int]) -> list[FakeNode]:
+    return [FakeNode("job-9", n, f"host-{n}",
+                     [FakeRank(n * per_node + i, 0.08 if n * per_node + i in slow else 0.005,
+                               "input-straggler" if n * per_node + i in slow else "healthy")
+                      for i in range(per_node)]) for n in range(nodes)]
+
+
+def test_64_ranks_on_8_nodes_read_back_with_the_straggler_named(tmp_path):
+    nodes = job_of(8, 8, slow={45})
+    servers = [n.serve() for n in nodes]
+    p, base = prometheus(tmp_path, [port for _, port in servers])
+    try:
+        # rates over 10 s (scrapes every 1 s): a series younger than the range reads low,
+        # as Prometheus's rate() divides by the range
+        def all_there() -> bool:
+            try:
+                v = promread.job(base, "job-9", rng="10s")
+            except promread.PrometheusError:
+                return False
+            return len(v.ranks) == 64 and not v.stragglers().empty and \
+                v.throughput > 0.95 * 64 * STEPS_PER_S * SAMPLES_PER_STEP
+        assert wait_for(all_there, timeout=60, every=0.5)
+        assert promread.jobs(base) == ["job-9"]
+        took = []
+        for _ in range(5):
+            t0 = time.perf_counter()
+            v = promread.job(base, "job-9", rng="10s")
+            hist = promread.wait_history(base, "job-9", rng="10s")
+            took.append(time.perf_counter() - t0)
+        print(f"64 ranks: the Job tab's reads take {min(took) * 1000:.0f}-"
+              f"{max(took) * 1000:.0f} ms a refresh ({len(hist)} history points)")
+    finally:
+        p.terminate()
+        p.wait(30)
+        for s, _ in servers:
+            s.shutdown()
+    slow = v.stragglers()
+    assert slow[["rank", "node_rank", "hostname"]].values.tolist() == [[45, 5, "host-5"]]
+    assert v.others_wait_s[45] == pytest.approx(0.005, rel=0.02)
+    assert set(v.ranks["node_rank"]) == set(range(8)) and \
+        v.ranks["rank"].tolist() == list(range(64))
+    assert v.throughput == pytest.approx(64 * STEPS_PER_S * SAMPLES_PER_STEP, rel=0.05)
+    assert (v.ranks["verdict"] == "input-straggler").sum() == 1
+    assert set(v.ranks["num_workers"]) == {"2"}
+    assert set(hist["rank"]) == set(range(64))
+    from monitor.ui.job_panel import straggler_text
+    assert straggler_text(v).startswith("Input straggler: rank 45 on node 5 (host-5) waits "
+                                        "80.0 ms a step for data against the other ranks' 5.0")
+
+
+def test_an_unreachable_prometheus_is_one_sentence():
+    with pytest.raises(promread.PrometheusError, match=r"cannot read Prometheus at "
+                       r"http://127\.0\.0\.1:\d+ .*check that it runs"):
+        promread.jobs(f"http://127.0.0.1:{free_port()}")
+
+
+@pytest.mark.browser
+def test_the_job_tab_in_a_real_page_names_the_straggler_and_a_node_that_joins(tmp_path):
+    from playwright.sync_api import expect, sync_playwright
+
+    from tests.test_browser import CHROMIUM, console_errors, launch, serve_dashboard
+
+    if not Path(CHROMIUM).exists() and not shutil.which("chromium"):
+        pytest.skip("chromium is not installed (apt-get install -y chromium)")
+    nodes = job_of(3, 1, slow={1})
+    nodes[2].joined = False
+    servers = [n.serve() for n in nodes]
+    p, base = prometheus(tmp_path, [port for _, port in servers])
+    try:
+        # the command a user types: the page watches its store and reads the job from there
+        cmd = [sys.executable, "-m", "monitor", "dashboard", "--watch", "--port", "{port}",
+               "--prometheus", base, "--db", str(tmp_path / "monitor.db")]
+        with serve_dashboard(tmp_path, {"STREAMLIT_SERVER_HEADLESS": "true"}, cmd) as (
+                url, _db, _proc), sync_playwright() as pw:
+            browser = launch(pw)
+            page = browser.new_page(viewport={"width": 1500, "height": 1400})
+            errors = console_errors(page)
+            page.goto(url)
+            page.get_by_role("tab", name="Job (Prometheus)").click()
+            expect(page.get_by_text("Input straggler: rank 1 on node 1 (host-1)").first
+                   ).to_be_visible(timeout=60_000)
+            tab = page.get_by_role("tabpanel", name="Job (Prometheus)")
+            for host in ("host-0", "host-1"):
+                expect(tab.get_by_role("cell", name=host, exact=True)).to_be_visible(
+                    timeout=30_000)
+            expect(tab.get_by_role("cell", name="host-2", exact=True)).to_have_count(0)
+            nodes[2].joined = True  # the third node's job starts: no reload of the page
+            expect(tab.get_by_role("cell", name="host-2", exact=True)).to_be_visible(
+                timeout=30_000)
+            expect(page.get_by_text("Input straggler: rank 1 on node 1 (host-1)").first
+                   ).to_be_visible(timeout=10_000)
+            page.screenshot(path=str(tmp_path / "job.png"), full_page=True)
+            browser.close()
+    finally:
+        p.terminate()
+        p.wait(30)
+        for s, _ in servers:
+            s.shutdown()
+    assert not errors, errors
