@@ -356,9 +356,8 @@ def test_tiny_samples_in_big_batches_are_per_sample_overhead(tmp_path, no_leaks)
     # no device step: with one, workers overlap its sleep, and a busy box that slows one
     # bare run more than the next made 2 workers read +50% once (107.5 against 161.6)
     args = ("--seconds", "3", "--step-ms", "0")
-    runs = [bare("tiny", "--workers", w, *args) for w in ("0", "2", "0", "2")]  # interleaved
-    none, two = max(rate(r) for r in runs[0::2]), max(rate(r) for r in runs[1::2])
-    batched = rate(bare("tiny", "--workers", "0", "--batched", *args))
+    none, two, batched = (rate(bare("tiny", "--workers", w, *args, *more))
+                          for w, more in (("0", ()), ("2", ()), ("0", ("--batched",))))
     # workers share the cost out or not, box by box (0 -> 2 read 113.6 -> 221.1 on CI, 351
     # -> 346 here idle); the batched fetch is 4-8 times either
     assert batched > 2.5 * max(none, two), (none, two, batched)
