@@ -134,7 +134,7 @@ def _die_soon() -> None:
     import signal
     import time
 
-    time.sleep(0.5)
+    time.sleep(0.5)  # sleep-ok: the worker lives this long, then is killed
     os.kill(os.getpid(), signal.SIGKILL)
 
 

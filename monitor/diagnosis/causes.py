@@ -417,16 +417,14 @@ def failure(error: str, report: dict[str, Any] | None,
 
 def headline(text: str, findings: tuple[Finding, ...], f: Any) -> str:
     """The verdict's sentence with the findings: one that rules out more workers replaces
-    the verdict's reasoning (which would say add workers); the others follow it."""
-    first = next((x for x in findings if x.no_more_workers), None) or \
-        next((x for x in findings if x.leads), None)
-    if first is not None:
+    the verdict's reasoning (add workers); one that `leads` opens it; the others follow."""
+    if (first := next((x for x in findings if x.no_more_workers), None) or
+            next((x for x in findings if x.leads), None)) is not None:
         share = getattr(f, "data_wait_share", math.nan)
         wait = f" The device waits for data {share:.0%} of step time." \
             if isinstance(share, float) and not math.isnan(share) else ""
-        rest = [x.text for x in findings if x is not first]
-        # a leading cause that leaves workers open keeps the verdict's reasoning after it
         kept = [] if first.no_more_workers else [text]
+        rest = [x.text for x in findings if x is not first]
         return " ".join([first.text[0].upper() + first.text[1:] + wait, *kept, *rest])
     return " ".join([text, *(x.text[0].upper() + x.text[1:] for x in findings)])
 
