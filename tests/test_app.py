@@ -121,14 +121,12 @@ def test_apply_moves_the_sliders_to_the_advice(app):
 
     if not wait_for(starved, timeout=30, every=1.0):
         # other processes held the cores throughout (a busy suite beside this one: 1.9 of
-        # the 2 cores seen): the verdict is contention, which the evidence shows, and its
-        # advice adds no workers
+        # the 2 cores seen): the verdict is contention, which the evidence shows; its advice
+        # still gives the workers the scheduler would share out (a busy box is no reason to
+        # withhold the fix), so Apply is there as on an idle box
         errors = [e.value for e in app.error]
         assert any(v.startswith("cpu-bound · CPU contention") for v in errors), \
             (errors, [i.value for i in app.info], [x.value for x in app.success])
-        with pytest.raises(KeyError):
-            app.button(key="apply_advice")
-        return
     apply = app.button(key="apply_advice")
     assert apply.label.startswith("Apply: num_workers = ")
     advised = int(apply.label.rsplit("=", 1)[1])

@@ -117,7 +117,7 @@ def promql_metrics(expr: str) -> set[str]:
     e = re.sub(r"\b(by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)", "", e)
     e = re.sub(r"\$\w+", "", e)
     words = re.findall(r"(?<![\w:])[a-zA-Z_:][a-zA-Z0-9_:]*\b(?!\s*\()", e)
-    keywords = {"and", "or", "unless", "offset", "bool", "by", "on"}
+    keywords = {"and", "or", "unless", "offset", "bool", "by", "on", "Inf", "NaN"}  # literals too
     return {w for w in words if w not in keywords and not re.fullmatch(r"[0-9.e]+", w)}
 
 
