@@ -242,7 +242,9 @@ def test_the_monitors_own_processes_are_counted_apart_from_the_job_and_other_pro
             "cpu_total_pct", "cpu_per_core", "proc_cpu_pct", "workers_cpu_pct", "workers",
             "monitor_cpu_pct")} for r in rows[2:]])
         cpu = _cpu(frame)
-        assert cpu["monitor"] > 0.3 and cpu["workers"] > 0.3, cpu  # the tree's spinners
+        # both spinners measured (a busy suite shares the 2 cores among more spinners than
+        # these: 0.29 of a core once), each on its own line, and "other" is the rest
+        assert cpu["monitor"] > 0.1 and cpu["workers"] > 0.1, cpu
         assert cpu["other"] == pytest.approx(max(0.0, cpu["host"] - cpu["main"] -
                                                  cpu["workers"] - cpu["monitor"]))
     finally:
