@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -44,10 +45,9 @@ class JobView:
         return self.ranks[self.ranks["straggler"]]
 
 
-def query(url: str, expr: str, at: float | None = None) -> list[dict[str, Any]]:
-    """An instant query's result (Prometheus's JSON `data.result`)."""
-    params = {"query": expr, **({"time": f"{at:.3f}"} if at is not None else {})}
-    full = url.rstrip("/") + "/api/v1/query?" + urllib.parse.urlencode(params)
+def _get(url: str, path: str, params: dict[str, str]) -> list[dict[str, Any]]:
+    """One call of Prometheus's HTTP API (`path` under /api/v1): its `data.result`."""
+    full = url.rstrip("/") + f"/api/v1/{path}?" + urllib.parse.urlencode(params)
     try:
         with urllib.request.urlopen(full, timeout=TIMEOUT_S) as r:
             body = json.loads(r.read())
@@ -62,6 +62,11 @@ def query(url: str, expr: str, at: float | None = None) -> list[dict[str, Any]]:
     if body.get("status") != "success":
         raise PrometheusError(f"Prometheus at {url}: {body.get('error', 'no result')}")
     return body["data"]["result"]
+
+
+def query(url: str, expr: str, at: float | None = None) -> list[dict[str, Any]]:
+    """An instant query's result (Prometheus's JSON `data.result`)."""
+    return _get(url, "query", {"query": expr, **({"time": f"{at:.3f}"} if at else {})})
 
 
 def _error_of(exc: urllib.error.HTTPError) -> str:
@@ -97,7 +102,9 @@ def _int(v: str) -> int | float:
 
 def job(url: str, job_id: str, rng: str = RANGE, at: float | None = None) -> JobView:
     """The job's ranks as every node's exporter reports them, the straggler named by the
-    rule the rules file and the Grafana panel use."""
+    rule the rules file and the Grafana panel use; every query at one moment (`at`, else
+    now)."""
+    at = time.time() if at is None else at
     sel = f'job_id="{_quote(job_id)}"'
     w = promql.wait_per_step(sel, rng)
     figures = {
@@ -138,21 +145,12 @@ def wait_history(url: str, job_id: str, minutes: float = 5.0, step_s: float = 2.
                  rng: str = RANGE, end: float | None = None) -> pd.DataFrame:
     """Each rank's wait per step over the last minutes (`/api/v1/query_range`): columns ts,
     node_rank, rank, wait_per_step_s."""
-    import time
-
     end = time.time() if end is None else end
     expr = promql.wait_per_step(f'job_id="{_quote(job_id)}"', rng)
-    params = {"query": expr, "start": f"{end - minutes * 60:.3f}", "end": f"{end:.3f}",
-              "step": f"{step_s:g}"}
-    full = url.rstrip("/") + "/api/v1/query_range?" + urllib.parse.urlencode(params)
-    try:
-        with urllib.request.urlopen(full, timeout=TIMEOUT_S) as r:
-            body = json.loads(r.read())
-    except (urllib.error.URLError, OSError, ValueError) as exc:
-        raise PrometheusError(f"cannot read Prometheus at {url} "
-                              f"({getattr(exc, 'reason', None) or exc})") from None
+    res = _get(url, "query_range", {"query": expr, "start": f"{end - minutes * 60:.3f}",
+                                    "end": f"{end:.3f}", "step": f"{step_s:g}"})
     out = [(float(t), _int(s["metric"].get("node_rank", "")), _int(s["metric"].get("rank", "")),
-            float(v)) for s in body.get("data", {}).get("result", []) for t, v in s["values"]]
+            float(v)) for s in res for t, v in s["values"]]
     return pd.DataFrame(out, columns=["ts", "node_rank", "rank", "wait_per_step_s"])
 
 
