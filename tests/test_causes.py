@@ -128,8 +128,9 @@ def test_growing_worker_memory_in_a_limited_cgroup_counts_the_minutes_to_its_lim
     assert rc == 1, d["error"]  # the script's own exit: its loader raised
     run = Store(db).run(d["run_id"])
     assert run["status"] == "failed"
+    ev = Store(db).events(d["run_id"])
     assert run["error"].startswith("the loader failed: a worker was killed by SIGKILL"), \
-        (run["error"], Store(db).events(d["run_id"])[["kind", "label"]].to_string())
+        (run["error"], ev[ev["kind"] != "config"][["kind", "label"]].to_dict("records"))
     assert "the job's cgroup (limit 2,048 MB) had " in run["error"], run["error"]
     f = finding(d, causes.OOM)
     assert f["numbers"]["cgroup_limit_mb"] == pytest.approx(2048.0, rel=0.01)
