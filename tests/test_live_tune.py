@@ -246,15 +246,21 @@ def test_live_autotune_reaches_the_best_fixed_setting_of_a_grid(tmp_path, no_lea
 
 @pytest.mark.slow
 def test_mid_epoch_moves_keep_every_sample_once(tmp_path, no_leaks):
-    """One long epoch (a shuffled map-style dataset): with --autotune-every-steps the move
-    lands at a step boundary inside the epoch, and the epoch still yields every sample
-    exactly once. 250 steps: the first move (0 to 6 workers) needs its start-up (12 batches
-    in flight) and 30 steps after it lands, maybe twice (an extension within the noise);
-    at 150 a loaded host's slow start left it unjudged when the epoch ended."""
-    r, d = monitor_run(tmp_path / "m.db", "slow_loader.py", "--epochs", "1", "--samples",
-                       "4000", "--shuffle", tune=("--autotune", "--autotune-every-steps",
+    """Two epochs of a shuffled map-style dataset: with --autotune-every-steps the moves
+    land at step boundaries inside an epoch, and each epoch still yields every sample
+    exactly once, in an order of its own. 250 steps: the first move (0 to 6 workers) needs
+    its start-up (12 batches in flight) and 30 steps after it lands, maybe twice (an
+    extension within the noise). The tuner's moves make the workers persistent (the second
+    epoch resets the iterator a move built) and may try in_order=False (its batches cannot
+    be resumed at a position: a move then waits for the epoch's end); both once lost
+    samples."""
+    r, d = monitor_run(tmp_path / "m.db", "slow_loader.py", "--epochs", "2", "--samples",
+                       "2000", "--shuffle", tune=("--autotune", "--autotune-every-steps",
                                                   "30"))
-    assert "epoch 0: every sample once: True" in r.stdout
+    for e in (0, 1):
+        assert f"epoch {e}: every sample once: True" in r.stdout, (r.stdout, r.stderr)
+    orders = re.findall(r"epoch \d: order (\d+)", r.stdout)
+    assert len(orders) == 2 and orders[0] != orders[1], r.stdout  # shuffled each epoch
     assert d["autotune"]["moves"] and d["autotune"]["moves"][0]["kept"], r.stderr
     from monitor.store import Store
 

@@ -38,8 +38,9 @@ def every_steps() -> int | None:
     return n if n > 0 else None
 
 
-def why_not_resumable(loader: Any) -> str | None:
-    """Why this loader's epoch cannot be resumed at a step (None: it can)."""
+def why_not_resumable(loader: Any, inner: Any = None) -> str | None:
+    """Why this loader's epoch cannot be resumed at a step (None: it can); `inner`, its
+    iterator now, when the question is about this step."""
     data = sys.modules.get("torch.utils.data")
     iterable = getattr(data, "IterableDataset", None)
     if iterable is not None and isinstance(getattr(loader, "dataset", None), iterable):
@@ -48,6 +49,10 @@ def why_not_resumable(loader: Any) -> str | None:
     if getattr(loader, "batch_sampler", None) is None:
         return ("it has no batch sampler (batch_size=None): a change waits for the next "
                 "epoch")
+    if getattr(inner, "_in_order", True) is False:
+        return ("its workers hand batches over as they finish (in_order=False): the "
+                "batches delivered are not the plan's first ones, so a change waits for the "
+                "next epoch")
     return None
 
 
@@ -71,12 +76,25 @@ def build(loader: Any, orig_iter: Any, plan: EpochPlan | None) -> Any:
         return orig_iter(loader)
     own = loader.batch_sampler
     # DataLoader refuses to set batch_sampler after __init__; the iterator reads it once,
-    # when built (and a persistent iterator's _reset), and it is put back at once.
+    # when built, and it is put back at once. A persistent iterator is not built again:
+    # __iter__ resets it, and its reset draws from the index sampler it holds, so that one
+    # gets the plan for the reset and its own sampler back after (else every later epoch
+    # would replay this plan: one order, and the batches before `start` lost).
+    held = getattr(loader, "_iterator", None)
+    if held is not None and hasattr(held, "_index_sampler"):
+        held._index_sampler = plan
     object.__setattr__(loader, "batch_sampler", plan)
     try:
-        return orig_iter(loader)
+        it = orig_iter(loader)
     finally:
         object.__setattr__(loader, "batch_sampler", own)
+        index = getattr(loader, "_index_sampler", own)
+        for x in {id(x): x for x in (held, getattr(loader, "_iterator", None))}.values():
+            if getattr(x, "_index_sampler", None) is plan:
+                x._index_sampler = index
+    if getattr(it, "_index_sampler", None) is plan:  # its length: the whole epoch's
+        it._index_sampler = getattr(loader, "_index_sampler", own)
+    return it
 
 
 class MidEpoch:
@@ -87,9 +105,10 @@ class MidEpoch:
 
     def __init__(self, loader: Any, orig_iter: Any,
                  apply_pending: Callable[[Any, int], bool], t_start: float,
-                 clock: Callable[[], float] = time.perf_counter) -> None:
-        self.loader, self.orig, self.apply_pending, self.clock = \
-            loader, orig_iter, apply_pending, clock
+                 clock: Callable[[], float] = time.perf_counter,
+                 resumable: Callable[[Any, Any], bool] = lambda loader, inner: True) -> None:
+        self.loader, self.orig, self.apply_pending, self.clock, self.resumable = \
+            loader, orig_iter, apply_pending, clock, resumable
         self.plan = EpochPlan(list(loader.batch_sampler))
         self.checked = t_start
 
@@ -102,9 +121,11 @@ class MidEpoch:
             return False
         self.checked = now
         old = it.inner
+        if not self.resumable(self.loader, old):  # its pending change waits for the epoch
+            return False
         if not self.apply_pending(self.loader, it.delivered):
             return False
         getattr(old, "_shutdown_workers", lambda: None)()
-        self.plan.start = it.offset = it.delivered
+        self.plan.start = it.delivered
         it.replace(self.make_iter())
         return False

@@ -136,7 +136,7 @@ def timed_iter(loader: Any, orig_iter: Any, explicit: bool = False) -> Iterator[
     try:
         rec = recorder()
         t0 = _plan(rec, loader, explicit, sys._getframe(1))
-        mid = (MidEpoch(loader, orig, rec.apply_pending, t0)
+        mid = (MidEpoch(loader, orig, rec.apply_pending, t0, resumable=rec.resumable)
                if t0 is not None and every_steps() and rec.resumable(loader) else None)
     except Exception as exc:
         if rec is not None:

@@ -352,9 +352,9 @@ class Recorder:
             self._stop_recording(exc)
         return self.config_seq != seq
 
-    def resumable(self, loader: Any) -> bool:
-        """Whether mid-epoch changes can apply to this loader; says why not, once."""
-        why = why_not_resumable(loader)
+    def resumable(self, loader: Any, inner: Any = None) -> bool:
+        """Whether mid-epoch changes can apply to this loader (now); says why not, once."""
+        why = why_not_resumable(loader, inner)
         if why is not None and not self.said_no_midepoch:
             self.said_no_midepoch = True
             self._say(f"mid-epoch changes are off for this loader: {why}")

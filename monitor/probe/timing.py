@@ -224,7 +224,6 @@ class TimedIterator:
         self._t_got: float | None = None
         self._batch: Any = None
         self.delivered = 0
-        self.offset = 0  # batches of this epoch delivered before the current inner iterator
         self.ended = False
         self.passthrough = False  # the probe failed: batches pass through untimed
         self.expected: int | None = None  # the epoch's length, read at its first batch
@@ -371,7 +370,7 @@ class TimedIterator:
             self._fault(exc, "at the epoch's end")
 
     def __len__(self) -> int:
-        return len(self._inner) + self.offset  # type: ignore[arg-type]
+        return len(self._inner)  # type: ignore[arg-type]  # the whole epoch's (epoch_plan)
 
     def __getattr__(self, name: str) -> Any:
         if name == "_inner":  # not built yet (or being unpickled): no recursion

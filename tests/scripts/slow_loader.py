@@ -41,5 +41,6 @@ if __name__ == "__main__":
         # a change mid-epoch must neither repeat nor drop a sample
         once = sorted(seen) == list(range(ARGS.samples))
         print(f"epoch {epoch}: every sample once: {once}", flush=True)
+        print(f"epoch {epoch}: order {hash(tuple(seen)) % 10**8}", flush=True)
         print(f"epoch {epoch}: {n / (time.perf_counter() - t):.0f} samples/s "
               f"(num_workers={loader.num_workers})", flush=True)
