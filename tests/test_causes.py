@@ -42,7 +42,11 @@ def monitored(db: Path, kind: str, *args: str, wrap: str | None = None) -> tuple
         cmd = ["unshare", "-m", "sh", "-c", wrap + " ".join(cmd)]
     r = subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=240)
     assert r.stdout.strip(), r.stderr[-3000:]
+    LAST_STDERR[:] = [r.stderr]  # for a failure's message: what the script itself said
     return r.returncode, json.loads(r.stdout.strip().splitlines()[-1])
+
+
+LAST_STDERR: list[str] = []
 
 
 def requested_mid_run(db: Path, change: dict, kind: str, *args: str) -> tuple[Store, int, str]:
@@ -130,7 +134,8 @@ def test_growing_worker_memory_in_a_limited_cgroup_counts_the_minutes_to_its_lim
     assert run["status"] == "failed"
     ev = Store(db).events(d["run_id"])
     assert run["error"].startswith("the loader failed: a worker was killed by SIGKILL"), \
-        (run["error"], ev[ev["kind"] != "config"][["kind", "label"]].to_dict("records"))
+        (run["error"], ev[ev["kind"] != "config"][["kind", "label"]].to_dict("records"),
+         LAST_STDERR[0][-4000:])
     assert "the job's cgroup (limit 2,048 MB) had " in run["error"], run["error"]
     f = finding(d, causes.OOM)
     assert f["numbers"]["cgroup_limit_mb"] == pytest.approx(2048.0, rel=0.01)
@@ -205,8 +210,12 @@ def test_the_open_files_limit_names_the_hang_it_causes(tmp_path, no_leaks):
     db = tmp_path / "f.db"
     p = subprocess.Popen([sys.executable, "-m", "monitor", "run", "--db", str(db), "--json",
                           "--", sys.executable, str(SCRIPT), "fds", "--workers", "2",
-                          "--seconds", "3"], cwd=ROOT, env=ENV, stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True)
+                          "--seconds", "3"], cwd=ROOT, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True,
+                         # the hang is at the first batch: a start-up allowance of 6 s, not
+                         # 30 (forked workers start in well under a second, busy or not)
+                         env={**ENV, "STARVATION_MONITOR_STARTUP_S": "6",
+                              "STARVATION_MONITOR_STALL_MIN_S": "4"})
     store = Store(db) if wait_for(db.exists, timeout=60) else None
     assert wait_for(lambda: "Open files:" in " ".join(
         store.events(1, kinds=("stalled",))["label"]), timeout=120), p.stderr
