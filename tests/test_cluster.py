@@ -6,11 +6,13 @@ panel query of the Grafana dashboard runs against that Prometheus; the straggler
 the slow rank; the job's throughput in PromQL is the sum of the two stores."""
 from __future__ import annotations
 
+import contextlib
 import http.server
 import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -45,6 +47,29 @@ def node(db: Path, port: int, node_rank: int, master: int, epochs: int) -> subpr
          "--slow-rank", "1", "--slow-factor", "4"],
         cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE,
         stderr=subprocess.PIPE, text=True)
+
+
+def ended(n: subprocess.Popen, timeout: float = 240) -> tuple[str, str]:
+    """The node's (stdout, stderr) once it ends. One still running at the deadline fails the
+    test with what each of its processes was doing, and its whole tree is killed (no
+    orphans left to the next test)."""
+    try:
+        return n.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        import psutil
+
+        tree = [n.pid] + [c.pid for c in psutil.Process(n.pid).children(recursive=True)]
+        seen = []
+        for pid in tree:
+            with contextlib.suppress(psutil.Error):
+                proc = psutil.Process(pid)
+                seen.append(f"{pid} {proc.status()} {' '.join(proc.cmdline()[1:6])}")
+        for pid in reversed(tree):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        out, err = n.communicate()
+        pytest.fail(f"node still running after {timeout:.0f} s: {seen}; its stdout ends "
+                    f"{(out or '')[-600:]!r}; its stderr {(err or '')[-1500:]!r}")
 
 
 class _Dcgm(http.server.BaseHTTPRequestHandler):
@@ -118,10 +143,15 @@ def test_two_node_job_in_prometheus(tmp_path, no_leaks):
         scrape = prom_query(base, 'max_over_time(scrape_duration_seconds'
                                   f'{{job="starvation-monitor"}}[{WINDOW}])', time=str(at))
     finally:
-        outs = [n.communicate(timeout=240) for n in nodes]
-        p.terminate()
-        p.wait(30)
-        dcgm.shutdown()
+        try:
+            outs = [ended(n) for n in nodes]
+        finally:
+            for n in nodes:  # the other node, when one failed the test
+                if n.poll() is None:
+                    ended(n, timeout=30)
+            p.terminate()
+            p.wait(30)
+            dcgm.shutdown()
     for n, (_out, err) in zip(nodes, outs, strict=True):
         assert n.returncode == 0, err[-3000:]
     empty = {pid: i for pid, rs in results.items() for i, r in enumerate(rs) if not r}
@@ -186,7 +216,7 @@ def test_one_node_two_ranks_each_have_their_series(tmp_path, no_leaks):
             return text if {r for r, v in ranks if int(float(v)) > 0} == {"0", "1"} else None
         text = wait_for(both, timeout=120, every=0.5)
     finally:
-        _, err = n.communicate(timeout=240)
+        _, err = ended(n)
     assert n.returncode == 0, err[-3000:]
     assert text, "the endpoint never showed both ranks stepping"
     lines = [ln for ln in text.splitlines() if ln.startswith("starvation_steps_total{")]

@@ -44,7 +44,10 @@ def per_sample(steps: pd.DataFrame, report: dict[str, Any] | None) -> Finding | 
         return None
     nw = int(report.get("num_workers") or 0)
     size = float(report.get("batch_bytes") or 0) / batch
-    up_to = samples / max(float(steps["compute_s"].sum()), 1e-9)  # all of the wait gone
+    # all of the wait gone: the bound model's own ceiling (monitor/diagnosis/bound.py: a
+    # batch per median compute), the most any workers it advises can reach too (a sum of
+    # compute with a few preempted steps in it read below their prediction once)
+    up_to = batch / max(float(steps["compute_s"].median()), 1e-9)
     now = samples / loop
     # workers share that cost out (measured bare: 0 -> 2 workers read -15% to +95%, box
     # by box), the batched fetch removes it (4-8 times either): the fix first, workers after
