@@ -16,6 +16,9 @@ _REQUIRED: Any = object()
 STALLED, RESUMED = "stalled", "resumed"
 STALL_KINDS = (STALLED, RESUMED)
 LOOP_ENDED = "the loop ended"  # a resumed event's label when the loop ended in a stall
+# Where the scheduler put a rank (monitor/probe/identity.py placement writes them to the
+# ranks table; the exporter's labels, in this order).
+PLACEMENT = ("hpc_job", "pod", "namespace", "replica")
 
 
 def col(label: str, unit: str = "", default: Any = _REQUIRED) -> Any:

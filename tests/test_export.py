@@ -64,8 +64,9 @@ def test_metrics_names_labels_and_dcgm_join(store, db_path):
               "starvation_run_info", "starvation_workers_cpu_cores",
               "starvation_main_process_memory_bytes"):
         assert n in names, n
-    assert (f'starvation_steps_total{{UUID="",gpu="",hostname="node-a",job_id="",'
-            f'local_rank="",node_rank="",rank="0",run_id="{run}"}} 200.0') in text
+    assert (f'starvation_steps_total{{UUID="",gpu="",hostname="node-a",hpc_job="",job_id="",'
+            f'local_rank="",namespace="",node_rank="",pod="",rank="0",replica="",'
+            f'run_id="{run}"}} 200.0') in text
     assert re.search(r'starvation_loader_info\{.*num_workers="0".*\} 1\.0', text)
     # the GPU series are labelled as dcgm-exporter labels them: joinable on(hostname, gpu)
     store.insert([GpuUtilSample(ts=time.time(), gpu=0, util_pct=87.0, source="samples")])
@@ -161,13 +162,15 @@ def test_an_exported_two_rank_job_imports_with_both_ranks(store, tmp_path, fmt):
     run = stored_run(store)
     for r in (0, 1):
         store.set_rank(run, r, r, 2, "node-a", 1000 + r, {"num_workers": 2 + r}, "cpu",
-                       job_id="job-7", node_rank=0, nodes=1)
+                       job_id="job-7", node_rank=0, nodes=1,
+                       placement={"pod": f"train-{r}", "namespace": "ml"} if r else None)
     folder = export_run(store, run, tmp_path / "out", fmt, context())
     other = Store(tmp_path / "colleague.db")
     got = other.ranks(import_run(other, folder))
     assert got["rank"].tolist() == [0, 1] and got["world_size"].tolist() == [2, 2]
     assert [c["num_workers"] for c in got["config"]] == [2, 3]
     assert set(got["job_id"]) == {"job-7"}
+    assert got["placement"].tolist() == [{}, {"pod": "train-1", "namespace": "ml"}]
     # an export of an older version, before ranks were exported, still imports
     (folder / f"ranks.{fmt}").unlink()
     assert other.ranks(import_run(other, folder)).empty
@@ -322,3 +325,29 @@ def test_deploy_files_are_what_promql_writes():
                                                           "rules.yml")],
                            capture_output=True, text=True, timeout=60)
         assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_a_ranks_placement_labels_its_series(store):
+    """A rank in a Kubernetes pod (the downward API's POD_NAME and POD_NAMESPACE, an
+    indexed Job's JOB_COMPLETION_INDEX) or a Slurm job: its series carry pod, namespace,
+    replica and hpc_job, for the joins with dcgm-exporter's series."""
+    from monitor.probe.identity import placement
+
+    run = stored_run(store)
+    pod = placement({"KUBERNETES_SERVICE_HOST": "10.0.0.1", "HOSTNAME": "train-w-1",
+                     "POD_NAMESPACE": "ml", "JOB_COMPLETION_INDEX": "1"})
+    assert pod == {"pod": "train-w-1", "namespace": "ml", "replica": "1"}
+    slurm = placement({"SLURM_JOB_ID": "4242", "HOSTNAME": "gpu-node-3"})
+    assert slurm == {"hpc_job": "4242"}  # not in a pod: no pod label from the hostname
+    assert placement({"HOSTNAME": "laptop"}) == {}
+    store.set_rank(run, 0, 0, 2, "node-a", 1000, {}, "cpu", job_id="j", placement=pod)
+    store.set_rank(run, 1, 1, 2, "node-a", 1001, {}, "cpu", job_id="j", placement=slurm)
+    reg = CollectorRegistry()
+    reg.register(StoreCollector(str(store.db.path), context(), hostname="node-a"))
+    text = generate_latest(reg).decode()
+    lines = [ln for ln in text.splitlines() if ln.startswith("starvation_steps_total{")]
+    assert len(lines) == 2, lines
+    r0 = next(ln for ln in lines if 'rank="0"' in ln)
+    assert 'pod="train-w-1"' in r0 and 'namespace="ml"' in r0 and 'replica="1"' in r0
+    r1 = next(ln for ln in lines if 'rank="1"' in ln)
+    assert 'hpc_job="4242"' in r1 and 'pod=""' in r1

@@ -195,3 +195,4 @@ def test_a_slurm_shaped_launch_without_torchrun(tmp_path, no_leaks):
         assert d["evidence"]["usable_cores"] == 1, d["evidence"]
         ranks = Store(tmp_path / f"n{task}.db").ranks(d["run_id"])
         assert ranks["job_id"].tolist() == ["4242"] and ranks["node_rank"].tolist() == [task]
+        assert ranks["placement"][0].get("hpc_job") == "4242"  # dcgm-exporter's Slurm label

@@ -65,12 +65,14 @@ def run_frames(store: Store, run_id: int) -> dict[str, pd.DataFrame]:
 
 
 def _stored_ranks(store: Store, run_id: int) -> pd.DataFrame:
-    """The run's ranks as the table holds them (config and device as JSON text)."""
+    """The run's ranks as the table holds them (config, device and placement as JSON
+    text)."""
     df = store.ranks(run_id)
     if df.empty:
         return df
     return df.assign(config=[json.dumps(c) for c in df["config"]],
-                     device=[json.dumps(d) if d is not None else None for d in df["device"]])
+                     device=[json.dumps(d) if d is not None else None for d in df["device"]],
+                     placement=[json.dumps(p) if p else None for p in df["placement"]])
 
 
 def steps_checksum(steps: pd.DataFrame) -> str:

@@ -3,9 +3,10 @@ each scrape (no state of its own, no hand-written text).
 
 Names follow Prometheus conventions: one prefix (`starvation_`), base units (`_seconds`,
 `_bytes`, ratios 0-1, `_total` for counters). Run series are per rank, labelled RUN_LABELS
-(`run_id`, `job_id`, `rank`, `local_rank`, `node_rank`, `hostname`, and the rank's `gpu` and
-`UUID`); GPU series carry `gpu`, `UUID` and `hostname`, spelled as dcgm-exporter spells them,
-so `on(hostname, gpu)` joins ours with `DCGM_FI_DEV_GPU_UTIL`. No step numbers or PIDs as
+(`run_id`, `job_id`, `rank`, `local_rank`, `node_rank`, `hostname`, the rank's `gpu` and
+`UUID`, and the scheduler's `hpc_job`, `pod`, `namespace`, `replica` where set); GPU
+series carry `gpu`, `UUID` and `hostname`, spelled as dcgm-exporter spells them, so
+`on(hostname, gpu)` joins ours with `DCGM_FI_DEV_GPU_UTIL`. No step numbers or PIDs as
 labels; an ended run ages out after RECENT_S. The data-wait share over any window is
 `rate(starvation_data_wait_seconds_total[w]) / rate(starvation_step_seconds_total[w])`.
 
@@ -36,6 +37,7 @@ from monitor.assess.window import Context, Window, assess
 from monitor.config import LIVE_SETTINGS
 from monitor.diagnosis import VERDICTS
 from monitor.frames.analysis import workers_memory_mb
+from monitor.records import PLACEMENT
 from monitor.store import ATTACHED, RUNNING, Store
 from monitor.thresholds import KPI_WINDOW_S
 
@@ -45,7 +47,11 @@ RECENT_S = 300.0  # ended runs stay exported this long, so their last increments
 # monitor/probe/identity.py job_id); `gpu` and `UUID` are the rank's GPU as dcgm-exporter
 # labels it (empty on a CPU rank), so `* on(hostname, gpu) group_left` joins DCGM's series.
 # Not `job`: Prometheus renames a target's `job` label to `exported_job`.
-RUN_LABELS = ["run_id", "job_id", "rank", "local_rank", "node_rank", "hostname", "gpu", "UUID"]
+# `hpc_job`, `pod`, `namespace`, `replica`: where the scheduler put the rank (PLACEMENT in
+# monitor/probe/identity.py; empty, so absent, outside Slurm and Kubernetes), for the joins
+# with dcgm-exporter's series by Slurm job or pod (docs/cluster.md).
+RUN_LABELS = ["run_id", "job_id", "rank", "local_rank", "node_rank", "hostname", "gpu", "UUID",
+              *PLACEMENT]
 GPU_LABELS = ["gpu", "UUID", "hostname"]
 MB = 1024 * 1024
 _R = ", ".join(RUN_LABELS)
@@ -144,15 +150,17 @@ class StoreCollector:
         if df.empty:
             gpu = workload_gpu(devices, run.get("device"))
             return [RankSeries(0, [rid, "", "0", "", "", self.hostname, _text(gpu),
-                                   self._uuid(devices, gpu)], run.get("config") or {}, 1)]
+                                   self._uuid(devices, gpu), *([""] * len(PLACEMENT))],
+                               run.get("config") or {}, 1)]
         out = []
         for r in df.itertuples():
             gpu = workload_gpu(devices, r.device) if r.device else None
             out.append(RankSeries(int(r.rank), [
                 rid, _text(getattr(r, "job_id", None)), str(int(r.rank)), _text(r.local_rank),
                 _text(getattr(r, "node_rank", None)), _text(r.hostname) or self.hostname,
-                _text(gpu), self._uuid(devices, gpu)], r.config or run.get("config") or {},
-                int(r.world_size or 1)))
+                _text(gpu), self._uuid(devices, gpu),
+                *(str((getattr(r, "placement", None) or {}).get(k, "")) for k in PLACEMENT)],
+                r.config or run.get("config") or {}, int(r.world_size or 1)))
         return out
 
     @staticmethod

@@ -9,6 +9,8 @@ import socket
 import sys
 from typing import Any
 
+from monitor.records import PLACEMENT
+
 
 def accelerator_kind() -> str:
     """"cuda" when the script uses (or can use) CUDA, else "cpu": its step is real either
@@ -118,6 +120,38 @@ def job_id(env: dict[str, str] | None = None) -> str | None:
     if env.get("MASTER_ADDR") and env.get("MASTER_PORT"):
         return f"{env['MASTER_ADDR']}:{env['MASTER_PORT']}"
     return None
+
+
+K8S_NAMESPACE_FILE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
+
+
+def placement(env: dict[str, str] | None = None,
+              namespace_file: str = K8S_NAMESPACE_FILE) -> dict[str, str]:
+    """Where the scheduler put this process, for the joins with dcgm-exporter's series:
+    `hpc_job` (Slurm's SLURM_JOB_ID, as dcgm-exporter's Slurm job mapping labels a GPU), and
+    in a Kubernetes pod its `pod` (POD_NAME from the downward API, else the pod's own
+    HOSTNAME), `namespace` (POD_NAMESPACE, else the service account's namespace file) and
+    `replica` (JOB_COMPLETION_INDEX: an indexed Job's, a JobSet's). Only what is set."""
+    env = dict(os.environ) if env is None else env
+    out = {"hpc_job": env.get("SLURM_JOB_ID", "")}
+    if env.get("KUBERNETES_SERVICE_HOST") or env.get("POD_NAME"):
+        out["pod"] = env.get("POD_NAME") or env.get("HOSTNAME", "")
+        ns = env.get("POD_NAMESPACE", "")
+        if not ns:
+            try:
+                with open(namespace_file, encoding="utf-8") as f:
+                    ns = f.read().strip()
+            except OSError:
+                ns = ""
+        out["namespace"] = ns
+        out["replica"] = env.get("JOB_COMPLETION_INDEX", "")
+    return {k: out[k].strip() for k in PLACEMENT if out.get(k, "").strip()}
+
+
+def where(env: dict[str, str] | None = None) -> dict[str, Any]:
+    """The rank's place in the job and on the cluster, as Store.set_rank takes it."""
+    return {"job_id": job_id(env), "node_rank": node_rank(env), "nodes": node_count(env),
+            "placement": placement(env) or None}
 
 
 def job_key() -> str | None:

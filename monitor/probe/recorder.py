@@ -25,10 +25,8 @@ from monitor.probe.epoch_plan import why_not_resumable
 from monitor.probe.identity import (
     accelerator_kind,
     cuda_device,
-    job_id,
-    node_count,
-    node_rank,
     rank_identity,
+    where,
 )
 from monitor.probe.loaders import (
     FIXED_SETTINGS,
@@ -387,7 +385,7 @@ class Recorder:
         device = cuda_device()
         self.store.set_rank(self.run_id, self.rank, self.local_rank, self.world_size,
                             socket.gethostname(), os.getpid(), settings, kind, device,
-                            job_id=job_id(), node_rank=node_rank(), nodes=node_count())
+                            **where())
         run = (self.store.run(self.run_id) or {}) if self.rank != 0 else {}
         if self.rank == 0 or "batch_size" not in (run.get("config") or {}):
             # rank 0 speaks for the run; a store holding only other ranks (one `monitor run`

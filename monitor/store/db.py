@@ -100,7 +100,7 @@ class Db:
                 conn.execute(f"ALTER TABLE runs ADD COLUMN {col} TEXT")
         have = {r[1] for r in conn.execute("PRAGMA table_info(ranks)")}
         for col, typ in (("device", "TEXT"), ("job_id", "TEXT"), ("node_rank", "INTEGER"),
-                         ("nodes", "INTEGER")):
+                         ("nodes", "INTEGER"), ("placement", "TEXT")):
             if col not in have:  # columns added since 0.1
                 conn.execute(f"ALTER TABLE ranks ADD COLUMN {col} {typ}")
         for table, rec in RECORD_TABLES.items():

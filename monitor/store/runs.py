@@ -190,18 +190,21 @@ class Runs:
                  hostname: str, pid: int, config: dict[str, Any] | None = None,
                  accelerator_kind: str | None = None,
                  device: dict[str, Any] | None = None, job_id: str | None = None,
-                 node_rank: int | None = None, nodes: int | None = None) -> None:
+                 node_rank: int | None = None, nodes: int | None = None,
+                 placement: dict[str, str] | None = None) -> None:
         """What one rank's probe says of itself (at its first epoch, and after changes);
         `device`: its CUDA device as the collector finds it in NVML (uuid, pci, index);
-        `job_id`: the same on every node of the job, `nodes` how many (probe/identity.py)."""
+        `job_id`: the same on every node of the job, `nodes` how many; `placement`: the
+        scheduler's names for it (hpc_job, pod, namespace, replica: probe/identity.py)."""
         self.db.conn().execute(
             "INSERT OR REPLACE INTO ranks (run_id, rank, local_rank, world_size, hostname, pid,"
-            " config, accelerator_kind, device, job_id, node_rank, nodes, ts) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            " config, accelerator_kind, device, job_id, node_rank, nodes, placement, ts) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (run_id, rank, local_rank, world_size, hostname, pid,
              json.dumps(config, sort_keys=True) if config is not None else None,
              accelerator_kind, json.dumps(device) if device else None, job_id, node_rank,
-             nodes, time.time()))
+             nodes, json.dumps(placement, sort_keys=True) if placement else None,
+             time.time()))
 
     def ranks(self, run_id: int) -> pd.DataFrame:
         """One row per rank that has reported, by rank; `config` and `device` parsed."""
@@ -209,4 +212,6 @@ class Runs:
         if not df.empty:
             df["config"] = [json.loads(c) if isinstance(c, str) else {} for c in df["config"]]
             df["device"] = [json.loads(d) if isinstance(d, str) else None for d in df["device"]]
+            df["placement"] = [json.loads(x) if isinstance(x, str) else {}
+                               for x in df["placement"]]
         return df

@@ -56,6 +56,7 @@ CREATE TABLE IF NOT EXISTS ranks (
     job_id TEXT,
     node_rank INTEGER,
     nodes INTEGER,
+    placement TEXT,
     ts REAL NOT NULL,
     PRIMARY KEY (run_id, rank)
 );
