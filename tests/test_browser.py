@@ -275,16 +275,19 @@ def switch_on(page, on, within_s: float = 150.0) -> None:
     end = time.monotonic() + within_s
     while True:
         try:
-            switch = page.get_by_role("switch", name="Auto-tune").first
-            if not switch.is_checked(timeout=10_000):
-                switch.click(timeout=10_000)
+            # the switch's state from its input; the click on its label (the input itself is
+            # drawn under the label: Chromium says the label intercepts the pointer)
+            if not page.get_by_role("switch", name="Auto-tune").first.is_checked(
+                    timeout=10_000):
+                page.get_by_text("Auto-tune", exact=True).first.click(timeout=10_000)
             expect(on.first).to_be_visible(timeout=15_000)
             return
         except (AssertionError, Error):
             if time.monotonic() > end:
                 warnings = page.locator("[data-testid='stAlert']").all_inner_texts()
-                raise AssertionError(f"Auto-tune not on after {within_s:.0f} s; the page's "
-                                     f"alerts: {warnings}") from None
+                said = page.get_by_text(re.compile(r"^Auto-tune")).all_inner_texts()
+                raise AssertionError(f"Auto-tune not on after {within_s:.0f} s; the page "
+                                     f"says {said}; its alerts: {warnings}") from None
 
 
 def test_auto_tune_moves_show_as_markers_in_a_real_page(server):
@@ -298,8 +301,7 @@ def test_auto_tune_moves_show_as_markers_in_a_real_page(server):
         page = browser.new_page(viewport={"width": 1500, "height": 1000})
         errors = console_errors(page)
         page.goto(url)
-        switch = page.get_by_text("Auto-tune", exact=True)
-        expect(switch.first).to_be_visible(timeout=90_000)
+        expect(page.get_by_text("Auto-tune", exact=True).first).to_be_visible(timeout=90_000)
         # the tuner's first stretch must be a starved one (a host busy while the preset
         # calibrated its step can make the workload fed for a while: then nothing to tune)
         expect(page.get_by_text(re.compile(r"^(starving|cpu-bound) · ")).first).to_be_visible(
