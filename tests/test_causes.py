@@ -423,7 +423,7 @@ def test_workers_started_again_every_epoch_say_what_their_start_is_made_of(tmp_p
     again, kept = bare("startup", *args, "--epochs", "2"), \
         bare("startup", *args, "--epochs", "2", "--persistent")
     assert rate(kept) > 1.5 * rate(again), (rate(again), rate(kept))
-    rc, d = monitored(tmp_path / "s.db", "startup", *args, "--epochs", "3")
+    rc, d = monitored(tmp_path / "s.db", "startup", *args, "--epochs", "2")
     assert rc == 0
     f = finding(d, causes.STARTUP)
     n = f["numbers"]
