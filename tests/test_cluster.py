@@ -193,6 +193,8 @@ def test_two_node_job_in_prometheus(tmp_path, no_leaks):
     text, query = job_scope(Store(dbs[1]).ranks(1))
     assert text.startswith("This job has 2 ranks on 2 hosts; this store holds rank 1 "), text
     assert f'job_id="127.0.0.1:{master}"' in query
+    assert "monitor dashboard --prometheus URL shows it in this page's Job tab" in text
+    assert "the Job tab reads it there" in job_scope(Store(dbs[1]).ranks(1), job_tab=True)[0]
 
 
 def test_one_node_two_ranks_each_have_their_series(tmp_path, no_leaks):

@@ -166,7 +166,7 @@ def live_region(watching: bool = False) -> None:
     panels.render_other_charts(figs)
     if len(ranks) > 1:
         panels.render_ranks(a, view, rank_rows, devices)
-    scope = views.job_scope(rank_rows)
+    scope = views.job_scope(rank_rows, job_tab=bool(prometheus))
     if scope is not None:
         st.info(plain(scope[0]))
         st.code(scope[1], language="promql")

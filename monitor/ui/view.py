@@ -208,10 +208,11 @@ def first_batch_wait(run: dict, steps: pd.DataFrame, host: pd.DataFrame,
     return text
 
 
-def job_scope(ranks: pd.DataFrame) -> tuple[str, str] | None:
+def job_scope(ranks: pd.DataFrame, job_tab: bool = False) -> tuple[str, str] | None:
     """For a job whose ranks span hosts: what this store holds of it, and the PromQL that
     shows the whole job (each node records its own ranks in its own store); None when every
-    rank of the job is here."""
+    rank of the job is here. `job_tab`: this page has the Job tab (dashboard --prometheus),
+    which shows every node's ranks."""
     if ranks is None or ranks.empty or "world_size" not in ranks.columns:
         return None
     world = int(pd.to_numeric(ranks["world_size"], errors="coerce").max() or 1)
@@ -228,7 +229,10 @@ def job_scope(ranks: pd.DataFrame) -> tuple[str, str] | None:
             f"{', '.join(map(str, here))} ({', '.join(hosts)}). The others are recorded by "
             "their own nodes (monitor run on each, each with its own store); with "
             "--metrics-port on every node, Prometheus shows the whole job"
-            + (f" (job_id {job})" if job else "") + ":")
+            + (f" (job_id {job})" if job else "")
+            + (": the Job tab reads it there, every node's ranks in one table; or query it:"
+               if job_tab else "; monitor dashboard --prometheus URL shows it in this "
+               "page's Job tab, every node's ranks in one table; or query it:"))
     sel = f'{{job_id="{job}"}}' if job else ""
     promql = (f"sum by (job_id) (rate(starvation_samples_total{sel}[1m]))\n"
               f"sum by (node_rank, rank) (rate(starvation_data_wait_seconds_total{sel}[1m])) "
