@@ -168,6 +168,8 @@ def test_two_node_job_in_prometheus(tmp_path, no_leaks):
             [("1", "1")], found
     assert tab.ranks[["rank", "node_rank"]].values.tolist() == [[0, 0], [1, 1]]
     assert tab.stragglers()[["rank", "node_rank"]].values.tolist() == [[1, 1]]
+    util = tab.ranks.set_index("rank")["gpu_util"]  # DCGM's, on the rank's GPU (the Job tab)
+    assert util[0] == pytest.approx(0.37) and util[1] != util[1], util  # rank 1: no GPU
     assert tab.throughput == pytest.approx(float(results[1][0][0]["value"][1]), rel=0.01)
     # DCGM's utilization of node 0's GPU, labelled with the rank that uses it
     joined = results[6][0]

@@ -118,9 +118,7 @@ def panels(rng: str = "$__rate_interval") -> list[dict]:
             _target(f"starvation_device_busy_ratio{{{SEL}}}", RANK_LEGEND)], "percentunit",
             f"Step-derived device busy over each rank's last {KPI_WINDOW_S:g} s."),
         _panel(6, "timeseries", "GPU utilization of each rank's GPU (DCGM)", (12, 16, 12, 8), [
-            _target("DCGM_FI_DEV_GPU_UTIL * on (UUID) group_left (job_id, node_rank, rank) "
-                    "max by (UUID, job_id, node_rank, rank) "
-                    f'(starvation_run_info{{{SEL}, UUID!=""}})', RANK_LEGEND + " · GPU {{gpu}}")],
+            _target(gpu_util(SEL), RANK_LEGEND + " · GPU {{gpu}}")],
             "percent", "dcgm-exporter's utilization joined to our ranks on the GPU's UUID (the "
             "one label both carry unchanged in containers, where DCGM's Hostname is its pod)."),
         _panel(7, "timeseries", "Workers: CPU (cores)", (0, 24, 12, 8), [
@@ -142,6 +140,15 @@ def _variable(name: str, query: str) -> dict:
     return {"name": name, "type": "query", "datasource": DS, "query": query,
             "includeAll": True, "multi": True, "allValue": ".*",
             "current": {"text": "All", "value": "$__all"}}
+
+
+def gpu_util(sel: str) -> str:
+    """dcgm-exporter's utilization (percent) of each rank's GPU, labelled with the rank's
+    job, node, rank and host: joined on the GPU's UUID, the one label both carry unchanged in
+    containers (DCGM's own Hostname there is its pod's)."""
+    return ("DCGM_FI_DEV_GPU_UTIL * on (UUID) group_left (job_id, node_rank, rank, hostname) "
+            "max by (UUID, job_id, node_rank, rank, hostname) "
+            f'(starvation_run_info{{{sel}, UUID!=""}})')
 
 
 def dashboard() -> dict:

@@ -27,7 +27,7 @@ TIMEOUT_S = 3.0
 LOADER_KEYS = ("num_workers", "prefetch_factor", "batch_size", "pin_memory",
                "persistent_workers")
 COLUMNS = ("node_rank", "hostname", "rank", "throughput", "data_wait_share",
-           "wait_per_step_s", "verdict", *LOADER_KEYS, "straggler")
+           "wait_per_step_s", "verdict", *LOADER_KEYS, "gpu_util", "straggler")
 
 
 class PrometheusError(RuntimeError):
@@ -128,6 +128,9 @@ def job(url: str, job_id: str, rng: str = RANGE, at: float | None = None) -> Job
         r = row(s["metric"])
         for k in LOADER_KEYS:
             r[k] = s["metric"].get(k)
+    for s in query(url, promql.gpu_util(sel), at):  # where dcgm-exporter is scraped too
+        r = row(s["metric"])  # (a rank of several GPUs: its busiest)
+        r["gpu_util"] = max(r.get("gpu_util") or 0.0, _value(s) / 100)
     fw = promql.finite(w)
     others = {}
     for s in query(url, promql.others_mean(fw), at):

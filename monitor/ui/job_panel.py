@@ -22,7 +22,7 @@ SHOWN = {"node_rank": "node", "hostname": "host", "rank": "rank",
          "wait per step (ms)", "verdict": "verdict", "num_workers": "num_workers",
          "prefetch_factor": "prefetch_factor", "batch_size": "batch_size",
          "pin_memory": "pin_memory", "persistent_workers": "persistent_workers",
-         "straggler": "straggler"}
+         "gpu_util": "GPU busy (DCGM)", "straggler": "straggler"}
 
 
 def straggler_text(v: promread.JobView) -> str:
@@ -50,8 +50,8 @@ def straggler_text(v: promread.JobView) -> str:
 def table(v: promread.JobView) -> pd.DataFrame:
     t = v.ranks.copy()
     t["wait_per_step_s"] = t["wait_per_step_s"] * 1000
-    t["data_wait_share"] = t["data_wait_share"].map(
-        lambda x: f"{x:.0%}" if isinstance(x, float) and x == x else "")
+    for col in ("data_wait_share", "gpu_util"):
+        t[col] = t[col].map(lambda x: f"{x:.0%}" if isinstance(x, float) and x == x else "")
     return t[list(SHOWN)].rename(columns=SHOWN)
 
 
