@@ -48,8 +48,9 @@ RECENT_S = 300.0  # ended runs stay exported this long, so their last increments
 # labels it (empty on a CPU rank), so `* on(hostname, gpu) group_left` joins DCGM's series.
 # Not `job`: Prometheus renames a target's `job` label to `exported_job`.
 # `hpc_job`, `pod`, `namespace`, `replica`: where the scheduler put the rank (PLACEMENT in
-# monitor/probe/identity.py; empty, so absent, outside Slurm and Kubernetes), for the joins
-# with dcgm-exporter's series by Slurm job or pod (docs/cluster.md).
+# monitor/records.py, read by monitor/probe/identity.py placement; empty, so absent,
+# outside Slurm and Kubernetes), for the joins with dcgm-exporter's series by Slurm job or
+# pod (docs/cluster.md).
 RUN_LABELS = ["run_id", "job_id", "rank", "local_rank", "node_rank", "hostname", "gpu", "UUID",
               *PLACEMENT]
 GPU_LABELS = ["gpu", "UUID", "hostname"]

@@ -66,7 +66,7 @@ def _get(url: str, path: str, params: dict[str, str]) -> list[dict[str, Any]]:
 
 def query(url: str, expr: str, at: float | None = None) -> list[dict[str, Any]]:
     """An instant query's result (Prometheus's JSON `data.result`)."""
-    return _get(url, "query", {"query": expr, **({"time": f"{at:.3f}"} if at else {})})
+    return _get(url, "query", {"query": expr, **({"time": f"{at:.3f}"} if at is not None else {})})
 
 
 def _error_of(exc: urllib.error.HTTPError) -> str:

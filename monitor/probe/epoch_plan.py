@@ -84,16 +84,15 @@ def build(loader: Any, orig_iter: Any, plan: EpochPlan | None) -> Any:
     if held is not None and hasattr(held, "_index_sampler"):
         held._index_sampler = plan
     object.__setattr__(loader, "batch_sampler", plan)
+    it = None
     try:
         it = orig_iter(loader)
     finally:
         object.__setattr__(loader, "batch_sampler", own)
-        index = getattr(loader, "_index_sampler", own)
-        for x in {id(x): x for x in (held, getattr(loader, "_iterator", None))}.values():
+        # the epoch's order is drawn; each iterator's length is the whole epoch's again
+        for x in (held, getattr(loader, "_iterator", None), it):
             if getattr(x, "_index_sampler", None) is plan:
-                x._index_sampler = index
-    if getattr(it, "_index_sampler", None) is plan:  # its length: the whole epoch's
-        it._index_sampler = getattr(loader, "_index_sampler", own)
+                x._index_sampler = loader._index_sampler
     return it
 
 
