@@ -421,3 +421,37 @@ def test_warm_up_dominates_a_short_run(tmp_path):
     assert f.warmup_share == pytest.approx(f.warmup_lost_s / (t - 1000.0), rel=0.01)
     assert a.verdict == "warm-up", a.diagnosis.headline
     assert "first 3 step(s)" in a.diagnosis.headline
+
+
+def test_a_change_that_recorded_no_step_leaves_the_verdict_with_the_settings_before(tmp_path):
+    """num_workers 0 -> 1 applied as the script's time ran out: every stored step is of 0
+    workers, so the verdict speaks of 0 workers (not of the final 1) and says why; the run's
+    own history has nothing with fewer workers to compare against."""
+    from monitor.assess.window import Context, assess, steady_window
+    from monitor.records import StepRecord
+    from monitor.store import Store
+
+    store = Store(tmp_path / "w.db")
+    run = store.create_run("late", "attached", {"num_workers": 1, "batch_size": 8})
+    store.add_event(run, "config", "start", {"num_workers": 0, "prefetch_factor": None,
+                                            "pin_memory": False, "rank": 0})
+    t = 1000.0
+    store.insert([StepRecord(run, i, 0, t + 0.025 * i, 0.005, 0.02, 8, 0) for i in range(200)])
+    store.add_event(run, "config", "num_workers 0 → 1", {"num_workers": 1, "rank": 0,
+                                                         "applied_at_epoch": 1})
+    store.finish_run(run, "finished")
+    w = steady_window(store, run)
+    assert w.run["config"]["num_workers"] == 0 and w.run["config"]["batch_size"] == 8
+    assert w.caption.startswith("steady state of the settings before the last change")
+    a = assess(w, Context(BUDGET, 6))
+    assert a.features.config["num_workers"] == 0
+    assert a.diagnosis.headline.endswith("The last change (num_workers 0 → 1) recorded no "
+                                         "step before the run ended: this is of the settings "
+                                         "before it.")
+    assert not [f for f in a.findings if f.cause == "more-workers-slower"]
+    # once the change's steps are stored, the window is theirs, and says nothing of it
+    store.insert([StepRecord(run, 200 + i, 1, t + 6 + 0.05 * i, 0.03, 0.02, 8, 1)
+                  for i in range(100)])
+    w = steady_window(store, run)
+    assert w.run["config"]["num_workers"] == 1 and not w.note
+    assert w.caption.startswith("steady state of the final settings")

@@ -27,16 +27,34 @@ def _data(x: Any) -> dict[str, Any]:
     return d if isinstance(d, dict) else {}
 
 
+def config_events(events: pd.DataFrame | None, rank: int | None = None,
+                  ) -> list[tuple[float, dict[str, Any], str]]:
+    """(ts, settings, label) of each `config` event of one rank, in order: the one at index
+    i opened generation `config_seq` i (the probe counts one per applied change)."""
+    if events is None or events.empty or "kind" not in events.columns:
+        return []
+    cfg = events[events["kind"] == "config"].sort_values("ts")
+    rows = [(float(t), _data(d), str(x)) for t, d, x in
+            zip(cfg["ts"], cfg["data"], cfg["label"], strict=True)]
+    return [r for r in rows if rank is None or r[1].get("rank") in (None, rank)]
+
+
+def unrecorded_change(events: pd.DataFrame | None, seq: int, rank: int | None = None,
+                      ) -> tuple[dict[str, Any], str] | None:
+    """Where the last steps are of generation `seq` and later changes recorded none (applied
+    just before the run ended): (generation seq's settings, the last change's label)."""
+    rows = config_events(events, rank)
+    if not 0 <= seq < len(rows) - 1:
+        return None
+    settings = {k: rows[seq][1][k] for k in LIVE_SETTINGS if k in rows[seq][1]}
+    return (settings, rows[-1][2]) if settings else None
+
+
 def generations(store: Store, run_id: int, events: pd.DataFrame,
                 rank: int | None = None) -> tuple[dict[str, Any], ...]:
     """[{seq, settings, steps, samples, loop_s, throughput}] of the generations that ended,
     in order (their first steps, the workers' start and the queue's filling, left out)."""
-    if events is None or events.empty or "kind" not in events.columns:
-        return ()
-    cfg = events[events["kind"] == "config"].sort_values("ts")
-    rows = [(float(t), _data(d)) for t, d in zip(cfg["ts"], cfg["data"], strict=True)]
-    if rank is not None:
-        rows = [(t, d) for t, d in rows if d.get("rank") in (None, rank)]
+    rows = [(t, d) for t, d, _ in config_events(events, rank)]
     out, now = [], time.time()
     for seq, ((ts, d), (nxt, _)) in enumerate(zip(rows[:-1], rows[1:], strict=True)):
         key = (str(store.path), run_id, rank, seq)

@@ -68,6 +68,7 @@ class Window:
     loader_errors: tuple[str, ...] = ()
     # the run's loader generations that ended, with what each measured (history.generations)
     history: tuple[dict[str, Any], ...] = ()
+    note: str = ""  # a sentence the verdict carries about the window (settings it lacks)
 
     @property
     def accelerator(self) -> str:
@@ -158,10 +159,20 @@ def steady_window(store: Store, run_id: int) -> Window | None:
         steps = settled
     start, end = analysis.span(steps)
     report, errors = loader_notes(store.events(run_id, kinds=LOADER_KINDS))
-    return Window(run, steps, _host_of(store, run_id, start, end),
-                  f"steady state of the final settings ({end - start:.0f} s)",
+    events = store.events(run_id, kinds=("config",))
+    caption, note = f"steady state of the final settings ({end - start:.0f} s)", ""
+    ranks = steps["rank"].dropna().unique() if "rank" in steps.columns else []
+    late = history.unrecorded_change(events, int(steps["config_seq"].max()),
+                                     int(ranks[0]) if len(ranks) else None) \
+        if len(ranks) <= 1 and "config_seq" in steps.columns else None
+    if late is not None:  # a change just before the end: the steps are of the settings before
+        run = {**run, "config": {**(run.get("config") or {}), **late[0]}}
+        caption = f"steady state of the settings before the last change ({end - start:.0f} s)"
+        note = (f"The last change ({late[1]}) recorded no step before the run ended: this is "
+                "of the settings before it.")
+    return Window(run, steps, _host_of(store, run_id, start, end), caption,
                   store.ranks(run_id), _warmup(store, run_id, steps, last), report, errors,
-                  run_history(store, run_id, steps))
+                  run_history(store, run_id, steps, events), note)
 
 
 def run_history(store: Store, run_id: int, steps: pd.DataFrame,
@@ -283,6 +294,8 @@ def assess(window: Window, ctx: Context, parts: int = 1) -> Assessment:
                                      advice=causes.merge(dg.advice, found,
                                                          int(f.config.get("num_workers") or 0)))
         dg = _fed_phases(dg, base["phases"])
+        if window.note:
+            dg = dataclasses.replace(dg, headline=f"{dg.headline} {window.note}")
         return Assessment(features=f, diagnosis=dg, findings=found,
                           workers=causes.worker_table(steps, host, report), ranks=tuple(
             _figures(window, r, f) for r in ranks) if ranks else (), **base)
