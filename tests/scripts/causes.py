@@ -185,6 +185,8 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--seconds", type=float, default=8.0)
     ap.add_argument("--epochs", type=int, default=0, help="run exactly this many epochs")
+    ap.add_argument("--epoch-seconds", type=float, default=0.0,
+                    help="with --epochs: an epoch also ends after this long")
     ap.add_argument("--sharing", default=None, help="torch's sharing strategy (the fds fix)")
     ap.add_argument("--any-order", action="store_true", help="in_order=False (the fix)")
     ap.add_argument("--batched", action="store_true", help="tiny: __getitems__ (the fix)")
@@ -204,6 +206,7 @@ def main() -> None:
     # epochs until the time is up, or exactly --epochs of them
     while (epochs < a.epochs) if a.epochs else (time.perf_counter() - start <= a.seconds):
         epochs += 1
+        began = time.perf_counter()
         for i, batch in enumerate(loader):
             if i == 0 and a.kind == "head_of_line" and a.epochs:  # (a change lands at iter())
                 print(f"epoch {epochs - 1} in_order={loader.in_order}", flush=True)
@@ -216,6 +219,8 @@ def main() -> None:
             samples += len(batch) if isinstance(batch, torch.Tensor) else \
                 len(batch["x"]) if isinstance(batch, dict) else 1
             if not a.epochs and time.perf_counter() - start > a.seconds:
+                break
+            if a.epoch_seconds and time.perf_counter() - began > a.epoch_seconds:
                 break
     took = time.perf_counter() - (first or start)
     print(f"rate {n / took:.1f} batches/s ({n} batches, {samples / took:.0f} samples/s)",
