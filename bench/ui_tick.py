@@ -7,7 +7,9 @@ at 20 Hz (a 50 ms sawtooth: 30 ms wait, 20 ms compute) and host samples at 4 Hz.
 the live fragment computes (load_view, the assessed window, assess, the four figures) and the
 figure JSON it sends, for the 30 s, 5 min and whole-run windows: the first open, then the
 median refresh. With --soak S it also serves the dashboard and measures its server process's
-CPU over S seconds with one tab, then with --tabs tabs (headless Chromium). Figures only.
+CPU over S seconds with one tab, then with --tabs tabs (headless Chromium), once the run is
+past its first FRESH_S (the page refreshes a young or just-changed run every second, a
+steady one every STEADY_REFRESH_S: monitor/ui/view.py). Figures only.
 
 Budgets (issue "Hours-long runs"): a refresh <= 50 ms for 30 s and 5 min windows at any run
 length; a whole 24 h run opens in <= 2 s and then refreshes in <= 200 ms; <= 300 KB of figure
@@ -134,6 +136,8 @@ def soak(seconds: float, tabs: int) -> None:
                     pg.goto(f"http://127.0.0.1:{port}")
                     pg.wait_for_selector(".js-plotly-plot", timeout=120_000)
                     pages.append(pg)
+                if n == 1:  # past the young run's 1 s refreshes (views.live_period)
+                    time.sleep(views.FRESH_S + 2.0)
                 c0, t0 = sum(proc.cpu_times()[:2]), time.monotonic()
                 time.sleep(seconds)
                 cpu = (sum(proc.cpu_times()[:2]) - c0) / (time.monotonic() - t0)

@@ -125,3 +125,52 @@ def test_the_host_charts_time_axis_sits_under_its_bottom_panel():
     assert domain[0] == 0.0, (anchor, domain)
     titles = [a.y for a in lay.annotations if a.text in ("memory (MB)", "CPU per core (%)")]
     assert all(y > domain[1] for y in titles)
+
+
+def test_every_live_chart_is_a_valid_plotly_figure():
+    """The live charts are built without plotly's validation (charts.figure): here each one,
+    with markers and every trace kind it draws, passes it, so a wrong property name or value
+    fails this test instead of reaching a page."""
+    import plotly.exceptions
+
+    steps = steps_frame([0.1] * 30, [0.05] * 30).assign(rank=[0, 1] * 15)
+    gpu = pd.DataFrame({"ts": [1000.0, 1001.0], "gpu": [0, 0], "util_pct": [10.0, 90.0]})
+    host = pd.DataFrame({
+        "ts": [1000.0, 1001.0], "cpu_per_core": [json.dumps([10, 90]), json.dumps([20, 80])],
+        "mem_used_mb": [1.0, 2.0], "shm_used_mb": [0.0, 5.0], "proc_rss_mb": [100.0, 100.0],
+        "workers": [0, 2], "workers_cpu_pct": [0.0, 150.0], "workers_rss_mb": [0.0, 300.0]})
+    rollup = pd.DataFrame({"t": [1000.0, 1001.0], "busy": [0.5, 0.6], "busy_max": [1.0, 1.0],
+                           "busy_min": [0.0, 0.1]})
+    thr = pd.DataFrame({"t": [1000.0, 1001.0], "throughput": [10.0, 12.0]})
+    ev = events_frame()
+    figs = [charts.utilization_figure(busy_series(steps), gpu, ev, simulated=False),
+            charts.utilization_figure(rollup, None, ev), charts.rank_wait_figure(steps, ev),
+            charts.wait_compute_figure(steps, ev, (1000.0, 1005.0)),
+            charts.throughput_figure(thr, ev), charts.host_figure(host, ev)]
+    for fig in figs:
+        try:
+            checked = go.Figure(fig.to_dict())  # plotly's own validation of every property
+        except (ValueError, plotly.exceptions.PlotlyError) as exc:
+            raise AssertionError(f"{fig.layout.title.text}: {exc}") from None
+        assert len(checked.data) == len(fig.data) and checked.data
+    bad = charts.figure([charts.line([1], [2], "x", colour="red")], {})
+    try:
+        go.Figure(bad.to_dict())
+    except ValueError as exc:
+        assert "colour" in str(exc)
+    else:
+        raise AssertionError("an invalid property passed the check")
+
+
+def test_the_live_page_refreshes_fast_while_young_or_just_changed_then_slower():
+    from monitor.ui.view import FRESH_REFRESH_S, FRESH_S, STEADY_REFRESH_S, live_period
+
+    run = {"started_at": 1000.0}
+    none = pd.DataFrame(columns=["ts", "kind", "label"])
+    assert live_period(run, none, 1000.0 + FRESH_S - 1) == FRESH_REFRESH_S
+    assert live_period(run, none, 1000.0 + FRESH_S + 1) == STEADY_REFRESH_S
+    ev = pd.DataFrame({"ts": [1001.0, 1100.0, 1150.0], "kind": ["config", "config", "stalled"],
+                       "label": ["start", "num_workers 0 → 2", "a stall"]})
+    assert live_period(run, ev, 1100.0 + FRESH_S - 1) == FRESH_REFRESH_S  # a change
+    assert live_period(run, ev, 1150.0 + 1) == STEADY_REFRESH_S  # not a settings change
+    assert STEADY_REFRESH_S > FRESH_REFRESH_S

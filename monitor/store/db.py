@@ -80,6 +80,14 @@ class Db:
 
         return pd.read_sql_query(sql, self.conn(), params=tuple(params))
 
+    def row(self, sql: str, params: Iterable[Any] = ()) -> dict[str, Any] | None:
+        """A query's first row as a dict (None: no row): a single row without building a
+        DataFrame (~3 ms each; the page reads its run's row several times a refresh)."""
+        cur = self.conn().execute(sql, tuple(params))
+        row = cur.fetchone()
+        return dict(zip((d[0] for d in cur.description), row, strict=True)) \
+            if row is not None else None
+
     def size_bytes(self) -> int:
         """The file's size on disk with its write-ahead log."""
         return sum(p.stat().st_size for p in (self.path, self.path.with_name(

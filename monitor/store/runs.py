@@ -100,8 +100,8 @@ class Runs:
     def import_(self, run: dict[str, Any], frames: dict[str, Any]) -> int:
         """Insert a run record and its rows (monitor/export/files.py) in one transaction, as
         a new run; a run exported while running comes in stopped. Returns the new id."""
-        status = run.get("status") if run.get("status") != "running" else "stopped"
-        error = run.get("error") if run.get("status") != "running" else \
+        status = run.get("status") if run.get("status") != RUNNING else STOPPED
+        error = run.get("error") if run.get("status") != RUNNING else \
             "exported while it was running"
         conn = self.db.conn()
         try:
@@ -131,10 +131,9 @@ class Runs:
 
     def get(self, run_id: int) -> dict[str, Any] | None:
         """One run's row, config and device parsed; None when there is no such run."""
-        df = self.db.frame("SELECT * FROM runs WHERE id = ?", (run_id,))
-        if df.empty:
+        row = self.db.row("SELECT * FROM runs WHERE id = ?", (int(run_id),))
+        if row is None:
             return None
-        row = df.iloc[0].to_dict()
         row["config"] = json.loads(row["config"])
         dev = row.get("device")
         row["device"] = json.loads(dev) if isinstance(dev, str) else None

@@ -178,6 +178,15 @@ def live_region(watching: bool = False) -> None:
         panels.render_attached_controls(rt.store, view.run, ranks, rt.max_workers)
     if view.run["status"] != RUNNING and st.session_state.get("_live_fragment"):
         st.rerun()  # it ended: the still view takes over (an ended run is not re-read)
+    if not watching and view.run["status"] == RUNNING and \
+            st.session_state.get("_live_fragment"):
+        every = views.live_period(view.run, view.events, time.time())
+        if every != st.session_state.setdefault("_live_every", views.FRESH_REFRESH_S):
+            st.session_state["_live_every"] = every
+            # the live fragment takes its new period (views.live_period); here, after every widget
+            # of the region was drawn: a widget a fragment run skips loses its state (the
+            # Auto-tune switch turned itself off when this ran before it)
+            st.rerun()
     if st.session_state.get("_synced") not in (None, manager.config):
         st.rerun()  # the settings moved elsewhere (Auto-tune, another tab): the sidebar follows
     if manager.config.step_time_ms is None and st.session_state.get("_step_synced") not in (
@@ -185,10 +194,11 @@ def live_region(watching: bool = False) -> None:
         st.rerun()  # the calibrated step is known now: the sidebar shows the real one
 
 
-@st.fragment(run_every=1.0)
+@st.fragment(run_every=st.session_state.get("_live_every", views.FRESH_REFRESH_S))
 def live() -> None:
-    """The page's own running workload: refreshes about once a second (the sliders' effect
-    shows at once); reads the store only."""
+    """The page's own running workload: refreshes once a second while it is young or just
+    changed (the sliders' effect shows at once), every 2 s once steady (views.live_period);
+    reads the store only."""
     st.session_state["_live_fragment"] = True
     live_region()
 

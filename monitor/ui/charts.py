@@ -92,6 +92,13 @@ def markers(events: pd.DataFrame | None, lay: dict) -> dict:
     return lay
 
 
+def figure(data: list[dict], lay: dict) -> go.Figure:
+    """The live charts' figure, built without plotly's per-property validation: the page
+    rebuilds four of them every second, and validating took 45 of a refresh's ~60 ms of CPU
+    (bench/ui_tick.py). tests/test_charts.py validates every chart's output instead."""
+    return go.Figure({"data": data, "layout": lay}, _validate=False)
+
+
 def line(x: Any, y: Any, name: str | None, **kw: Any) -> dict:
     return {"type": "scatter", "mode": "lines", "x": x, "y": y, "name": name, **kw}
 
@@ -136,7 +143,7 @@ def utilization_figure(
                              line={"color": COLORS["gpu"], "width": 1.5, "shape": "hv"}))
     lay = layout("Device utilization (a sawtooth = starved)", "busy", 300, x_range)
     lay["yaxis"].update(range=[-2, 105], ticksuffix="%")
-    return go.Figure({"data": data, "layout": markers(events, lay)})
+    return figure(data, markers(events, lay))
 
 
 RANK_LINES_MAX = 8  # beyond this many ranks: min/median/max band and the worst ranks by name
@@ -164,7 +171,7 @@ def rank_wait_figure(steps: pd.DataFrame, events: pd.DataFrame | None = None,
         data += [line(x, y_list(per[r], 1000), f"rank {r}", line={"width": 2})
                  for r in shown]
     lay = layout("Data wait per step, by rank (1 s means)", "ms", 340, x_range)
-    return go.Figure({"data": data, "layout": markers(events, lay)})
+    return figure(data, markers(events, lay))
 
 
 def wait_compute_figure(
@@ -183,7 +190,7 @@ def wait_compute_figure(
                      line={"color": COLORS["wait"], "width": 0.5})]
     lay = layout("Data wait vs compute per step", "ms per step", 340, x_range)
     lay["yaxis"]["rangemode"] = "tozero"
-    return go.Figure({"data": data, "layout": markers(events, lay)})
+    return figure(data, markers(events, lay))
 
 
 PHASE_COLORS = {"data_wait": COLORS["wait"], "copy": "#8c564b", "forward": "#17becf",
@@ -206,7 +213,7 @@ def phases_figure(steps: pd.DataFrame, events: pd.DataFrame | None = None,
             for p in reversed(phases.PHASES) if p != "copy" or (s[p] > 0).any()]
     lay = layout("Where each step goes (host time)", "ms per step", 340, x_range)
     lay["yaxis"]["rangemode"] = "tozero"
-    return go.Figure({"data": data, "layout": markers(events, lay)})
+    return figure(data, markers(events, lay))
 
 
 def throughput_figure(
@@ -218,7 +225,7 @@ def throughput_figure(
                  line={"color": COLORS["throughput"], "width": 1.5, "shape": "hv"})]
     lay = layout("Throughput", "samples/s", 340, x_range)
     lay["yaxis"]["rangemode"] = "tozero"
-    return go.Figure({"data": data, "layout": markers(events, lay)})
+    return figure(data, markers(events, lay))
 
 
 def _cores(col: pd.Series) -> tuple[int, np.ndarray]:
@@ -273,7 +280,7 @@ def host_figure(
     # the one time axis under the bottom panel: anchored to the top one (plotly's default)
     # its tick and date labels fell on the memory panel's title
     lay["xaxis"]["anchor"] = "y3"
-    return go.Figure({"data": data, "layout": markers(events, lay)})
+    return figure(data, markers(events, lay))
 
 
 def gpu_figure(

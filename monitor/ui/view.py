@@ -121,6 +121,23 @@ def follow_target(live: tuple[int, ...], managed: int | None) -> int | None:
     return live[0] if live else managed
 
 
+# The page's own live run refreshes every FRESH_REFRESH_S for FRESH_S after it starts or its
+# settings change (a slider, Apply, Auto-tune: the effect shows at once), then every
+# STEADY_REFRESH_S: a refresh costs the server ~45 ms of CPU, and at one a second a tab took
+# 0.08 core of the cores the workload runs on (bench/ui_tick.py --soak).
+FRESH_REFRESH_S, STEADY_REFRESH_S, FRESH_S = 1.0, 2.0, 20.0
+
+
+def live_period(run: dict, events: pd.DataFrame, now: float) -> float:
+    """How often the live region of the page's own run refreshes now."""
+    last = float(run.get("started_at") or 0.0)
+    if events is not None and not events.empty and "kind" in events.columns:
+        changes = events.loc[events["kind"] == "config", "ts"]
+        if len(changes):
+            last = max(last, float(changes.max()))
+    return FRESH_REFRESH_S if now - last < FRESH_S else STEADY_REFRESH_S
+
+
 SECONDARY_CHARTS = ("chart_thr", "chart_wait", "chart_host", "chart_phases")
 SECONDARY_HOLD_S = 6.0  # a watched job's secondary charts are redrawn this often
 
