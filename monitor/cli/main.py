@@ -18,7 +18,7 @@ from typing import Any
 from monitor.cli.args import build_parser, parse_param
 from monitor.config import ConfigError, LoaderConfig, max_workers, normalise
 from monitor.sampling.host import usable_cores
-from monitor.store import FAILED
+from monitor.store import ENV_VAR, FAILED
 
 
 def _config(args: argparse.Namespace, limit: int) -> LoaderConfig:
@@ -292,7 +292,7 @@ def _dashboard(args: argparse.Namespace) -> int:
         return 2
     env = spawn.child_env()
     if args.db:
-        env["STARVATION_MONITOR_DB"] = str(Path(args.db).resolve())
+        env[ENV_VAR] = str(Path(args.db).resolve())
     if args.watch:
         env["STARVATION_MONITOR_AUTOSTART"] = "0"
     extra = (["--workload", args.workload] if args.workload else []) + (

@@ -30,10 +30,10 @@ from monitor.probe.loaders import is_dataloader
 from monitor.probe.loops import EVAL, loop_role, on_training_thread
 from monitor.probe.recorder import Recorder
 from monitor.probe.timing import TimedIterator
-from monitor.store import ATTACHED, FINISHED, Store
+from monitor.store import ATTACHED, ENV_VAR, FINISHED, Store
 
 RUN_ENV = "STARVATION_MONITOR_RUN_ID"
-DB_ENV = "STARVATION_MONITOR_DB"
+DB_ENV = ENV_VAR  # the store the recorder writes (monitor/store/core.py)
 
 
 _recorder: Recorder | None = None
