@@ -79,6 +79,54 @@ def test_64_ranks_on_8_nodes_read_back_with_the_straggler_named(tmp_path):
                                         "80.0 ms a step for data against the other ranks' 5.0")
 
 
+def test_an_ended_job_compares_with_a_live_one_each_read_at_its_own_moment(tmp_path):
+    """Yesterday's job against today's, from Prometheus alone: the ended job (its node's
+    exporter gone) is read at its last scrape, the live one now; the table says what changed
+    (2 workers, a slow rank, against 4 workers and none)."""
+    old = FakeNode("job-old", 0, "host-0", [FakeRank(0, 0.005, num_workers=2),
+                                            FakeRank(1, 0.08, "input-straggler", 2)])
+    new = FakeNode("job-new", 0, "host-1", [FakeRank(0, 0.005, num_workers=4),
+                                            FakeRank(1, 0.005, num_workers=4)])
+    servers = [old.serve(), new.serve()]
+    p, base = prometheus(tmp_path, [port for _, port in servers])
+    full = 2 * STEPS_PER_S * SAMPLES_PER_STEP
+    try:
+        def fed(job_id: str) -> bool:
+            try:
+                return promread.job(base, job_id, rng="10s").throughput > 0.95 * full
+            except promread.PrometheusError:
+                return False
+        assert wait_for(lambda: fed("job-old") and fed("job-new"), timeout=60, every=0.5)
+        old.joined = False  # its job ended: the exporter is gone, its series go stale
+        assert wait_for(lambda: promread.jobs(base) == ["job-new"], timeout=30, every=0.5)
+        ended = time.time()
+        seen = promread.recent_jobs(base)
+        assert [(j.job_id, j.live) for j in seen] == [("job-new", True), ("job-old", False)]
+        assert ended - 5 <= seen[1].last_ts <= ended, (seen[1].last_ts, ended)
+        cmp = promread.compare(base, seen[1], seen[0], rng="10s")
+    finally:
+        p.terminate()
+        p.wait(30)
+        for s, _ in servers:
+            s.shutdown()
+    a, b = cmp.a, cmp.b
+    # at its end, not 0 now (its last 10 s: up to a scrape interval of them has no sample)
+    assert a["throughput"] == pytest.approx(full, rel=0.1)
+    assert b["throughput"] == pytest.approx(full, rel=0.1)
+    assert (a["stragglers"], b["stragglers"]) == ([1], [])
+    assert a["worst_rank"] == 1 and a["wait_per_step_s"] == pytest.approx(0.08, rel=0.02)
+    assert (a["num_workers"], b["num_workers"]) == ("2", "4")
+    rows = cmp.rows.set_index("figure")
+    assert list(rows.columns) == ["job-old", "job-new", "change"]
+    assert rows.loc["num_workers"].tolist() == ["2", "4", "changed"]
+    assert rows.loc["input stragglers"].tolist() == ["rank 1", "none", "changed"]
+    assert rows.loc["worst wait per step", "job-old"] == "80.0 ms (rank 1)"
+    assert rows.loc["worst wait per step", "change"] == "-94%"
+    assert rows.loc["ranks"].tolist() == ["2", "2", "same"]
+    from monitor.ui.job_panel import seen_label
+    assert seen_label(seen[1], now=seen[1].last_ts + 120) == "job-old (ended 2 min ago)"
+
+
 def test_an_unreachable_prometheus_is_one_sentence():
     with pytest.raises(promread.PrometheusError, match=r"cannot read Prometheus at "
                        r"http://127\.0\.0\.1:\d+ .*check that it runs"):
@@ -115,6 +163,8 @@ def test_the_job_tab_in_a_real_page_names_the_straggler_and_a_node_that_joins(tm
                 expect(tab.get_by_role("cell", name=host, exact=True)).to_be_visible(
                     timeout=30_000)
             expect(tab.get_by_role("cell", name="host-2", exact=True)).to_have_count(0)
+            expect(tab.get_by_text("Prometheus holds one job of the last day")).to_be_visible(
+                timeout=10_000)  # Compare two jobs: one is all there is
             nodes[2].joined = True  # the third node's job starts: no reload of the page
             expect(tab.get_by_role("cell", name="host-2", exact=True)).to_be_visible(
                 timeout=30_000)

@@ -159,3 +159,115 @@ def wait_history(url: str, job_id: str, minutes: float = 5.0, step_s: float = 2.
 
 def _quote(v: str) -> str:
     return v.replace("\\", "\\\\").replace('"', '\\"')
+
+
+@dataclass(frozen=True)
+class SeenJob:
+    job_id: str
+    last_ts: float  # the last moment Prometheus held its series (a scrape at most ago)
+    live: bool  # its ranks report now
+
+
+def recent_jobs(url: str, within_s: float = 86400.0, step_s: float = 15.0,
+                now: float | None = None) -> list[SeenJob]:
+    """Every job whose ranks reported in the last `within_s` (one range query), the last
+    seen first: an ended job is read at its last moment, so it compares with a live one."""
+    now = time.time() if now is None else now
+    res = _get(url, "query_range", {
+        # over each step's own range: a job that lived between two steps is still seen
+        "query": f'count by (job_id) (last_over_time(starvation_steps_total{{job_id!=""}}'
+                 f'[{step_s:g}s]))',
+        "start": f"{now - within_s:.3f}", "end": f"{now:.3f}", "step": f"{step_s:g}"})
+    live = set(jobs(url))
+    seen = [SeenJob(s["metric"]["job_id"], float(s["values"][-1][0]),
+                    s["metric"]["job_id"] in live) for s in res if s.get("values")]
+    return sorted((j if j.live else _last_scrape(url, j, step_s) for j in seen),
+                  key=lambda j: (not j.live, -j.last_ts))
+
+
+def _last_scrape(url: str, j: SeenJob, step_s: float) -> SeenJob:
+    """An ended job's last moment to the second: the day's query saw it in the `step_s`
+    before its last step."""
+    res = _get(url, "query_range", {
+        "query": f'count(starvation_steps_total{{job_id="{_quote(j.job_id)}"}})',
+        "start": f"{j.last_ts - step_s:.3f}", "end": f"{j.last_ts:.3f}", "step": "1"})
+    last = max((float(t) for s in res for t, _ in s.get("values") or []), default=j.last_ts)
+    return SeenJob(j.job_id, last, False)
+
+
+COMPARED = ("throughput", "ranks", "nodes", "data_wait_share", "wait_per_step_s",
+            "stragglers", "verdicts", *LOADER_KEYS)
+
+
+def _spread(values: pd.Series) -> str:
+    """A loader setting over a job's ranks: its value, or the values where ranks differ."""
+    vals = sorted({str(v) for v in values.dropna()})
+    return vals[0] if len(vals) == 1 else (" / ".join(vals) + " (ranks differ)" if vals
+                                           else "")
+
+
+def job_figures(v: JobView) -> dict[str, Any]:
+    """One job's figures for a comparison (COMPARED): the job's throughput, its ranks and
+    nodes, the mean data-wait share and the worst wait per step over its ranks (with the
+    rank), the input stragglers, the verdicts counted, each loader setting."""
+    r = v.ranks
+    worst = r.loc[r["wait_per_step_s"].idxmax()] if r["wait_per_step_s"].notna().any() \
+        else None
+    counts = r["verdict"].dropna().value_counts()
+    out: dict[str, Any] = {
+        "throughput": v.throughput, "ranks": len(r), "nodes": int(r["node_rank"].nunique()),
+        "data_wait_share": float(r["data_wait_share"].mean()) if len(r) else math.nan,
+        "wait_per_step_s": float(worst["wait_per_step_s"]) if worst is not None else math.nan,
+        "worst_rank": int(worst["rank"]) if worst is not None else None,
+        "stragglers": [int(x) for x in v.stragglers()["rank"]],
+        "verdicts": ", ".join(f"{k} ×{n}" for k, n in counts.items()),
+    }
+    out.update({k: _spread(r[k]) for k in LOADER_KEYS})
+    return out
+
+
+LABELS = {"throughput": "samples/s (whole job)", "ranks": "ranks", "nodes": "nodes",
+          "data_wait_share": "data wait (mean over ranks)",
+          "wait_per_step_s": "worst wait per step", "stragglers": "input stragglers",
+          "verdicts": "verdicts", **{k: k for k in LOADER_KEYS}}
+
+
+def _shown(f: dict[str, Any], k: str) -> str:
+    v = f[k]
+    if k == "throughput":
+        return f"{v:,.1f}"
+    if k == "data_wait_share":
+        return f"{v:.0%}" if v == v else ""
+    if k == "wait_per_step_s":
+        return f"{v * 1000:,.1f} ms (rank {f['worst_rank']})" if v == v else ""
+    if k == "stragglers":
+        return ", ".join(f"rank {r}" for r in v) or "none"
+    return str(v)
+
+
+@dataclass(frozen=True)
+class JobCompare:
+    a: dict[str, Any]  # job_figures of each job
+    b: dict[str, Any]
+    rows: pd.DataFrame  # figure, the two jobs' values as text, the change
+
+
+def compare(url: str, a: SeenJob, b: SeenJob, rng: str = RANGE) -> JobCompare:
+    """Two jobs side by side, each read at its own moment (now if live, else its last
+    scrape): COMPARED, the change from the first to the second (a percentage for rates and
+    waits, a count for ranks and nodes, else same or changed)."""
+    fa, fb = (job_figures(job(url, j.job_id, rng, None if j.live else j.last_ts))
+              for j in (a, b))
+    rows = []
+    for k in COMPARED:
+        x, y = fa[k], fb[k]
+        if k in ("throughput", "data_wait_share", "wait_per_step_s"):
+            change = f"{(y / x - 1) * 100:+.0f}%" if x and x == x and y == y else ""
+        elif k in ("ranks", "nodes"):
+            change = f"{y - x:+d}" if y != x else "same"
+        else:
+            change = "same" if x == y else "changed"
+        rows.append({"figure": LABELS[k], a.job_id: _shown(fa, k),
+                     b.job_id + (" " if b.job_id == a.job_id else ""): _shown(fb, k),
+                     "change": change})
+    return JobCompare(fa, fb, pd.DataFrame(rows))

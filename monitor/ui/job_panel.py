@@ -6,6 +6,7 @@ itself; a node that joins appears at its first scrape."""
 from __future__ import annotations
 
 import math
+import time
 
 import pandas as pd
 import streamlit as st
@@ -60,6 +61,8 @@ def render_job_tab(url: str) -> None:
                f"`monitor run --metrics-port` scraped there); refreshed every {REFRESH_S:g} s."
                if "`" not in url else plain(f"The whole job, from Prometheus at {url}."))
     _job_fragment(url)
+    st.subheader("Compare two jobs")
+    _compare_fragment(url)
 
 
 @st.fragment(run_every=REFRESH_S)
@@ -92,3 +95,46 @@ def _job_fragment(url: str) -> None:
     steps = hist.rename(columns={"wait_per_step_s": "wait_s"})
     st.plotly_chart(charts.rank_wait_figure(steps), key="prom_rank_wait",
                     config={"displaylogo": False, "responsive": True})
+
+
+def seen_label(j: promread.SeenJob, now: float | None = None) -> str:
+    if j.live:
+        return f"{j.job_id} (live)"
+    ago = (time.time() if now is None else now) - j.last_ts
+    when = f"{ago / 60:,.0f} min" if ago < 5400 else f"{ago / 3600:,.1f} h"
+    return f"{j.job_id} (ended {when} ago)"
+
+
+@st.fragment
+def _compare_fragment(url: str) -> None:
+    """Two jobs Prometheus held in the last day, side by side: each read at its own moment
+    (a live one now, an ended one at its last scrape), so yesterday's settings compare with
+    today's. Re-read when a pick changes (not every REFRESH_S: two jobs' queries)."""
+    try:
+        seen = promread.recent_jobs(url)
+    except promread.PrometheusError as exc:
+        st.warning(plain(str(exc)), icon="⚠️")
+        return
+    if len(seen) < 2:
+        st.caption("Prometheus holds one job of the last day: a second job (another "
+                   "setting, another day) can be compared with it here.")
+        return
+    by = {j.job_id: j for j in seen}
+    ids = list(by)
+    c = st.columns(2)
+    a = c[0].selectbox("job", ids, index=1, format_func=lambda i: seen_label(by[i]),
+                       key="prom_cmp_a")
+    b = c[1].selectbox("against", ids, index=0, format_func=lambda i: seen_label(by[i]),
+                       key="prom_cmp_b")
+    if a == b:
+        st.info("Pick two different jobs.")
+        return
+    try:
+        cmp = promread.compare(url, by[a], by[b])
+    except promread.PrometheusError as exc:
+        st.warning(plain(str(exc)), icon="⚠️")
+        return
+    st.table(cmp.rows.set_index("figure"))
+    st.caption(f"Rates over the last {promread.RANGE} of each job: now for a live job, up to "
+               "its last scrape for one that ended. The change is from the first to the "
+               "second.")
