@@ -66,6 +66,20 @@ def test_a_nested_model_is_timed_at_its_root_alone(tmp_path, no_leaks):
     assert not any("Layer" in x for x in labels), labels
 
 
+def test_a_model_saved_whole_and_deep_copied_carries_nothing_of_the_probe(tmp_path,
+                                                                         no_leaks):
+    """`torch.save(model)` and `copy.deepcopy(model)` each epoch (pytorch/examples'
+    word_language_model saves the whole model; an EMA deep-copies it): both work with the
+    phases timed, and the saved file holds no hook and no reference to this package (an
+    instance hook on the root made torch.save raise "Can't pickle local object")."""
+    saved = tmp_path / "model.pt"
+    r, d = monitored(tmp_path / "s.db", *ARGS, "--save", str(saved))
+    assert "saved whole: Model, 0 hooks" in r.stdout, r.stdout
+    assert b"monitor" not in saved.read_bytes()
+    per = d["phases"]["seconds_per_step"]
+    assert per["forward"] * 1000 == pytest.approx(COSTS["forward"], rel=0.2), per
+
+
 def test_an_optimizer_that_is_not_a_torch_one_is_other_and_said(tmp_path, no_leaks):
     bare = subprocess.run([sys.executable, str(SCRIPT), *ARGS, "--plain-optimizer"], cwd=ROOT,
                           capture_output=True, text=True, timeout=120)

@@ -5,8 +5,11 @@ code), derived by the reader.
 
 - Forward: for the first DISCOVER_STEPS steps, torch's global module hooks find the modules
   the training thread calls at depth 0 (the model, a DDP wrapper, a loss module); then those
-  global hooks are removed and each root gets hooks of its own, so a 100-layer model pays
-  two hook calls a step, not two hundred.
+  global hooks are removed and the roots' classes get a `__call__` that times the roots and
+  passes every other instance through, so a 100-layer model pays one wrapper a step, not
+  two hundred hooks. Not hooks on the roots themselves: an instance's hooks travel with it,
+  and a model saved whole (`torch.save(model)`, as pytorch/examples' word_language_model
+  does) then failed to pickle the probe, and an EMA's `deepcopy(model)` copied it.
 - Backward: `torch.autograd.backward` wrapped (`Tensor.backward` calls it).
 - Optimizer: torch's global optimizer step hooks. A step that runs forward and backward
   inside itself (Lightning's closure) counts only its own time: what the forward and backward
@@ -45,7 +48,8 @@ class Phases:
         self._t_opt, self._inner_at_opt, self._opt_open = 0.0, 0.0, False
         self.roots: dict[int, Any] = {}  # id -> module, found while discovering
         self._global: list[Any] = []  # the global hooks' handles (removed after discovery)
-        self._own: list[Any] = []  # the roots' own hooks
+        self._own: list[tuple[type, Any]] = []  # (root class, its own __call__ or None)
+        self._root_ids: frozenset[int] = frozenset()
         self._orig_backward: Any = None
         self.steps = 0
         self.failed: str | None = None
@@ -72,12 +76,22 @@ class Phases:
         return True
 
     def remove(self) -> None:
-        for h in [*self._global, *getattr(self, "_global_opt", []), *self._own]:
+        for h in [*self._global, *getattr(self, "_global_opt", [])]:
             try:
                 h.remove()
             except Exception:
                 pass
+        for cls, own in self._own:  # the roots' classes as they were
+            try:
+                if getattr(cls.__dict__.get("__call__"), "_starvation_phases", False):
+                    if own is None:
+                        delattr(cls, "__call__")
+                    else:
+                        cls.__call__ = own
+            except Exception:
+                pass
         self._global, self._global_opt, self._own = [], [], []
+        self._root_ids = frozenset()
         torch = sys.modules.get("torch")
         if self._orig_backward is not None and torch is not None and \
                 getattr(torch.autograd.backward, "_starvation_phases", False):
@@ -110,11 +124,14 @@ class Phases:
         return out
 
     def _own_hooks(self) -> None:
-        """Discovery is over: the roots keep hooks of their own, the global ones go."""
+        """Discovery is over: the roots' classes time the roots (_timed_call), the global
+        hooks go."""
         try:
-            for m in self.roots.values():
-                self._own += [m.register_forward_pre_hook(self._pre_root),
-                              m.register_forward_hook(self._post_root, always_call=True)]
+            self._root_ids = frozenset(self.roots)
+            for cls in {type(m) for m in self.roots.values()}:
+                own = cls.__dict__.get("__call__")
+                cls.__call__ = self._timed_call(cls.__call__)
+                self._own.append((cls, own))
             for h in self._global:
                 h.remove()
             self._global = []
@@ -169,6 +186,24 @@ class Phases:
                 self.seen_opt = True
         except Exception as exc:
             self._fail(f"{type(exc).__name__}: {exc}")
+
+    def _timed_call(self, orig: Any) -> Any:
+        """A root class's __call__: a root called on the training thread is timed as its
+        forward (_pre_root/_post_root); every other instance of the class passes through."""
+        phases = self
+
+        def __call__(module: Any, *args: Any, **kwargs: Any) -> Any:
+            if id(module) not in phases._root_ids:
+                return orig(module, *args, **kwargs)
+            phases._pre_root(module, args)
+            try:
+                return orig(module, *args, **kwargs)  # the user's errors pass untouched
+            finally:
+                phases._post_root(module, args, None)
+
+        __call__._starvation_phases = True  # type: ignore[attr-defined]
+        __call__.__wrapped__ = orig  # type: ignore[attr-defined]
+        return __call__
 
     def _backward_of(self, orig: Any) -> Any:
         phases = self

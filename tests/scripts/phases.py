@@ -2,8 +2,10 @@
 (sleeps inside a custom autograd function and a custom optimizer: wall time that a busy
 box stretches little, where a spin is stretched by every preemption), for the phase tests:
 no monitor imports. `--nested`: the model holds 50 layers (its root alone is timed);
-`--plain-optimizer`: the step is a plain function, not a torch optimizer."""
+`--plain-optimizer`: the step is a plain function, not a torch optimizer; `--save PATH`:
+the whole model saved (torch.save) and deep-copied after each epoch, then loaded back."""
 import argparse
+import copy
 import time
 
 import torch
@@ -68,6 +70,7 @@ def main():
     ap.add_argument("--epochs", type=int, default=3)
     ap.add_argument("--nested", type=int, default=0, help="layers inside the model")
     ap.add_argument("--plain-optimizer", action="store_true")
+    ap.add_argument("--save", default="", help="torch.save(model) and deepcopy each epoch")
     a = ap.parse_args()
     model = Model(a.forward_ms / 1000, a.backward_ms / 1000, a.nested)
     opt = SlowSGD(model.parameters(), a.optimizer_ms / 1000)
@@ -88,6 +91,13 @@ def main():
                 opt.zero_grad()
             spin(a.other_ms / 1000)
             total += float(loss)
+        if a.save:
+            torch.save(model, a.save)
+            copy.deepcopy(model)
+    if a.save:
+        m = torch.load(a.save, weights_only=False)
+        hooks = len(m._forward_hooks) + len(m._forward_pre_hooks)
+        print(f"saved whole: {type(m).__name__}, {hooks} hooks", flush=True)
     print(f"done {total:.1f}")
 
 
