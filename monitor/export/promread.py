@@ -218,7 +218,8 @@ def job_figures(v: JobView) -> dict[str, Any]:
         "throughput": v.throughput, "ranks": len(r), "nodes": int(r["node_rank"].nunique()),
         "data_wait_share": float(r["data_wait_share"].mean()) if len(r) else math.nan,
         "wait_per_step_s": float(worst["wait_per_step_s"]) if worst is not None else math.nan,
-        "worst_rank": int(worst["rank"]) if worst is not None else None,
+        "worst_rank": int(worst["rank"]) if worst is not None and worst["rank"] == worst["rank"]
+        else None,
         "stragglers": [int(x) for x in v.stragglers()["rank"]],
         "verdicts": ", ".join(f"{k} ×{n}" for k, n in counts.items()),
     }

@@ -131,7 +131,11 @@ class Runs:
 
     def get(self, run_id: int) -> dict[str, Any] | None:
         """One run's row, config and device parsed; None when there is no such run."""
-        row = self.db.row("SELECT * FROM runs WHERE id = ?", (int(run_id),))
+        try:
+            key = int(run_id)  # numpy's ints too (sqlite3 binds Python's alone)
+        except (TypeError, ValueError):
+            return None
+        row = self.db.row("SELECT * FROM runs WHERE id = ?", (key,))
         if row is None:
             return None
         row["config"] = json.loads(row["config"])
