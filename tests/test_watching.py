@@ -21,10 +21,12 @@ pytestmark = [pytest.mark.browser, pytest.mark.slow]
 SATURATED_PCT = 90.0  # both cores this busy: what waits for a CPU is the host, not the page
 
 
-def attach(db: Path, seconds: float, name: str) -> subprocess.Popen:
+def attach(db: Path, seconds: float, name: str, stop: Path | None = None) -> subprocess.Popen:
+    """`stop`: a file whose appearance ends the job before its `seconds`."""
     return subprocess.Popen(
         [sys.executable, "-m", "monitor", "run", "--db", str(db), "--name", name, "--",
-         sys.executable, str(ROOT / "tests" / "scripts" / "steady_loop.py"), str(seconds)],
+         sys.executable, str(ROOT / "tests" / "scripts" / "steady_loop.py"), str(seconds),
+         *([str(stop)] if stop else [])],
         cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
@@ -110,7 +112,8 @@ def test_the_run_selector_says_finished_once_the_watched_job_ends(server):  # no
     from playwright.sync_api import expect, sync_playwright
 
     url, db, _proc = server
-    job = attach(db, 6, "short-job")
+    stop = db.parent / "end-the-job"  # ends it once the page has shown it running (a busy
+    job = attach(db, 120, "short-job", stop)  # box opened the page after a 6 s job ended)
     store = Store(db) if wait_for(db.exists, timeout=60) else None
     try:
         assert wait_for(lambda: len(store.steps(1)) >= 5, timeout=90)
@@ -121,6 +124,7 @@ def test_the_run_selector_says_finished_once_the_watched_job_ends(server):  # no
             picked = page.locator('[data-testid="stSelectbox"]').filter(has_text="Run")
             expect(picked).to_match_aria_snapshot(
                 '- combobox "Run": /run 1 · short-job · running/', timeout=60_000)
+            stop.touch()
             job.wait(90)
             assert wait_for(lambda: store.run(1)["status"] == "finished", timeout=30)
             expect(picked).to_match_aria_snapshot(

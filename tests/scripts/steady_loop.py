@@ -1,5 +1,7 @@
-"""A steady user loop for the page-watching tests: --seconds of epochs, a loader that takes
-about 6 ms a batch and a 12 ms step (starving, the same every window)."""
+"""A steady user loop for the page-watching tests: SECONDS of epochs, a loader that takes
+about 6 ms a batch and a 12 ms step (starving, the same every window); with a second
+argument, a file whose appearance ends the loop sooner (a test's "now end")."""
+import os
 import sys
 import time
 
@@ -18,12 +20,14 @@ class Sleepy(Dataset):
 
 def main():
     seconds = float(sys.argv[1]) if len(sys.argv) > 1 else 30.0
+    stop = sys.argv[2] if len(sys.argv) > 2 else None
     loader = DataLoader(Sleepy(), batch_size=8)
     end = time.monotonic() + seconds
     while time.monotonic() < end:
         for _ in loader:
             time.sleep(0.012)
-            if time.monotonic() >= end:
+            if time.monotonic() >= end or (stop and os.path.exists(stop)):
+                end = time.monotonic()
                 break
 
 
