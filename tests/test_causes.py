@@ -358,18 +358,13 @@ def test_workers_that_touch_their_pages_once_are_warm_not_growing():
 
 @pytest.mark.slow
 def test_tiny_samples_in_big_batches_are_per_sample_overhead(tmp_path, no_leaks):
-    """Scalars in batches of 1024, fetched and collated one by one: a batched fetch
-    (`__getitems__`) is several times faster than the same loader at 0 or 2 workers,
-    measured bare; the product names the per-sample cost and advises the batched fetch
-    first, predicted above any workers it also advises."""
-    # no device step: with one, workers overlap its sleep, and a busy box that slows one
-    # bare run more than the next made 2 workers read +50% once (107.5 against 161.6)
+    """Scalars in batches of 1024, fetched and collated one by one: the product names the
+    per-sample cost and advises the batched fetch (`__getitems__`) first, predicted above any
+    workers it also advises. The fix's gain is a speed figure, measured bare by
+    bench/causes.py (2.5-8x on this box; as a timed assertion here a busy suite read 1.1x
+    once, its three bare runs meeting different loads)."""
+    # no device step: with one, workers overlap its sleep
     args = ("--seconds", "3", "--step-ms", "0")
-    none, two, batched = (rate(bare("tiny", "--workers", w, *args, *more))
-                          for w, more in (("0", ()), ("2", ()), ("0", ("--batched",))))
-    # workers share the cost out or not, box by box (0 -> 2 read 113.6 -> 221.1 on CI, 351
-    # -> 346 here idle); the batched fetch is 2.5-8 times the better (2.48 in a busy suite)
-    assert batched > 2 * max(none, two), (none, two, batched)
     rc, d = monitored(tmp_path / "t.db", "tiny", "--workers", "0", *args)
     assert rc == 0
     f = finding(d, causes.PER_SAMPLE)
