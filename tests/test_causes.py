@@ -266,7 +266,7 @@ def test_idle_workers_need_enough_batches_to_be_named():
 def test_one_slow_sample_holding_the_in_order_queue_is_head_of_line(tmp_path, no_leaks):
     """Every 32nd sample takes 150 ms: the loop waits on that batch while the other workers'
     batches sit finished. The fix, in_order=False, is measured bare against in order by
-    bench/causes.py (a speed figure: 201 against 527 samples/s in the last table)."""
+    bench/causes.py (a speed figure: 201 against 655 samples/s bare in the last table)."""
     rc, d = monitored(tmp_path / "h.db", "head_of_line", "--workers", "4", "--seconds", "4")
     assert rc == 0
     f = finding(d, causes.HEAD_OF_LINE)
