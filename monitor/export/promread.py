@@ -268,7 +268,6 @@ def compare(url: str, a: SeenJob, b: SeenJob, rng: str = RANGE) -> JobCompare:
             change = f"{y - x:+d}" if y != x else "same"
         else:
             change = "same" if x == y else "changed"
-        rows.append({"figure": LABELS[k], a.job_id: _shown(fa, k),
-                     b.job_id + (" " if b.job_id == a.job_id else ""): _shown(fb, k),
+        rows.append({"figure": LABELS[k], a.job_id: _shown(fa, k), b.job_id: _shown(fb, k),
                      "change": change})
     return JobCompare(fa, fb, pd.DataFrame(rows))

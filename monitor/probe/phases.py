@@ -48,7 +48,7 @@ class Phases:
         self._t_opt, self._inner_at_opt, self._opt_open = 0.0, 0.0, False
         self.roots: dict[int, Any] = {}  # id -> module, found while discovering
         self._global: list[Any] = []  # the global hooks' handles (removed after discovery)
-        self._own: list[tuple[type, Any]] = []  # (root class, its own __call__ or None)
+        self._patched: list[tuple[type, Any]] = []  # (root class, its own __call__ or None)
         self._root_ids: frozenset[int] = frozenset()
         self._orig_backward: Any = None
         self.steps = 0
@@ -81,7 +81,7 @@ class Phases:
                 h.remove()
             except Exception:
                 pass
-        for cls, own in self._own:  # the roots' classes as they were
+        for cls, own in self._patched:  # the roots' classes as they were
             try:
                 if getattr(cls.__dict__.get("__call__"), "_starvation_phases", False):
                     if own is None:
@@ -90,7 +90,7 @@ class Phases:
                         cls.__call__ = own
             except Exception:
                 pass
-        self._global, self._global_opt, self._own = [], [], []
+        self._global, self._global_opt, self._patched = [], [], []
         self._root_ids = frozenset()
         torch = sys.modules.get("torch")
         if self._orig_backward is not None and torch is not None and \
@@ -117,13 +117,13 @@ class Phases:
         self._depth = 0  # a forward that raised never closed: the next step starts clean
         self.steps += 1
         if self.steps == DISCOVER_STEPS and self._global:
-            self._own_hooks()
+            self._time_roots()
         if self.steps == NOTE_AFTER and self.seen_bwd and not self.seen_opt:
             self.note = ("the optimizer step is not a torch.optim.Optimizer's (no step hook "
                          "ran): its time is counted in other")
         return out
 
-    def _own_hooks(self) -> None:
+    def _time_roots(self) -> None:
         """Discovery is over: the roots' classes time the roots (_timed_call), the global
         hooks go."""
         try:
@@ -131,7 +131,7 @@ class Phases:
             for cls in {type(m) for m in self.roots.values()}:
                 own = cls.__dict__.get("__call__")
                 cls.__call__ = self._timed_call(cls.__call__)
-                self._own.append((cls, own))
+                self._patched.append((cls, own))
             for h in self._global:
                 h.remove()
             self._global = []
