@@ -7,7 +7,8 @@ at 20 Hz (a 50 ms sawtooth: 30 ms wait, 20 ms compute) and host samples at 4 Hz.
 the live fragment computes (load_view, the assessed window, assess, the four figures) and the
 figure JSON it sends, for the 30 s, 5 min and whole-run windows: the first open, then the
 median refresh. With --soak S it also serves the dashboard and measures its server process's
-CPU over S seconds with one tab, then with --tabs tabs (headless Chromium), once the run is
+CPU, and the browser's own, over S seconds with one tab, then with --tabs tabs (headless
+Chromium), once the run is
 past its first FRESH_S (the page refreshes a young or just-changed run every second, a
 steady one every STEADY_REFRESH_S: monitor/ui/view.py). Figures only.
 
@@ -18,6 +19,7 @@ JSON per refresh; the server <= 10% of a core with one tab, each extra tab <= 5%
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -110,8 +112,23 @@ def table(rt: Runtime, runs: dict[float, int], repeat: int, live: bool) -> None:
                   f"{budget}", flush=True)
 
 
+def browser_cpu() -> float:
+    """CPU seconds of the Chromium this process drives, every process of it (renderers,
+    GPU, network): the descendants of this process that are Chromium's."""
+    import psutil
+
+    total = 0.0
+    for proc in psutil.Process().children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            if "chrom" in proc.name().lower():
+                total += sum(proc.cpu_times()[:2])
+    return total
+
+
 def soak(seconds: float, tabs: int) -> None:
-    """The dashboard's server CPU with one tab, then with `tabs`, each over `seconds`."""
+    """The dashboard server's CPU with one tab, then with `tabs`, each over `seconds`; and
+    the browser's own (its tabs draw the charts: on the box that runs the job when the page
+    is opened there, the monitor's cost too)."""
     import psutil
     from playwright.sync_api import sync_playwright
 
@@ -138,12 +155,13 @@ def soak(seconds: float, tabs: int) -> None:
                     pages.append(pg)
                 if n == 1:  # past the young run's 1 s refreshes (views.live_period)
                     time.sleep(views.FRESH_S + 2.0)
-                c0, t0 = sum(proc.cpu_times()[:2]), time.monotonic()
+                c0, t0, b0 = sum(proc.cpu_times()[:2]), time.monotonic(), browser_cpu()
                 time.sleep(seconds)
-                cpu = (sum(proc.cpu_times()[:2]) - c0) / (time.monotonic() - t0)
+                dt = time.monotonic() - t0
+                cpu = (sum(proc.cpu_times()[:2]) - c0) / dt
                 results.append((n, cpu))
-                print(f"server CPU with {n} tab(s): {cpu:.1%} of a core over {seconds:g} s",
-                      flush=True)
+                print(f"server CPU with {n} tab(s): {cpu:.1%} of a core over {seconds:g} s; "
+                      f"the browser {(browser_cpu() - b0) / dt:.1%}", flush=True)
             b.close()
         (_, one), (n, many) = results
         extra = (many - one) / max(n - 1, 1)

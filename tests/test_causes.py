@@ -77,13 +77,12 @@ def finding(d: dict, cause: str) -> dict:
 
 @pytest.mark.slow
 def test_workers_left_idle_by_a_one_shard_iterable_dataset(tmp_path, no_leaks):
-    """Bare, at 2 and 4 workers, one worker delivers every batch, and 4 workers run no
-    faster than one worker can decode (8 samples of 2 ms a batch: 62.5 batches/s), however
-    busy the host is (a saturated box made two 3 s runs differ 2x either way)."""
-    two, four = bare("idle_shards", "--workers", "2", "--seconds", "3"), \
-        bare("idle_shards", "--workers", "4", "--seconds", "3")
-    for r, n in ((two, 2), (four, 4)):
-        assert f"workers delivering 1 of {n}" in r.stdout, r.stdout
+    """Bare at 4 workers, one worker delivers every batch, and they run no faster than one
+    worker can decode (8 samples of 2 ms a batch: 62.5 batches/s), however busy the host is
+    (a saturated box made two 3 s runs differ 2x either way; bench/causes.py runs 4 against
+    1 head to head)."""
+    four = bare("idle_shards", "--workers", "4", "--seconds", "3")
+    assert "workers delivering 1 of 4" in four.stdout, four.stdout
     assert rate(four) <= 1.05 / (8 * 0.002), rate(four)  # more workers: no gain past one
     rc, d = monitored(tmp_path / "i.db", "idle_shards", "--workers", "4", "--seconds", "4")
     assert rc == 0
@@ -313,8 +312,9 @@ def test_a_busy_box_still_gets_the_workers_the_scheduler_would_give(tmp_path, no
                                                                     two_busy_jobs):
     """A starving script at num_workers=0 while two other jobs keep the cores busy: the
     verdict names the contention, and the advice still offers workers with a predicted gain,
-    beside freeing the cores. Applied bare, head to head with none, the setting gains (the
-    figure against its prediction: bench/causes.py)."""
+    beside freeing the cores. The setting's gain applied bare, head to head with none, is
+    bench/causes.py's figure against its prediction (two 3 s bare runs beside the two busy
+    jobs cost the suite ~20 CPU-s for a timed assertion)."""
     rc, d = monitored(tmp_path / "c.db", "cpu_heavy", "--workers", "0", "--seconds", "4",
                       "--step-ms", "10")
     assert rc == 0
@@ -324,10 +324,6 @@ def test_a_busy_box_still_gets_the_workers_the_scheduler_would_give(tmp_path, no
     assert workers and workers[0]["predicted_throughput"] >= 1.1 * d["throughput"], d["advice"]
     assert "taken from the other jobs" in d["verdict_text"]
     assert "host" in [a["param"] for a in d["advice"]]
-    n = str(workers[0]["value"])
-    none, advised = bare("cpu_heavy", "--workers", "0", "--seconds", "3", "--step-ms", "10"), \
-        bare("cpu_heavy", "--workers", n, "--seconds", "3", "--step-ms", "10")
-    assert rate(advised) > 1.1 * rate(none), (rate(none), rate(advised))
 
 
 def test_workers_that_touch_their_pages_once_are_warm_not_growing():

@@ -110,6 +110,34 @@ def test_a_watched_jobs_secondary_charts_are_held_and_redrawn_on_time():
     assert held_figures(state, "seq2", figs(3), 100.0 + SECONDARY_HOLD_S + 0.1) == figs(3)
 
 
+def test_the_pages_own_run_holds_its_secondary_charts_once_steady():
+    """The page's own run draws every chart at every refresh while it is young or just
+    changed (a slider's effect shows on every chart at once); once steady, its secondary
+    charts are held as a watched job's are: Chromium's CPU for the tab fell from 0.34 to
+    0.28 core (bench/ui_tick.py's workload)."""
+    from monitor.ui.view import (
+        FRESH_REFRESH_S,
+        SECONDARY_CHARTS,
+        STEADY_REFRESH_S,
+        drawn_figures,
+    )
+
+    def figs(n: int) -> dict:
+        return {k: f"{k}@{n}" for k in ("chart_util", *SECONDARY_CHARTS)}
+
+    fresh: dict = {}
+    drawn_figures(fresh, "seq1", figs(0), 100.0, False, FRESH_REFRESH_S)
+    assert drawn_figures(fresh, "seq1", figs(1), 101.0, False, FRESH_REFRESH_S) == figs(1)
+    for watching, period in ((False, STEADY_REFRESH_S), (True, None), (True, FRESH_REFRESH_S)):
+        state: dict = {}
+        assert drawn_figures(state, "seq1", figs(0), 100.0, watching, period) == figs(0)
+        later = drawn_figures(state, "seq1", figs(1), 102.0, watching, period)
+        assert later["chart_util"] == "chart_util@1"
+        assert all(later[k] == f"{k}@0" for k in SECONDARY_CHARTS), (watching, period)
+        # a change of settings (a new key) draws every chart at once, steady or not
+        assert drawn_figures(state, "seq2", figs(2), 103.0, watching, period) == figs(2)
+
+
 def test_the_host_charts_time_axis_sits_under_its_bottom_panel():
     """The three host panels share one time axis; drawn under the top panel (plotly's
     default anchor) its date labels fell on the memory panel's title (the HTML report)."""

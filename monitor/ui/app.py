@@ -151,9 +151,11 @@ def live_region(watching: bool = False) -> None:
     panels.render_kpis(a, workers, r.caption)
     default_gpu = workload_gpu(devices, view.run.get("device"))
     seq = (run_id, int(view.steps["config_seq"].max()) if not view.steps.empty else -1)
-    if watching:
-        figs = views.held_figures(st.session_state.setdefault("_held", {}),
-                                  (seq, window_name, pick, gpu_pick), figs, time.monotonic())
+    running = view.run["status"] == RUNNING
+    every = views.live_period(view.run, view.events, time.time()) if running else None
+    figs = views.drawn_figures(st.session_state.setdefault("_held", {}),
+                               (seq, window_name, pick, gpu_pick), figs, time.monotonic(),
+                               watching, every)
     panels.render_picture(figs)
     a, changing = steady_verdict(st.session_state.setdefault("_verdicts", {}),
                                        str(run_id), a, seq, time.monotonic())
@@ -178,9 +180,7 @@ def live_region(watching: bool = False) -> None:
         panels.render_attached_controls(rt.store, view.run, ranks, rt.max_workers)
     if view.run["status"] != RUNNING and st.session_state.get("_live_fragment"):
         st.rerun()  # it ended: the still view takes over (an ended run is not re-read)
-    if not watching and view.run["status"] == RUNNING and \
-            st.session_state.get("_live_fragment"):
-        every = views.live_period(view.run, view.events, time.time())
+    if not watching and running and st.session_state.get("_live_fragment"):
         if every != st.session_state.setdefault("_live_every", views.FRESH_REFRESH_S):
             st.session_state["_live_every"] = every
             # the live fragment takes its new period (views.live_period); here, after every widget

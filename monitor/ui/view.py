@@ -139,12 +139,16 @@ def live_period(run: dict, events: pd.DataFrame, now: float) -> float:
 
 
 SECONDARY_CHARTS = ("chart_thr", "chart_wait", "chart_host", "chart_phases")
-SECONDARY_HOLD_S = 6.0  # a watched job's secondary charts are redrawn this often
+# a watched job's secondary charts, and a steady run's of the page's own, are redrawn this
+# often: the tab's CPU on the default live workload, interleaved 30 s each, 0.343 and 0.347
+# core redrawn every refresh, 0.271 and 0.284 held (/tmp/prof/tab.py, 2026-12-03)
+SECONDARY_HOLD_S = 6.0
 
 
 def held_figures(state: dict[str, Any], key: Any, figs: dict, now: float,
                  hold_s: float = SECONDARY_HOLD_S) -> dict:
-    """The figures to draw for a watched job: the main picture always new; the secondary
+    """The figures to draw for a watched job, or the page's own steady run (live_period:
+    its settings unchanged a while): the main picture always new; the secondary
     charts as drawn last unless they are `hold_s` old or the view changed (`key`: run,
     window, rank, settings). A figure sent again unchanged costs the browser no redraw;
     redrawing the three took Chromium about 0.5 s of CPU each time on the 2-core box
@@ -155,6 +159,16 @@ def held_figures(state: dict[str, Any], key: Any, figs: dict, now: float,
                          "figs": {k: figs[k] for k in SECONDARY_CHARTS if k in figs}}
         return figs
     return {**figs, **held["figs"]}
+
+
+def drawn_figures(state: dict[str, Any], key: Any, figs: dict, now: float, watching: bool,
+                  period: float | None) -> dict:
+    """What a live refresh draws: every figure new while the page's own run is young or
+    just changed (`period` FRESH_REFRESH_S: the sliders' effect shows at once); the
+    secondary charts held (held_figures) for a watched job and for a steady run."""
+    if watching or period == STEADY_REFRESH_S:
+        return held_figures(state, key, figs, now)
+    return figs
 
 
 def load_view(
