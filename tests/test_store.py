@@ -135,3 +135,14 @@ def test_gpu_inventory_is_read_from_the_store(store):
     assert store.gpu_inventory() == (True, "GPU telemetry from NVML: 2 GPUs", devs)
     store.set_gpu_inventory(True, "GPU 1 was lost", devs[:1])
     assert store.gpu_inventory()[1:] == ("GPU 1 was lost", devs[:1])
+
+
+def test_the_run_before_another_is_the_store_s_to_say(store):
+    """The report compares a run with the one stored before it (ui/report.py asks the
+    store, no SQL of its own): none before the first, the highest lower id after a gap."""
+    ids = [store.create_run(f"r{i}", "preset", {}) for i in range(3)]
+    assert store.previous_run(ids[0]) is None
+    assert store.previous_run(ids[2]) == ids[1]
+    store.db.conn().execute("DELETE FROM runs WHERE id = ?", (ids[1],))
+    assert store.previous_run(ids[2]) == ids[0]
+    assert store.previous_run(ids[2] + 10) == ids[2]

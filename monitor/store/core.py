@@ -90,6 +90,7 @@ class Store:
     run = _Part("run_table", Runs.get)
     live_state = _Part("run_table", Runs.live_state)
     resolve_run = _Part("run_table", Runs.resolve)
+    previous_run = _Part("run_table", Runs.previous)
     job_run = _Part("run_table", Runs.job_run)
     set_rank = _Part("run_table", Runs.set_rank)
     ranks = _Part("run_table", Runs.ranks)

@@ -170,6 +170,12 @@ class Runs:
             row = None
         return int(row[0]) if row else None
 
+    def previous(self, run_id: int) -> int | None:
+        """The run stored just before `run_id` (the report's comparison), None if none."""
+        row = self.db.conn().execute("SELECT MAX(id) FROM runs WHERE id < ?",
+                                     (int(run_id),)).fetchone()
+        return int(row[0]) if row and row[0] is not None else None
+
     # -- a distributed job ------------------------------------------------------------------
     def job_run(self, key: str, name: str, config: dict[str, Any]) -> int:
         """The one run of a distributed job, by a key its ranks share (launcher's run id and

@@ -83,8 +83,7 @@ def _events(store: Store, run_id: int) -> str:
 
 
 def _compare(store: Store, run_id: int, ctx: Any) -> str:
-    prev = store.db.conn().execute("SELECT MAX(id) FROM runs WHERE id < ?",
-                                   (run_id,)).fetchone()[0]
+    prev = store.previous_run(run_id)
     if prev is None:
         return "<p class=muted>no earlier run in this store to compare with</p>"
     try:

@@ -301,11 +301,11 @@ def refresh(rt: Any, run_id: int, window_s: float | None, gpus: bool = True,
         return None
     ended = run.get("ended_at")
     if run["status"] != RUNNING and isinstance(ended, float) and not math.isnan(ended):
-        _CTX[0] = rt.context()
+        ctx = Unkeyed(rt.context())
         done = _refresh_ended(str(rt.store.path), run_id, float(ended), window_s, gpus,
-                              pick, gpu)
+                              pick, gpu, ctx)
         if window_s is not None:  # the whole run is the next view asked of an ended run
-            _warm((str(rt.store.path), run_id, float(ended), None, gpus, pick, gpu))
+            _warm((str(rt.store.path), run_id, float(ended), None, gpus, pick, gpu, ctx))
         return done
     if now is not None:
         return _compute(rt, rt.store, run_id, window_s, gpus, pick, gpu, now)
@@ -340,6 +340,21 @@ def _compute(rt: Any, store: Store, run_id: int, window_s: float | None, gpus: b
     return Refresh(view, a, caption, accel, figs)
 
 
+@dataclass(frozen=True, slots=True)
+class Unkeyed:
+    """A value handed to a cached function that is not part of its key: an ended run's
+    figures are computed once, with the machine's context of the call that fills the cache
+    (later calls' contexts, read anew each time, would make every call a miss)."""
+
+    value: Any
+
+    def __hash__(self) -> int:
+        return 0
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Unkeyed)
+
+
 _WARMED: set[tuple] = set()
 
 
@@ -359,12 +374,13 @@ def _warm(key: tuple) -> None:
 
 @functools.lru_cache(maxsize=16)
 def _refresh_ended(db: str, run_id: int, ended_at: float, window_s: float | None,
-                   gpus: bool, pick: int | None, gpu: int | None) -> Refresh | None:
+                   gpus: bool, pick: int | None, gpu: int | None,
+                   ctx: Unkeyed) -> Refresh | None:
     from monitor.store import Store
 
     store = Store(db)
     try:
-        return _compute(_Ended(store, _CTX[0]), store, run_id, window_s, gpus, pick, gpu)
+        return _compute(_Ended(store, ctx.value), store, run_id, window_s, gpus, pick, gpu)
     finally:
         store.close()
 
@@ -409,18 +425,16 @@ def chart_figures(view: View, simulated: bool, gpu: int | None = None) -> dict:
 
 
 @functools.lru_cache(maxsize=32)
-def _ended(db: str, run_id: int, ended_at: float) -> tuple[Assessment, str, str] | None:
+def _ended(db: str, run_id: int, ended_at: float,
+           ctx: Unkeyed) -> tuple[Assessment, str, str] | None:
     from monitor.store import Store
 
     store = Store(db)
     try:
         w = steady_window(store, run_id)
-        return (assess(w, _CTX[0]), w.caption, w.accelerator) if w is not None else None
+        return (assess(w, ctx.value), w.caption, w.accelerator) if w is not None else None
     finally:
         store.close()
-
-
-_CTX: list = [None]  # the context of the call that fills the cache
 
 
 def assessment(rt: Any, view: View) -> tuple[Assessment, str, str]:
@@ -429,8 +443,7 @@ def assessment(rt: Any, view: View) -> tuple[Assessment, str, str]:
     run = view.run
     ended = run.get("ended_at")
     if run.get("status") != RUNNING and isinstance(ended, float) and not math.isnan(ended):
-        _CTX[0] = rt.context()
-        done = _ended(str(rt.store.path), int(run["id"]), float(ended))
+        done = _ended(str(rt.store.path), int(run["id"]), float(ended), Unkeyed(rt.context()))
         if done is not None:
             return done
     w = assessed_window(rt.store, view)
