@@ -10,7 +10,7 @@ median refresh. With --soak S it also serves the dashboard and measures its serv
 CPU, and the browser's own, over S seconds with one tab, then with --tabs tabs (headless
 Chromium), once the run is
 past its first FRESH_S (the page refreshes a young or just-changed run every second, a
-steady one every STEADY_REFRESH_S: monitor/ui/view.py). Figures only.
+steady one every STEADY_REFRESH_S: monitor/ui/cadence.py). Figures only.
 
 Budgets (issue "Hours-long runs"): a refresh <= 50 ms for 30 s and 5 min windows at any run
 length; a whole 24 h run opens in <= 2 s and then refreshes in <= 200 ms; <= 300 KB of figure
@@ -35,6 +35,7 @@ sys.path.insert(0, str(ROOT))
 from monitor.manage.runtime import Runtime  # noqa: E402
 from monitor.records import HostSample, StepRecord  # noqa: E402
 from monitor.store import Store  # noqa: E402
+from monitor.ui import cadence  # noqa: E402
 from monitor.ui import view as views  # noqa: E402
 
 WINDOWS = {"30 s": 30.0, "5 min": 300.0, "whole run": None}
@@ -153,8 +154,8 @@ def soak(seconds: float, tabs: int) -> None:
                     pg.goto(f"http://127.0.0.1:{port}")
                     pg.wait_for_selector(".js-plotly-plot", timeout=120_000)
                     pages.append(pg)
-                if n == 1:  # past the young run's 1 s refreshes (views.live_period)
-                    time.sleep(views.FRESH_S + 2.0)
+                if n == 1:  # past the young run's 1 s refreshes (cadence.live_period)
+                    time.sleep(cadence.FRESH_S + 2.0)
                 c0, t0, b0 = sum(proc.cpu_times()[:2]), time.monotonic(), browser_cpu()
                 time.sleep(seconds)
                 dt = time.monotonic() - t0

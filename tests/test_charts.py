@@ -96,7 +96,7 @@ def test_a_watched_jobs_secondary_charts_are_held_and_redrawn_on_time():
     """The main picture is new at every refresh; the secondary charts are sent again as
     drawn (no redraw in the browser) until they are SECONDARY_HOLD_S old or the view
     changes (a settings change, another window or rank)."""
-    from monitor.ui.view import SECONDARY_CHARTS, SECONDARY_HOLD_S, held_figures
+    from monitor.ui.cadence import SECONDARY_CHARTS, SECONDARY_HOLD_S, held_figures
 
     def figs(n: int) -> dict:
         return {k: f"{k}@{n}" for k in ("chart_util", *SECONDARY_CHARTS)}
@@ -115,7 +115,7 @@ def test_the_pages_own_run_holds_its_secondary_charts_once_steady():
     changed (a slider's effect shows on every chart at once); once steady, its secondary
     charts are held as a watched job's are: Chromium's CPU for the tab fell from 0.34 to
     0.28 core (bench/ui_tick.py's workload)."""
-    from monitor.ui.view import (
+    from monitor.ui.cadence import (
         FRESH_REFRESH_S,
         SECONDARY_CHARTS,
         STEADY_REFRESH_S,
@@ -191,7 +191,7 @@ def test_every_live_chart_is_a_valid_plotly_figure():
 
 
 def test_the_live_page_refreshes_fast_while_young_or_just_changed_then_slower():
-    from monitor.ui.view import FRESH_REFRESH_S, FRESH_S, STEADY_REFRESH_S, live_period
+    from monitor.ui.cadence import FRESH_REFRESH_S, FRESH_S, STEADY_REFRESH_S, live_period
 
     run = {"started_at": 1000.0}
     none = pd.DataFrame(columns=["ts", "kind", "label"])

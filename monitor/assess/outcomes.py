@@ -99,11 +99,23 @@ def outcomes(events: pd.DataFrame, steps: pd.DataFrame) -> list[dict[str, Any]]:
 _FINAL: dict[tuple[str, int, int], dict[str, Any]] = {}  # (store, run, event id) -> outcome
 
 
+def _predicts(data: Any) -> bool:
+    """Does an event's stored data carry a prediction (a number under "predicted")?"""
+    if not isinstance(data, str) or not data:
+        return False
+    try:
+        got = json.loads(data)
+    except ValueError:
+        return False
+    return isinstance(got, dict) and isinstance(got.get("predicted"), int | float) and \
+        not isinstance(got.get("predicted"), bool)
+
+
 def of_run(store: Store, run_id: int) -> list[dict[str, Any]]:
     """A run's outcomes, from its events and, for each prediction, its steps within SPAN_S
     (the page asks every second: a final outcome is kept, not read again)."""
     ev = store.events(run_id, kinds=("config", "autotune", ADVICE))
-    has = ev["data"].fillna("").str.contains('"predicted": [0-9]') if not ev.empty else None
+    has = ev["data"].map(_predicts).astype(bool) if not ev.empty else None
     if has is None or not has.any():
         return []
     configs, out = ev[ev["kind"] == "config"], []

@@ -6,14 +6,12 @@ import time
 
 import streamlit as st
 
-from monitor.assess import outcomes
 from monitor.assess.devices import workload_gpu
 from monitor.assess.recent import steady_verdict
-from monitor.assess.stall import STALL_KINDS, active_stall
 from monitor.config import LIVE_SETTINGS
 from monitor.diagnosis import SIMULATED
 from monitor.store import ATTACHED, RUNNING
-from monitor.ui import panels
+from monitor.ui import cadence, panels
 from monitor.ui import view as views
 from monitor.ui.autotune_panel import render_autotune
 from monitor.ui.compare_panel import ask_compare_with_previous, render_compare
@@ -104,9 +102,9 @@ def apply_advice(param: str, value: object, predicted: float | None = None,
     before, new = manager.config, manager.config.replace(**{param: value})
     if predicted is not None and manager.run_id is not None:
         asked = {k: new.to_dict().get(k) for k in LIVE_SETTINGS}
-        rt.store.add_event(manager.run_id, outcomes.ADVICE,
-                           f"{param} {getattr(before, param)} → {value} (Apply)",
-                           {**asked, "predicted": predicted, "limit": limit})
+        views.record_advice(rt.store, manager.run_id,
+                            f"{param} {getattr(before, param)} → {value} (Apply)",
+                            {**asked, "predicted": predicted, "limit": limit})
     manager.reconfigure(new)
 
 
@@ -119,12 +117,12 @@ def live_region(watching: bool = False) -> None:
     if run_id is None:
         st.info("No run yet: press Start in the sidebar.")
         return
-    rank_rows = rt.store.ranks(run_id)
+    rank_rows = views.run_ranks(rt.store, run_id)
     ranks = sorted(int(r) for r in rank_rows["rank"])
     pick = panels.rank_pick(ranks, f"rank_pick_{run_id}")
     gpu_pick = st.session_state.get("gpu_pick") if devices else None
     if devices and gpu_pick is None:
-        gpu_pick = workload_gpu(devices, (rt.store.run(run_id) or {}).get("device"))
+        gpu_pick = workload_gpu(devices, views.run_device(rt.store, run_id))
     r = views.refresh(rt, run_id, panels.WINDOWS[window_name], bool(devices), pick, gpu_pick)
     if r is None:
         st.warning(f"Run {run_id} is not in the store.")
@@ -134,14 +132,11 @@ def live_region(watching: bool = False) -> None:
             not st.session_state.get("_live_fragment"):
         st.rerun()  # it came back to life (Start): the refreshing fragment takes over
     panels.render_run_status(view.run)
-    stall = active_stall(rt.store.events(run_id, kinds=STALL_KINDS)) \
-        if view.run["status"] == RUNNING else None
-    if stall:
-        st.warning(plain(stall), icon="⏳")
-    elif rt.store.last_step_ts(run_id) is None:
-        waiting = views.first_batch_wait(view.run, view.steps, view.host)
-        if waiting:
-            st.info(plain(waiting), icon="⏳")
+    said = views.notices(rt.store, view)
+    if said.stall:
+        st.warning(plain(said.stall), icon="⏳")
+    elif said.waiting:
+        st.info(plain(said.waiting), icon="⏳")
     workers_live = view.host["workers"].dropna().iloc[-1] if (
         not view.host.empty and "workers" in view.host.columns
         and view.host["workers"].notna().any()) else None
@@ -152,8 +147,8 @@ def live_region(watching: bool = False) -> None:
     default_gpu = workload_gpu(devices, view.run.get("device"))
     seq = (run_id, int(view.steps["config_seq"].max()) if not view.steps.empty else -1)
     running = view.run["status"] == RUNNING
-    every = views.live_period(view.run, view.events, time.time()) if running else None
-    figs = views.drawn_figures(st.session_state.setdefault("_held", {}),
+    every = cadence.live_period(view.run, view.events, time.time()) if running else None
+    figs = cadence.drawn_figures(st.session_state.setdefault("_held", {}),
                                (seq, window_name, pick, gpu_pick), figs, time.monotonic(),
                                watching, every)
     panels.render_picture(figs)
@@ -162,7 +157,7 @@ def live_region(watching: bool = False) -> None:
     panels.render_verdict(a, changing)
     live_now = run_id == manager.run_id and manager.is_alive() and not rt.jobs.running()
     panels.render_explain(a, apply_advice if live_now else None)
-    panels.render_outcomes(outcomes.of_run(rt.store, run_id))
+    panels.render_outcomes(said.outcomes)
     if view.run["status"] == RUNNING and (live_now or view.run["kind"] == ATTACHED):
         render_autotune(rt, view.run)
     panels.render_other_charts(figs)
@@ -181,9 +176,9 @@ def live_region(watching: bool = False) -> None:
     if view.run["status"] != RUNNING and st.session_state.get("_live_fragment"):
         st.rerun()  # it ended: the still view takes over (an ended run is not re-read)
     if not watching and running and st.session_state.get("_live_fragment"):
-        if every != st.session_state.setdefault("_live_every", views.FRESH_REFRESH_S):
+        if every != st.session_state.setdefault("_live_every", cadence.FRESH_REFRESH_S):
             st.session_state["_live_every"] = every
-            # the live fragment takes its new period (views.live_period); here, after every widget
+            # the live fragment takes its new period (cadence.live_period); here, after every widget
             # of the region was drawn: a widget a fragment run skips loses its state (the
             # Auto-tune switch turned itself off when this ran before it)
             st.rerun()
@@ -194,10 +189,10 @@ def live_region(watching: bool = False) -> None:
         st.rerun()  # the calibrated step is known now: the sidebar shows the real one
 
 
-@st.fragment(run_every=st.session_state.get("_live_every", views.FRESH_REFRESH_S))
+@st.fragment(run_every=st.session_state.get("_live_every", cadence.FRESH_REFRESH_S))
 def live() -> None:
     """The page's own running workload: refreshes once a second while it is young or just
-    changed (the sliders' effect shows at once), every 2 s once steady (views.live_period);
+    changed (the sliders' effect shows at once), every 2 s once steady (cadence.live_period);
     reads the store only."""
     st.session_state["_live_fragment"] = True
     live_region()

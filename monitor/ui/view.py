@@ -15,7 +15,9 @@ from typing import Any
 
 import pandas as pd
 
+from monitor.assess import outcomes
 from monitor.assess.recent import READ_MARGIN_S
+from monitor.assess.stall import STALL_KINDS, active_stall
 from monitor.assess.window import (
     Assessment,
     Window,
@@ -121,54 +123,38 @@ def follow_target(live: tuple[int, ...], managed: int | None) -> int | None:
     return live[0] if live else managed
 
 
-# The page's own live run refreshes every FRESH_REFRESH_S for FRESH_S after it starts or its
-# settings change (a slider, Apply, Auto-tune: the effect shows at once), then every
-# STEADY_REFRESH_S: a refresh costs the server ~45 ms of CPU, and at one a second a tab took
-# 0.08 core of the cores the workload runs on (bench/ui_tick.py --soak).
-FRESH_REFRESH_S, STEADY_REFRESH_S, FRESH_S = 1.0, 2.0, 20.0
+def run_ranks(store: Store, run_id: int) -> pd.DataFrame:
+    """The run's ranks as stored (one row for a single process; the rank picker's list)."""
+    return store.ranks(run_id)
 
 
-def live_period(run: dict, events: pd.DataFrame, now: float) -> float:
-    """How often the live region of the page's own run refreshes now."""
-    last = float(run.get("started_at") or 0.0)
-    if events is not None and not events.empty and "kind" in events.columns:
-        changes = events.loc[events["kind"] == "config", "ts"]
-        if len(changes):
-            last = max(last, float(changes.max()))
-    return FRESH_REFRESH_S if now - last < FRESH_S else STEADY_REFRESH_S
+def run_device(store: Store, run_id: int) -> Any:
+    """The device the run's record names (the GPU panel's default pick), None if none."""
+    return (store.run(run_id) or {}).get("device")
 
 
-SECONDARY_CHARTS = ("chart_thr", "chart_wait", "chart_host", "chart_phases")
-# a watched job's secondary charts, and a steady run's of the page's own, are redrawn this
-# often: the tab's CPU on the default live workload, interleaved 30 s each, 0.343 and 0.347
-# core redrawn every refresh, 0.271 and 0.284 held (/tmp/prof/tab.py, 2026-12-03)
-SECONDARY_HOLD_S = 6.0
+@dataclass(frozen=True, slots=True)
+class Notices:
+    """What the live region says over its charts, read with them: a stall while it lasts,
+    else the wait for a first batch; and the outcomes of the advice applied so far."""
+
+    stall: str | None
+    waiting: str | None
+    outcomes: list[dict[str, Any]]
 
 
-def held_figures(state: dict[str, Any], key: Any, figs: dict, now: float,
-                 hold_s: float = SECONDARY_HOLD_S) -> dict:
-    """The figures to draw for a watched job, or the page's own steady run (live_period:
-    its settings unchanged a while): the main picture always new; the secondary
-    charts as drawn last unless they are `hold_s` old or the view changed (`key`: run,
-    window, rank, settings). A figure sent again unchanged costs the browser no redraw;
-    redrawing the three took Chromium about 0.5 s of CPU each time on the 2-core box
-    (docs/guide.md: watching costs the job little)."""
-    held = state.get("held")
-    if held is None or held["key"] != key or now - held["at"] >= hold_s:
-        state["held"] = {"key": key, "at": now,
-                         "figs": {k: figs[k] for k in SECONDARY_CHARTS if k in figs}}
-        return figs
-    return {**figs, **held["figs"]}
+def notices(store: Store, view: View) -> Notices:
+    run_id, running = int(view.run["id"]), view.run["status"] == RUNNING
+    stall = active_stall(store.events(run_id, kinds=STALL_KINDS)) if running else None
+    waiting = first_batch_wait(view.run, view.steps, view.host) \
+        if stall is None and store.last_step_ts(run_id) is None else None
+    return Notices(stall, waiting, outcomes.of_run(store, run_id))
 
 
-def drawn_figures(state: dict[str, Any], key: Any, figs: dict, now: float, watching: bool,
-                  period: float | None) -> dict:
-    """What a live refresh draws: every figure new while the page's own run is young or
-    just changed (`period` FRESH_REFRESH_S: the sliders' effect shows at once); the
-    secondary charts held (held_figures) for a watched job and for a steady run."""
-    if watching or period == STEADY_REFRESH_S:
-        return held_figures(state, key, figs, now)
-    return figs
+def record_advice(store: Store, run_id: int, label: str, asked: dict[str, Any]) -> None:
+    """The settings Apply asked for, with the advice's prediction, as the run's event: the
+    outcome (what they measured against it) is read back from it."""
+    store.add_event(run_id, outcomes.ADVICE, label, asked)
 
 
 def load_view(

@@ -1,0 +1,57 @@
+"""When the page redraws what (no streamlit, no store): how often the live region of the
+page's own run refreshes, and which charts a refresh sends again as drawn (a figure sent
+unchanged costs the browser no redraw). The page (ui/app.py) asks; ui/view.py reads."""
+from __future__ import annotations
+
+from typing import Any
+
+import pandas as pd
+
+# The page's own live run refreshes every FRESH_REFRESH_S for FRESH_S after it starts or its
+# settings change (a slider, Apply, Auto-tune: the effect shows at once), then every
+# STEADY_REFRESH_S: a refresh costs the server ~45 ms of CPU, and at one a second a tab took
+# 0.08 core of the cores the workload runs on (bench/ui_tick.py --soak).
+FRESH_REFRESH_S, STEADY_REFRESH_S, FRESH_S = 1.0, 2.0, 20.0
+
+
+def live_period(run: dict, events: pd.DataFrame, now: float) -> float:
+    """How often the live region of the page's own run refreshes now."""
+    last = float(run.get("started_at") or 0.0)
+    if events is not None and not events.empty and "kind" in events.columns:
+        changes = events.loc[events["kind"] == "config", "ts"]
+        if len(changes):
+            last = max(last, float(changes.max()))
+    return FRESH_REFRESH_S if now - last < FRESH_S else STEADY_REFRESH_S
+
+
+SECONDARY_CHARTS = ("chart_thr", "chart_wait", "chart_host", "chart_phases")
+# a watched job's secondary charts, and a steady run's of the page's own, are redrawn this
+# often: the tab's CPU on the default live workload, interleaved 30 s each, 0.343 and 0.347
+# core redrawn every refresh, 0.271 and 0.284 held (/tmp/prof/tab.py, 2026-12-03)
+SECONDARY_HOLD_S = 6.0
+
+
+def held_figures(state: dict[str, Any], key: Any, figs: dict, now: float,
+                 hold_s: float = SECONDARY_HOLD_S) -> dict:
+    """The figures to draw for a watched job, or the page's own steady run (live_period:
+    its settings unchanged a while): the main picture always new; the secondary
+    charts as drawn last unless they are `hold_s` old or the view changed (`key`: run,
+    window, rank, settings). A figure sent again unchanged costs the browser no redraw;
+    redrawing the three took Chromium about 0.5 s of CPU each time on the 2-core box
+    (docs/guide.md: watching costs the job little)."""
+    held = state.get("held")
+    if held is None or held["key"] != key or now - held["at"] >= hold_s:
+        state["held"] = {"key": key, "at": now,
+                         "figs": {k: figs[k] for k in SECONDARY_CHARTS if k in figs}}
+        return figs
+    return {**figs, **held["figs"]}
+
+
+def drawn_figures(state: dict[str, Any], key: Any, figs: dict, now: float, watching: bool,
+                  period: float | None) -> dict:
+    """What a live refresh draws: every figure new while the page's own run is young or
+    just changed (`period` FRESH_REFRESH_S: the sliders' effect shows at once); the
+    secondary charts held (held_figures) for a watched job and for a steady run."""
+    if watching or period == STEADY_REFRESH_S:
+        return held_figures(state, key, figs, now)
+    return figs
