@@ -282,8 +282,8 @@ def assess(window: Window, ctx: Context, parts: int = 1) -> Assessment:
                 phases=step_phases.shares(steps))
     if len(ranks) <= 1:
         host = window.host
-        if ranks and "rank" in host.columns and (host["rank"] == ranks[0]).any():
-            host = host[host["rank"] == ranks[0]]
+        own = analysis.own_rows(host, ranks[0]) if ranks else host.iloc[0:0]
+        host = own if not own.empty else host  # the rank's own samples, else the node's
         f, dg = _one(window, ctx, _own_config(window, ranks), host, steps)
         report = window.loader_report or {  # a live window past the epoch's report
             "num_workers": int(f.config.get("num_workers") or 0)}
@@ -323,11 +323,19 @@ def _own_config(window: Window, ranks: list[int]) -> dict[str, Any]:
     """The loader settings of a run's one rank: the run's record, else (a store holding a
     rank other than 0, whose probe does not speak for the run) that rank's own report."""
     config = window.run.get("config") or {}
-    r = window.ranks
-    if "batch_size" in config or not ranks or r is None or r.empty:
+    if "batch_size" in config or not ranks:
         return config
-    own = r[r["rank"] == ranks[0]]
-    return {**config, **own["config"].iloc[0]} if not own.empty else config
+    own = _rank_record(window, ranks[0])
+    return {**config, **own["config"]} if own is not None else config
+
+
+def _rank_record(window: Window, rank: int) -> dict[str, Any] | None:
+    """The ranks table's row of `rank` (its host, settings, device), None if not stored."""
+    r = window.ranks
+    if r is None or r.empty:
+        return None
+    own = analysis.own_rows(r, rank)
+    return own.iloc[0].to_dict() if not own.empty else None
 
 
 def _local_ranks(window: Window, ranks: list[int]) -> dict[int, set[int]]:
@@ -341,18 +349,12 @@ def _local_ranks(window: Window, ranks: list[int]) -> dict[int, set[int]]:
 
 
 def _rank_config(window: Window, rank: int) -> dict[str, Any]:
-    r = window.ranks
-    if r is not None and not r.empty and (r["rank"] == rank).any():
-        cfg = r[r["rank"] == rank]["config"].iloc[0]
-        if cfg:
-            return cfg
-    return window.run.get("config") or {}
+    own = _rank_record(window, rank)
+    return (own or {}).get("config") or window.run.get("config") or {}
 
 
 def _figures(window: Window, rank: int, f: Features) -> RankFigures:
-    r = window.ranks
-    row = r[r["rank"] == rank].iloc[0] if r is not None and not r.empty and \
-        (r["rank"] == rank).any() else None
+    row = _rank_record(window, rank)
     return RankFigures(rank, None if row is None else row["hostname"], f.steps, f.throughput,
                        f.data_wait_share, f.wait_per_step_s, f.compute_per_step_s,
                        f.config.get("num_workers"), f.workers_cpu_cores, f.workload_mem_mb)
@@ -365,8 +367,7 @@ def _assess_job(window: Window, ctx: Context, ranks: list[int], base: dict) -> A
     per: dict[int, Features] = {}
     own: dict[int, Diagnosis] = {}
     for r in ranks:
-        h = host[host["rank"] == r] if "rank" in host.columns else host.iloc[0:0]
-        per[r], own[r] = _one(window, ctx, _rank_config(window, r), h,
+        per[r], own[r] = _one(window, ctx, _rank_config(window, r), analysis.own_rows(host, r),
                               analysis.rank_rows(window.steps, r))
     # a rank's "other processes" are not its sibling ranks: they are the same job
     job_cpu = {r: (f.main_cpu_cores or 0.0) + (f.workers_cpu_cores or 0.0)
@@ -390,7 +391,7 @@ def _assess_job(window: Window, ctx: Context, ranks: list[int], base: dict) -> A
     # the causes, of the rank the verdict speaks for (the straggler, else the most starved)
     who = slow[0] if slow and slow[0] in per else rep
     mine = analysis.rank_rows(steps, who)
-    h = host[host["rank"] == who] if "rank" in host.columns else host.iloc[0:0]
+    h = analysis.own_rows(host, who)
     report = ((window.loader_report or {}).get("by_rank") or {}).get(who) or \
         {"num_workers": per[who].num_workers}
     found = tuple(dataclasses.replace(x, text=f"rank {who}: {x.text}") for x in causes.find(

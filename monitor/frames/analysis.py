@@ -65,6 +65,15 @@ def rank_rows(frame: pd.DataFrame, rank: int) -> pd.DataFrame:
     return frame[frame["rank"].fillna(0) == rank]
 
 
+def own_rows(frame: pd.DataFrame, rank: int) -> pd.DataFrame:
+    """The rows that are `rank`'s own, by the rank written on them (a job's per-rank host
+    samples): none where the frame has no rank column. rank_rows is the cut for rows that
+    may be the whole node's."""
+    if "rank" not in frame.columns:
+        return frame.iloc[0:0]
+    return frame[frame["rank"] == rank]
+
+
 def workers_memory_mb(host: pd.DataFrame) -> pd.Series:
     """The DataLoader workers' memory per host row, MB: their USS (what each adds beyond the
     pages it shares with its parent; read one sampler pass in 8, so carried forward), else
