@@ -27,7 +27,8 @@ def live_period(run: dict, events: pd.DataFrame, now: float) -> float:
 SECONDARY_CHARTS = ("chart_thr", "chart_wait", "chart_host", "chart_phases")
 # a watched job's secondary charts, and a steady run's of the page's own, are redrawn this
 # often: the tab's CPU on the default live workload, interleaved 30 s each, 0.343 and 0.347
-# core redrawn every refresh, 0.271 and 0.284 held (/tmp/prof/tab.py, 2026-12-03)
+# core redrawn every refresh, 0.271 and 0.284 held (2026-12-03; bench/ui_tick.py --soak
+# prints the browser's CPU)
 SECONDARY_HOLD_S = 6.0
 # while the run is young or just changed the secondary charts are redrawn at every other
 # refresh (a change itself redraws them at once): the tab's CPU over the first 15 s,
