@@ -113,7 +113,8 @@ def test_a_watched_jobs_secondary_charts_are_held_and_redrawn_on_time():
 def test_the_pages_own_run_redraws_its_secondary_charts_every_other_refresh_then_holds():
     """The page's own young (or just changed) run redraws its secondary charts at every
     other refresh; once steady they are held as a watched job's are; a change of settings
-    redraws every chart at once, young or steady (the browser's CPU: ui/cadence.py)."""
+    redraws every chart at once, young or steady (the browser's CPU: ui/cadence.py); an
+    ended run's view is drawn whole."""
     from monitor.ui.cadence import (
         FRESH_HOLD_S,
         FRESH_REFRESH_S,
@@ -131,7 +132,8 @@ def test_the_pages_own_run_redraws_its_secondary_charts_every_other_refresh_then
     # (watching, the period, seconds between refreshes, the refreshes that redraw them)
     cases = ((False, FRESH_REFRESH_S, FRESH_REFRESH_S, [0, 2, 4, 6]),
              (False, STEADY_REFRESH_S, STEADY_REFRESH_S, [0, 3, 6]),
-             (True, None, 2.0, [0, 3, 6]), (True, FRESH_REFRESH_S, 2.0, [0, 3, 6]))
+             (True, STEADY_REFRESH_S, 2.0, [0, 3, 6]), (True, FRESH_REFRESH_S, 2.0, [0, 3, 6]),
+             (False, None, 1.0, list(range(8))))  # an ended run: drawn whole, once
     for watching, period, every, redrawn in cases:
         state: dict = {}
         drawn = [drawn_figures(state, "seq1", figs(i), 100.0 + i * every, watching, period)
@@ -143,6 +145,10 @@ def test_the_pages_own_run_redraws_its_secondary_charts_every_other_refresh_then
         # a change of settings (a new key) draws every chart at once
         assert drawn_figures(state, "seq2", figs(9), 100.0 + 8 * every + 0.1, watching,
                              period) == figs(9)
+    # the run ends a moment after a live refresh: its still view holds nothing back
+    state = {}
+    drawn_figures(state, "seq1", figs(0), 100.0, False, STEADY_REFRESH_S)
+    assert drawn_figures(state, "seq1", figs(1), 100.5, False, None) == figs(1)
 
 
 def test_the_host_charts_time_axis_sits_under_its_bottom_panel():

@@ -149,8 +149,8 @@ def live_region(watching: bool = False) -> None:
     running = view.run["status"] == RUNNING
     every = cadence.live_period(view.run, view.events, time.time()) if running else None
     figs = cadence.drawn_figures(st.session_state.setdefault("_held", {}),
-                               (seq, window_name, pick, gpu_pick), figs, time.monotonic(),
-                               watching, every)
+                                 (seq, window_name, pick, gpu_pick), figs, time.monotonic(),
+                                 watching, every)
     panels.render_picture(figs)
     a, changing = steady_verdict(st.session_state.setdefault("_verdicts", {}),
                                        str(run_id), a, seq, time.monotonic())

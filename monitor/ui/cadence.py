@@ -38,10 +38,9 @@ FRESH_HOLD_S = 1.5
 
 def held_figures(state: dict[str, Any], key: Any, figs: dict, now: float,
                  hold_s: float = SECONDARY_HOLD_S) -> dict:
-    """The figures to draw for a watched job, or the page's own steady run (live_period:
-    its settings unchanged a while): the main picture always new; the secondary
-    charts as drawn last unless they are `hold_s` old or the view changed (`key`: run,
-    window, rank, settings). A figure sent again unchanged costs the browser no redraw;
+    """The figures to draw: the main picture always new; the secondary charts as drawn
+    last unless they are `hold_s` old or the view changed (`key`: run, window, rank,
+    settings). A figure sent again unchanged costs the browser no redraw;
     redrawing the three took Chromium about 0.5 s of CPU each time on the 2-core box
     (docs/guide.md: watching costs the job little)."""
     held = state.get("held")
@@ -54,10 +53,14 @@ def held_figures(state: dict[str, Any], key: Any, figs: dict, now: float,
 
 def drawn_figures(state: dict[str, Any], key: Any, figs: dict, now: float, watching: bool,
                   period: float | None) -> dict:
-    """What a live refresh draws: the main picture new at every refresh; the secondary
-    charts (held_figures) at every other refresh while the page's own run is young or just
-    changed (`period` FRESH_REFRESH_S), every SECONDARY_HOLD_S for a watched job and a
-    steady run; a change of settings, window or rank redraws every chart at once."""
-    if watching or period == STEADY_REFRESH_S:
-        return held_figures(state, key, figs, now)
-    return held_figures(state, key, figs, now, FRESH_HOLD_S)
+    """What a refresh draws: the main picture new at every refresh; the secondary charts
+    (held_figures) at every other refresh while the page's own run is young or just changed
+    (`period` FRESH_REFRESH_S), every SECONDARY_HOLD_S for a watched job and a steady run;
+    a change of settings, window or rank redraws every chart at once. An ended run
+    (`period` None: drawn once, not refreshed) gets every chart as it is now, never one
+    held from its last live refresh."""
+    if period is None:
+        state.pop("held", None)
+        return figs
+    hold = SECONDARY_HOLD_S if watching or period == STEADY_REFRESH_S else FRESH_HOLD_S
+    return held_figures(state, key, figs, now, hold)
