@@ -164,14 +164,17 @@ def _quote(v: str) -> str:
 @dataclass(frozen=True)
 class SeenJob:
     job_id: str
-    last_ts: float  # the last moment Prometheus held its series (a scrape at most ago)
+    last_ts: float  # the last moment Prometheus held its series, to within `within_s`
     live: bool  # its ranks report now
+    within_s: float = 0.0  # how far past its last scrape last_ts may be (0: exact)
 
 
 def recent_jobs(url: str, within_s: float = 86400.0, step_s: float = 15.0,
                 now: float | None = None) -> list[SeenJob]:
-    """Every job whose ranks reported in the last `within_s` (one range query), the last
-    seen first: an ended job is read at its last moment, so it compares with a live one."""
+    """Every job whose ranks reported in the last `within_s`, the last seen first: one
+    range query, whatever the number of jobs. An ended job's last_ts is the `step_s` grid's
+    (up to step_s past its last scrape: good for a label); last_moment() refines the one
+    that is read."""
     now = time.time() if now is None else now
     res = _get(url, "query_range", {
         # over each step's own range: a job that lived between two steps is still seen
@@ -180,17 +183,20 @@ def recent_jobs(url: str, within_s: float = 86400.0, step_s: float = 15.0,
         "start": f"{now - within_s:.3f}", "end": f"{now:.3f}", "step": f"{step_s:g}"})
     live = set(jobs(url))
     seen = [SeenJob(s["metric"]["job_id"], float(s["values"][-1][0]),
-                    s["metric"]["job_id"] in live) for s in res if s.get("values")]
-    return sorted((j if j.live else _last_scrape(url, j, step_s) for j in seen),
-                  key=lambda j: (not j.live, -j.last_ts))
+                    s["metric"]["job_id"] in live,
+                    0.0 if s["metric"]["job_id"] in live else step_s)
+            for s in res if s.get("values")]
+    return sorted(seen, key=lambda j: (not j.live, -j.last_ts))
 
 
-def _last_scrape(url: str, j: SeenJob, step_s: float) -> SeenJob:
-    """An ended job's last moment to the second: the day's query saw it in the `step_s`
-    before its last step."""
+def last_moment(url: str, j: SeenJob) -> SeenJob:
+    """An ended job's last moment to the second (its series' last scrape), from the
+    `within_s` before the moment recent_jobs saw; a live or exact one as it is."""
+    if j.live or not j.within_s:
+        return j
     res = _get(url, "query_range", {
         "query": f'count(starvation_steps_total{{job_id="{_quote(j.job_id)}"}})',
-        "start": f"{j.last_ts - step_s:.3f}", "end": f"{j.last_ts:.3f}", "step": "1"})
+        "start": f"{j.last_ts - j.within_s:.3f}", "end": f"{j.last_ts:.3f}", "step": "1"})
     last = max((float(t) for s in res for t, _ in s.get("values") or []), default=j.last_ts)
     return SeenJob(j.job_id, last, False)
 
@@ -257,6 +263,7 @@ def compare(url: str, a: SeenJob, b: SeenJob, rng: str = RANGE) -> JobCompare:
     """Two jobs side by side, each read at its own moment (now if live, else its last
     scrape): COMPARED, the change from the first to the second (a percentage for rates and
     waits, a count for ranks and nodes, else same or changed)."""
+    a, b = last_moment(url, a), last_moment(url, b)
     fa, fb = (job_figures(job(url, j.job_id, rng, None if j.live else j.last_ts))
               for j in (a, b))
     rows = []
