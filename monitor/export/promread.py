@@ -15,7 +15,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import pandas as pd
@@ -182,10 +182,12 @@ def recent_jobs(url: str, within_s: float = 86400.0, step_s: float = 15.0,
                  f'[{step_s:g}s]))',
         "start": f"{now - within_s:.3f}", "end": f"{now:.3f}", "step": f"{step_s:g}"})
     live = set(jobs(url))
-    seen = [SeenJob(s["metric"]["job_id"], float(s["values"][-1][0]),
-                    s["metric"]["job_id"] in live,
-                    0.0 if s["metric"]["job_id"] in live else step_s)
-            for s in res if s.get("values")]
+    seen = []
+    for s in res:
+        if s.get("values"):
+            jid = s["metric"]["job_id"]
+            seen.append(SeenJob(jid, float(s["values"][-1][0]), jid in live,
+                                0.0 if jid in live else step_s))
     return sorted(seen, key=lambda j: (not j.live, -j.last_ts))
 
 
@@ -198,7 +200,7 @@ def last_moment(url: str, j: SeenJob) -> SeenJob:
         "query": f'count(starvation_steps_total{{job_id="{_quote(j.job_id)}"}})',
         "start": f"{j.last_ts - j.within_s:.3f}", "end": f"{j.last_ts:.3f}", "step": "1"})
     last = max((float(t) for s in res for t, _ in s.get("values") or []), default=j.last_ts)
-    return SeenJob(j.job_id, last, False)
+    return replace(j, last_ts=last, within_s=0.0)
 
 
 COMPARED = ("throughput", "ranks", "nodes", "data_wait_share", "wait_per_step_s",
