@@ -96,3 +96,31 @@ def test_an_optimizer_that_is_not_a_torch_one_is_other_and_said(tmp_path, no_lea
 def test_no_phases_turns_the_hooks_off(tmp_path, no_leaks):
     r, d = monitored(tmp_path / "x.db", *ARGS, flags=("--no-phases",))
     assert d["phases"] is None and "The step is" not in d["verdict_text"]
+
+
+@pytest.mark.parametrize("compiled", ["module", "function"])
+def test_a_compiled_model_is_compiled_once_with_the_phases_on(tmp_path, no_leaks, compiled):
+    """torch.compile under the probe (timm --torchcompile, nanoGPT, the HF Trainer's
+    torch_compile): the phase hooks that dynamo traces return at once (a hook that read the
+    thread id made dynamo break the graph and run the model uncompiled), and the discovery
+    hooks stay where dynamo guarded on their count (removing them recompiled the model at
+    the third step). The script compiles exactly one graph, as it does bare; no warning of
+    ours reaches its stderr."""
+    db = tmp_path / "c.db"
+    r = subprocess.run([sys.executable, "-m", "monitor", "run", "--db", str(db), "--json",
+                        "--", sys.executable, str(ROOT / "tests" / "scripts" / "compiled.py"),
+                        "--compiled", compiled], cwd=ROOT, capture_output=True, text=True,
+                       timeout=240, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert r.returncode == 0, r.stderr[-3000:]
+    lines = [json.loads(x) for x in r.stdout.splitlines() if x.startswith("{")]
+    dynamo, d = lines[0], lines[-1]
+    assert dynamo["graphs"] == 1 and dynamo["graph_breaks"] == 0, (dynamo, r.stderr[-3000:])
+    assert "global hooks" not in r.stderr and "Dynamo does not know" not in r.stderr, r.stderr
+    assert "step phases off" not in r.stderr, r.stderr
+    assert len(Store(db).steps(d["run_id"])) == 3 * 16
+    per = d["phases"]["seconds_per_step"]
+    assert per["backward"] > 0 and per["optimizer"] > 0, per
+    if compiled == "module":  # the compiled module is called by the loop: its forward
+        assert per["forward"] > 0, per
+    else:  # the model is called only inside compiled code: its time is the loop's, other
+        assert per["forward"] == 0.0, per

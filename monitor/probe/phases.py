@@ -26,12 +26,26 @@ import os
 import sys
 import threading
 import time
+import warnings
 from collections.abc import Callable
 from typing import Any
 
 ENV = "STARVATION_MONITOR_PHASES"  # "0": phases off (`monitor run --no-phases`)
 DISCOVER_STEPS = 3  # steps the global module hooks run before the roots get their own
 NOTE_AFTER = 20  # steps with backward and no optimizer hook before "not a torch optimizer"
+# torch.compile warns at each compiled module's call while any global module hook exists
+# (ours, for the discovery steps alone): hidden while ours are the reason
+COMPILE_WARNING = r"Using `torch.compile\(module\)` when there are global hooks"
+
+
+def _not_compiling() -> bool:
+    return False
+
+
+# torch.compiler.is_compiling once installed: True while dynamo traces the code that calls
+# it, so a hook that dynamo traces (a module called inside a compiled region, a compiled
+# optimizer step) returns at once, with no graph break and nothing timed twice
+_compiling: Callable[[], bool] = _not_compiling
 
 
 class Phases:
@@ -51,6 +65,11 @@ class Phases:
         self._patched: list[tuple[type, Any]] = []  # (root class, its own __call__ or None)
         self._root_ids: frozenset[int] = frozenset()
         self._orig_backward: Any = None
+        self._filter: Any = None  # our entry in warnings.filters, while discovering
+        # dynamo traced a module call while our global hooks were on: its guards hold their
+        # count, so removing them would recompile the user's model; they stay (the compiled
+        # code does not call them, and the eager roots are few)
+        self.saw_compile = False
         self.steps = 0
         self.failed: str | None = None
         self.note: str | None = None  # said once: the optimizer is not a torch one, ...
@@ -61,9 +80,14 @@ class Phases:
         torch = sys.modules.get("torch")
         if torch is None:
             return False
+        global _compiling
         try:
+            _compiling = getattr(getattr(torch, "compiler", None), "is_compiling", None) \
+                or _not_compiling
             mod = sys.modules["torch.nn.modules.module"]  # both loaded with torch
             opt = sys.modules["torch.optim.optimizer"]
+            warnings.filterwarnings("ignore", message=COMPILE_WARNING, category=UserWarning)
+            self._filter = warnings.filters[0]
             self._global = [mod.register_module_forward_pre_hook(self._pre_any),
                             mod.register_module_forward_hook(self._post_any, always_call=True)]
             self._global_opt = [opt.register_optimizer_step_pre_hook(self._opt_pre),
@@ -91,12 +115,21 @@ class Phases:
             except Exception:
                 pass
         self._global, self._global_opt, self._patched = [], [], []
+        self._unfilter()
         self._root_ids = frozenset()
         torch = sys.modules.get("torch")
         if self._orig_backward is not None and torch is not None and \
                 getattr(torch.autograd.backward, "_starvation_phases", False):
             torch.autograd.backward = self._orig_backward
         self._orig_backward = None
+
+    def _unfilter(self) -> None:
+        """The compile warning shown again: our global hooks are gone."""
+        try:
+            warnings.filters.remove(self._filter)
+            warnings._filters_mutated()  # type: ignore[attr-defined]
+        except (AttributeError, ValueError):
+            pass
 
     def _fail(self, why: str) -> None:
         if self.failed is None:
@@ -116,7 +149,7 @@ class Phases:
         self.fwd = self.bwd = self.opt = 0.0
         self._depth = 0  # a forward that raised never closed: the next step starts clean
         self.steps += 1
-        if self.steps == DISCOVER_STEPS and self._global:
+        if self.steps == DISCOVER_STEPS and self._global and not self.saw_compile:
             self._time_roots()
         if self.steps == NOTE_AFTER and self.seen_bwd and not self.seen_opt:
             self.note = ("the optimizer step is not a torch.optim.Optimizer's (no step hook "
@@ -135,6 +168,7 @@ class Phases:
             for h in self._global:
                 h.remove()
             self._global = []
+            self._unfilter()
         except Exception as exc:
             self._fail(f"{type(exc).__name__}: {exc}")
             return
@@ -146,6 +180,9 @@ class Phases:
 
     # -- the hooks (each guarded: nothing reaches the loop) ------------------------------
     def _pre_any(self, module: Any, args: Any) -> None:
+        if _compiling():
+            self.saw_compile = True  # dynamo replays this once its graph runs
+            return
         try:
             if threading.get_ident() != self.thread or os.getpid() != self.pid:
                 return  # another thread's, or a forked DataLoader worker's transforms
@@ -157,6 +194,8 @@ class Phases:
             self._fail(f"{type(exc).__name__}: {exc}")
 
     def _post_any(self, module: Any, args: Any, out: Any) -> None:
+        if _compiling():
+            return
         try:
             if threading.get_ident() != self.thread or self._depth == 0:
                 return
@@ -170,6 +209,8 @@ class Phases:
     _pre_root, _post_root = _pre_any, _post_any  # the same, on the roots alone
 
     def _opt_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        if _compiling():
+            return
         try:
             if threading.get_ident() == self.thread and not self._opt_open:
                 self._opt_open = True
@@ -178,6 +219,8 @@ class Phases:
             self._fail(f"{type(exc).__name__}: {exc}")
 
     def _opt_post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        if _compiling():
+            return
         try:
             if threading.get_ident() == self.thread and self._opt_open:
                 self._opt_open = False
@@ -193,7 +236,7 @@ class Phases:
         phases = self
 
         def __call__(module: Any, *args: Any, **kwargs: Any) -> Any:
-            if id(module) not in phases._root_ids:
+            if _compiling() or id(module) not in phases._root_ids:
                 return orig(module, *args, **kwargs)
             phases._pre_root(module, args)
             try:
@@ -209,7 +252,7 @@ class Phases:
         phases = self
 
         def backward(*args: Any, **kwargs: Any) -> Any:
-            if threading.get_ident() != phases.thread or phases.failed is not None:
+            if _compiling() or threading.get_ident() != phases.thread or phases.failed is not None:
                 return orig(*args, **kwargs)
             t = phases.clock()
             try:

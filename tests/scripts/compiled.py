@@ -1,0 +1,40 @@
+"""A training loop over a torch.compile'd model (no monitor imports), for the phase tests:
+`--compiled module` compiles the model (`torch.compile(model)`, the common way), `function`
+compiles a function that calls it (the model's modules are then only ever called inside the
+compiled code). The "eager" backend: dynamo traces, guards and recompiles as with inductor,
+without inductor's minutes of code generation. Prints dynamo's counters as a JSON line."""
+import argparse
+import json
+
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--compiled", choices=("module", "function"), default="module")
+    ap.add_argument("--epochs", type=int, default=3)
+    a = ap.parse_args()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+    if a.compiled == "module":
+        forward = torch.compile(model, backend="eager")
+    else:
+        forward = torch.compile(lambda x: model(x), backend="eager")
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    loader = DataLoader(TensorDataset(torch.randn(256, 8), torch.randn(256, 1)), batch_size=16)
+    for _ in range(a.epochs):
+        for x, y in loader:
+            loss = torch.nn.functional.mse_loss(forward(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    from torch._dynamo.utils import counters
+
+    print(json.dumps({"graphs": counters["stats"]["unique_graphs"],
+                      "graph_breaks": sum(counters["graph_break"].values()),
+                      "loss": round(loss.item(), 6)}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
