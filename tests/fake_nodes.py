@@ -44,6 +44,9 @@ class FakeNode:
                             ("data_wait_seconds_total", steps * r.wait_s),
                             ("step_seconds_total", steps * STEP_S)):
                 out.append(f"starvation_{name}{{{lab}}} {v:.6f}")
+            # as prometheus_client writes a counter's start (the real exporter: the rank's
+            # first step)
+            out.append(f"starvation_samples_created{{{lab}}} {self.started:.3f}")
             out.append(f'starvation_run_info{{{lab},name="train.py",kind="attached",'
                        f'status="running",accelerator_kind="cpu",world_size="3"}} 1')
             out.append(f'starvation_verdict{{{lab},starvation_verdict="{r.verdict}"}} 1')

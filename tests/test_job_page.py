@@ -131,6 +131,33 @@ def test_an_ended_job_compares_with_a_live_one_each_read_at_its_own_moment(tmp_p
     assert seen_label(exact, now=exact.last_ts + 120) == "job-old (ended 2 min ago)"
 
 
+def test_a_node_younger_than_the_range_reads_its_own_rate(tmp_path):
+    """A node that has just joined: rate() over 30 s divides its few seconds of samples by
+    the whole 30 s (a third of its rate at 10 s old); the page reads such a rank over its
+    own age instead, from its counter's created time. (rate() alone first reads half the
+    node's rate at 15 s old.)"""
+    node = FakeNode("job-young", 0, "host-0", [FakeRank(0, 0.005), FakeRank(1, 0.005)])
+    server, port = node.serve()
+    p, base = prometheus(tmp_path, [port])
+    full = 2 * STEPS_PER_S * SAMPLES_PER_STEP
+    try:
+        def read() -> promread.JobView | None:
+            try:
+                v = promread.job(base, "job-young", rng="30s")
+            except promread.PrometheusError:
+                return None
+            return v if len(v.ranks) == 2 and v.throughput > 0.5 * full else None
+        assert wait_for(lambda: read() is not None, timeout=30, every=0.2)
+        v, age = read(), time.time() - node.started
+    finally:
+        p.terminate()
+        p.wait(30)
+        server.shutdown()
+    assert age < 30, age  # what this test is about: a series younger than the range
+    assert v.throughput == pytest.approx(full, rel=0.1), (v.throughput, age)
+    assert v.ranks["throughput"].tolist() == pytest.approx([full / 2] * 2, rel=0.1)
+
+
 def test_an_unreachable_prometheus_is_one_sentence():
     with pytest.raises(promread.PrometheusError, match=r"cannot read Prometheus at "
                        r"http://127\.0\.0\.1:\d+ .*check that it runs"):

@@ -191,9 +191,11 @@ class StoreCollector:
             recent = read_recent(store, int(run["id"]), end)
             for rs in ranks:
                 t = totals.get((int(row.id), rs.rank), {})
+                # counted from the rank's first step: a young rank's rate reads its own
+                # age (monitor/export/promql.py throughput)
+                created = float(t.get("first_ts") or row.started_at)
                 for key, fam in counters.items():
-                    fam.add_metric(rs.labels, float(t.get(key, 0.0)),
-                                   created=float(row.started_at))
+                    fam.add_metric(rs.labels, float(t.get(key, 0.0)), created=created)
                 if recent is not None:
                     self._recent(recent.window(rs.rank), (int(row.id), rs.rank), rs.config,
                                  now, rs.labels, gauges, verdict)

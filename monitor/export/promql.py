@@ -31,6 +31,23 @@ def per_rank(counter: str, sel: str, rng: str) -> str:
     return f"sum by ({RANK}) (rate(starvation_{counter}{{{sel}}}[{rng}]))"
 
 
+def _seconds(rng: str) -> float:
+    units = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+    unit = next(u for u in ("ms", "s", "m", "h") if rng.endswith(u))
+    return float(rng[:-len(unit)]) * units[unit]
+
+
+def throughput(sel: str, rng: str) -> str:
+    """Each rank's samples per second over the range. rate() divides by the whole range, so
+    a rank younger than the range (a node that just joined) would read low by its missing
+    part: such a rank is its samples over its own age at its last scrape instead, from the
+    counter's `_created` (the rank's first step, monitor/export/prometheus.py), at least a
+    second. A series without `_created` reads as rate() alone."""
+    x, created = f"starvation_samples_total{{{sel}}}", f"starvation_samples_created{{{sel}}}"
+    return (f"sum by ({RANK}) ((rate({x}[{rng}]) unless (time() - {created}) < "
+            f"{_seconds(rng):g}) or {x} / clamp_min(timestamp({x}) - {created}, 1))")
+
+
 def wait_per_step(sel: str, rng: str) -> str:
     """W: each rank's data wait per step over the range."""
     return f"({per_rank('data_wait_seconds_total', sel, rng)} / " \

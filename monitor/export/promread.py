@@ -108,7 +108,7 @@ def job(url: str, job_id: str, rng: str = RANGE, at: float | None = None) -> Job
     sel = f'job_id="{_quote(job_id)}"'
     w = promql.wait_per_step(sel, rng)
     figures = {
-        "throughput": promql.per_rank("samples_total", sel, rng),
+        "throughput": promql.throughput(sel, rng),
         "data_wait_share": f"{promql.per_rank('data_wait_seconds_total', sel, rng)} / "
                            f"{promql.per_rank('step_seconds_total', sel, rng)}",
         "wait_per_step_s": w,
@@ -137,7 +137,7 @@ def job(url: str, job_id: str, rng: str = RANGE, at: float | None = None) -> Job
         others[_int(s["metric"].get("rank", ""))] = _value(s)
     for s in query(url, promql.straggler(fw, promql.others_mean(fw)), at):
         row(s["metric"])["straggler"] = True
-    total = query(url, f"sum(rate(starvation_samples_total{{{sel}}}[{rng}]))", at)
+    total = query(url, f"sum({promql.throughput(sel, rng)})", at)
     frame = pd.DataFrame(list(rows.values()), columns=list(COLUMNS))
     frame = frame.sort_values(["node_rank", "rank"], kind="stable").reset_index(drop=True)
     frame["straggler"] = frame["straggler"].fillna(False).astype(bool)

@@ -100,25 +100,27 @@ class Series:
         """Per run: steps, samples and the sums of wait, compute and both, in one query."""
         out: dict[int, dict[str, float]] = {}
         for (run, _), t in self.rank_totals(run_ids).items():
-            mine = out.setdefault(run, dict.fromkeys(t, 0.0))
-            for k, v in t.items():
+            sums = {k: v for k, v in t.items() if k != "first_ts"}
+            mine = out.setdefault(run, dict.fromkeys(sums, 0.0))
+            for k, v in sums.items():
                 mine[k] += v
         return out
 
     def rank_totals(self, run_ids: Sequence[int]) -> dict[tuple[int, int], dict[str, float]]:
         """Per (run, rank): steps, samples and the sums of wait, compute and both (the
-        exporter's counters), in one query; a run without ranks is rank 0."""
+        exporter's counters), and when its first step began (`first_ts`, the counters'
+        created time), in one query; a run without ranks is rank 0."""
         if not run_ids:
             return {}
         rows = self.db.conn().execute(
             "SELECT run_id, COALESCE(rank, 0), COUNT(*), SUM(samples), SUM(wait_s), "
-            "SUM(compute_s) FROM steps "
+            "SUM(compute_s), MIN(ts - wait_s) FROM steps "
             f"WHERE run_id IN ({', '.join('?' * len(run_ids))}) "
             "GROUP BY run_id, COALESCE(rank, 0)", tuple(run_ids)).fetchall()
         return {(int(r), int(k)): {"steps": n, "samples": s or 0, "data_wait_seconds": w or 0.0,
                                    "compute_seconds": c or 0.0,
-                                   "step_seconds": (w or 0.0) + (c or 0.0)}
-                for r, k, n, s, w, c in rows}
+                                   "step_seconds": (w or 0.0) + (c or 0.0), "first_ts": f}
+                for r, k, n, s, w, c, f in rows}
 
     def generation_total(self, run_id: int, seq: int, since: float, until: float,
                          rank: int | None = None, skip: int = 0) -> dict[str, float]:
