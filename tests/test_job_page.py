@@ -158,6 +158,14 @@ def test_a_node_younger_than_the_range_reads_its_own_rate(tmp_path):
     assert v.ranks["throughput"].tolist() == pytest.approx([full / 2] * 2, rel=0.1)
 
 
+def test_a_figure_prometheus_had_no_value_for_is_an_empty_cell_not_nan():
+    import math
+    f = {"throughput": math.nan, "data_wait_share": math.nan, "wait_per_step_s": math.nan,
+         "worst_rank": None}
+    assert [promread._shown(f, k) for k in f if k != "worst_rank"] == ["", "", ""]
+    assert promread._shown({"throughput": 1234.56}, "throughput") == "1,234.6"
+
+
 def test_an_unreachable_prometheus_is_one_sentence():
     with pytest.raises(promread.PrometheusError, match=r"cannot read Prometheus at "
                        r"http://127\.0\.0\.1:\d+ .*check that it runs"):

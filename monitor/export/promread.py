@@ -243,8 +243,8 @@ LABELS = {"throughput": "samples/s (whole job)", "ranks": "ranks", "nodes": "nod
 
 def _shown(f: dict[str, Any], k: str) -> str:
     v = f[k]
-    if k == "throughput":
-        return f"{v:,.1f}"
+    if k == "throughput":  # NaN: Prometheus had no rate for it (a job seen in one scrape)
+        return f"{v:,.1f}" if v == v else ""
     if k == "data_wait_share":
         return f"{v:.0%}" if v == v else ""
     if k == "wait_per_step_s":
