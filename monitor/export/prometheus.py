@@ -128,6 +128,11 @@ class StoreCollector:
         self.held: dict[tuple[int, int], dict] = {}  # (run, rank) -> its verdict's hysteresis
         self.lock = threading.Lock()  # scrapes run on the HTTP server's threads
         self.hostname = hostname or socket.gethostname()
+        # the counters, kept between scrapes and added to from the rows past each run's
+        # mark: a scrape reads the steps since the last one, not every step of the run
+        self.totals: dict[tuple[int, int], dict[str, Any]] = {}
+        self.marks: dict[int, int] = {}  # run -> the last steps rowid counted
+        self.totals_lock = threading.Lock()
 
     def describe(self) -> list[Metric]:
         return []  # families vary with the store; nothing to check at registration
@@ -179,7 +184,7 @@ class StoreCollector:
         verdict = _fam(StateSetMetricFamily, "verdict", RUN_LABELS)
         loader = _fam(InfoMetricFamily, "loader", RUN_LABELS)
         info = _fam(InfoMetricFamily, "run", RUN_LABELS)
-        totals = store.rank_totals([int(r) for r in runs["id"]])
+        totals = self._totals(store, [int(r) for r in runs["id"]])
         devices = store.gpu_inventory()[2]
         for row in runs.itertuples():
             run = store.run(int(row.id)) or {}
@@ -212,6 +217,27 @@ class StoreCollector:
         yield from counters.values()
         yield from gauges.values()
         yield from (verdict, loader, info)
+
+    def _totals(self, store: Store, run_ids: list[int]) -> dict[tuple[int, int], dict]:
+        """Each exported run's counters per rank: the sums kept, plus the new rows' (one
+        scrape at a time: two reading the same rows would count them twice)."""
+        with self.totals_lock:
+            shown = set(run_ids)
+            self.totals = {k: v for k, v in self.totals.items() if k[0] in shown}
+            self.marks = {r: m for r, m in self.marks.items() if r in shown}
+            new = store.rank_totals(run_ids, after=self.marks)
+            for key, t in new.items():
+                mine = self.totals.setdefault(key, {**t, "steps": 0, "samples": 0,
+                                                    "data_wait_seconds": 0.0,
+                                                    "compute_seconds": 0.0,
+                                                    "step_seconds": 0.0})
+                for k in ("steps", "samples", "data_wait_seconds", "compute_seconds",
+                          "step_seconds"):
+                    mine[k] += t[k]
+                first = [x for x in (mine["first_ts"], t["first_ts"]) if x is not None]
+                mine["first_ts"] = min(first) if first else None
+                self.marks[key[0]] = max(self.marks.get(key[0], 0), t["last_row"])
+            return {k: dict(v) for k, v in self.totals.items()}
 
     def _recent(self, w: Window, key: tuple[int, int], config: dict, now: float,
                 labels: list[str], gauges: dict, verdict: Any) -> None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from monitor.records import RECORD_TABLES, as_row, columns
@@ -100,27 +100,39 @@ class Series:
         """Per run: steps, samples and the sums of wait, compute and both, in one query."""
         out: dict[int, dict[str, float]] = {}
         for (run, _), t in self.rank_totals(run_ids).items():
-            sums = {k: v for k, v in t.items() if k != "first_ts"}
+            sums = {k: v for k, v in t.items() if k not in ("first_ts", "last_row")}
             mine = out.setdefault(run, dict.fromkeys(sums, 0.0))
             for k, v in sums.items():
                 mine[k] += v
         return out
 
-    def rank_totals(self, run_ids: Sequence[int]) -> dict[tuple[int, int], dict[str, float]]:
+    def rank_totals(self, run_ids: Sequence[int], after: Mapping[int, int] | None = None
+                    ) -> dict[tuple[int, int], dict[str, float]]:
         """Per (run, rank): steps, samples and the sums of wait, compute and both (the
-        exporter's counters), and when its first step began (`first_ts`, the counters'
-        created time), in one query; a run without ranks is rank 0."""
+        exporter's counters), when its first step began (`first_ts`, the counters' created
+        time) and its last row's rowid (`last_row`), in one query; a run without ranks is
+        rank 0. `after` (run -> rowid): only the rows past it, for a reader that keeps the
+        sums (a step's rowid is above every row already committed: rows are never updated)."""
         if not run_ids:
             return {}
-        rows = self.db.conn().execute(
-            "SELECT run_id, COALESCE(rank, 0), COUNT(*), SUM(samples), SUM(wait_s), "
-            "SUM(compute_s), MIN(ts - wait_s) FROM steps "
-            f"WHERE run_id IN ({', '.join('?' * len(run_ids))}) "
-            "GROUP BY run_id, COALESCE(rank, 0)", tuple(run_ids)).fetchall()
+        head = ("SELECT run_id, COALESCE(rank, 0), COUNT(*), SUM(samples), SUM(wait_s), "
+                "SUM(compute_s), MIN(ts - wait_s), MAX(rowid) FROM steps ")
+        group = " GROUP BY run_id, COALESCE(rank, 0)"
+        if after is None:
+            sql = head + f"WHERE run_id IN ({', '.join('?' * len(run_ids))})" + group
+            args: list[Any] = list(run_ids)
+        else:  # the rowids past the oldest mark (NOT INDEXED: the runs' index would walk
+            # every step the runs ever had)
+            marks = {r: after.get(r, 0) for r in run_ids}
+            sql = head + "NOT INDEXED WHERE rowid > ? AND (" + " OR ".join(
+                "(run_id = ? AND rowid > ?)" for _ in run_ids) + ")" + group
+            args = [min(marks.values()), *(v for r in run_ids for v in (r, marks[r]))]
+        rows = self.db.conn().execute(sql, args).fetchall()
         return {(int(r), int(k)): {"steps": n, "samples": s or 0, "data_wait_seconds": w or 0.0,
                                    "compute_seconds": c or 0.0,
-                                   "step_seconds": (w or 0.0) + (c or 0.0), "first_ts": f}
-                for r, k, n, s, w, c, f in rows}
+                                   "step_seconds": (w or 0.0) + (c or 0.0), "first_ts": f,
+                                   "last_row": m}
+                for r, k, n, s, w, c, f, m in rows}
 
     def generation_total(self, run_id: int, seq: int, since: float, until: float,
                          rank: int | None = None, skip: int = 0) -> dict[str, float]:
