@@ -118,16 +118,18 @@ class Series:
         head = ("SELECT run_id, COALESCE(rank, 0), COUNT(*), SUM(samples), SUM(wait_s), "
                 "SUM(compute_s), MIN(ts - wait_s), MAX(rowid) FROM steps ")
         group = " GROUP BY run_id, COALESCE(rank, 0)"
-        if after is None:
-            sql = head + f"WHERE run_id IN ({', '.join('?' * len(run_ids))})" + group
-            args: list[Any] = list(run_ids)
-        else:  # the rowids past the oldest mark (NOT INDEXED: the runs' index would walk
-            # every step the runs ever had)
-            marks = {r: after.get(r, 0) for r in run_ids}
-            sql = head + "NOT INDEXED WHERE rowid > ? AND (" + " OR ".join(
-                "(run_id = ? AND rowid > ?)" for _ in run_ids) + ")" + group
-            args = [min(marks.values()), *(v for r in run_ids for v in (r, marks[r]))]
-        rows = self.db.conn().execute(sql, args).fetchall()
+        marked = [r for r in run_ids if after is not None and r in after]
+        fresh = [r for r in run_ids if r not in marked]
+        conn, rows = self.db.conn(), []
+        if fresh:  # every step of these runs, through the runs' index
+            rows += conn.execute(head + f"WHERE run_id IN ({', '.join('?' * len(fresh))})"
+                                 + group, fresh).fetchall()
+        if marked:  # the rowids past the oldest mark (NOT INDEXED: the runs' index would
+            # walk every step the runs ever had)
+            rows += conn.execute(head + "NOT INDEXED WHERE rowid > ? AND (" + " OR ".join(
+                "(run_id = ? AND rowid > ?)" for _ in marked) + ")" + group, [
+                min(after[r] for r in marked), *(v for r in marked for v in (r, after[r]))]
+            ).fetchall()
         return {(int(r), int(k)): {"steps": n, "samples": s or 0, "data_wait_seconds": w or 0.0,
                                    "compute_seconds": c or 0.0,
                                    "step_seconds": (w or 0.0) + (c or 0.0), "first_ts": f,
