@@ -238,6 +238,11 @@ MEM_GROWTH_MB_MIN = 30.0  # workers' memory growing faster than this (MB/min, al
 MEM_GROWTH_MIN_S = 5.0  # ... over at least this long a stretch of the window
 SHM_HEADROOM = 0.8  # in-flight batches past this share of /dev/shm's free space: it fills
 FD_HEADROOM = 0.8  # descriptors in flight past this share of `ulimit -n`
+# A worker that died without saying how (torch's "exited unexpectedly", a batch cut off
+# mid-send) while the memory it could use had less than this left (MB, host or cgroup, at
+# the fullest sample): the kernel's OOM killer, most likely (its SIGKILL reaped too late for
+# the loop's error to say so)
+OOM_ROOM_MB = 256.0
 HOL_WAIT_X = 5.0  # a wait this many times the median, with finished batches held behind it
 HOL_SHARE = 0.5  # ... holding this share of the window's data wait: head-of-line
 # The run's own history (monitor/assess/history.py): a generation's first steps (at least

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
-from monitor.config import DEFAULT_PREFETCH, LIVE_SETTINGS
+from monitor.config import LIVE_SETTINGS, in_flight
 from monitor.thresholds import HISTORY_FINAL_S, HISTORY_SKIP_STEPS
 
 if TYPE_CHECKING:
@@ -60,9 +60,7 @@ def generations(store: Store, run_id: int, events: pd.DataFrame,
         key = (str(store.path), run_id, rank, seq)
         row = _DONE.get(key)
         if row is None:
-            nw = int(d.get("num_workers") or 0)
-            skip = max(HISTORY_SKIP_STEPS, nw * int(d.get("prefetch_factor") or
-                                                    DEFAULT_PREFETCH))
+            skip = max(HISTORY_SKIP_STEPS, in_flight(d))
             t = store.generation_total(run_id, seq, ts - 1.0, nxt + 1.0, rank, skip)
             row = {"seq": seq, "settings": {k: d.get(k) for k in LIVE_SETTINGS}, **t,
                    "throughput": t["samples"] / t["loop_s"] if t["loop_s"] > 0 else None}

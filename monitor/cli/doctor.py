@@ -221,6 +221,7 @@ def mem_limit_mb(root: str = "/sys/fs/cgroup") -> float | None:
 
 def run(db: str | None, python: str | None = None, loader: dict[str, Any] | None = None,
         ) -> list[Check]:
+    from monitor.config import prefetch_of
     from monitor.sampling import procfs
     from monitor.sampling.gpu import open_backend
     from monitor.sampling.host import cpu_budget
@@ -238,7 +239,7 @@ def run(db: str | None, python: str | None = None, loader: dict[str, Any] | None
         checks += in_flight_check(shm, resource.getrlimit(resource.RLIMIT_NOFILE)[0],
                                   loader["batch_mb"], loader.get("tensors") or 0,
                                   loader.get("num_workers") or 0,
-                                  loader.get("prefetch_factor") or 2)
+                                  prefetch_of(loader))
     checks.append(limit_check("ulimit -u (processes)", resource.getrlimit(resource.RLIMIT_NPROC)[0],
                               MIN_NPROC, f"raise it (ulimit -u {MIN_NPROC * 4}): each "
                               "DataLoader worker is a process"))

@@ -33,6 +33,7 @@ from typing import Any
 
 import pandas as pd
 
+from monitor.config import prefetch_of
 from monitor.diagnosis.costs import (
     PER_SAMPLE,
     SLOWER,
@@ -50,6 +51,7 @@ from monitor.thresholds import (
     IDLE_WORKER_MIN_BATCHES,
     MEM_GROWTH_MB_MIN,
     MEM_GROWTH_MIN_S,
+    OOM_ROOM_MB,
     SHM_HEADROOM,
 )
 
@@ -311,7 +313,7 @@ def _shm_advice(report: dict[str, Any], total: float) -> tuple[Advice, ...]:
     batch = report["batch_bytes"] / 1e6
     nw = int(report["num_workers"])
     fits = int((SHM_HEADROOM * total / batch - 1) // nw) if batch > 0 else 0
-    pf = report.get("prefetch_factor") or 2
+    pf = prefetch_of(report)
     if 1 <= fits < pf:
         out.append(Advice("prefetch_factor", fits, None,
                           f"prefetch_factor={fits}: {nw * fits + 1} batches fit in "
@@ -398,21 +400,36 @@ def failure(error: str, report: dict[str, Any] | None,
                        f"({_short(error)}): {detail}",
                        {"need": need, "limit": (report or {}).get("nofile_limit")},
                        (_fd_advice(need or 1024),))
-    if "killed by signal: killed" in low:
+    killed = "killed by signal: killed" in low
+    if killed or _died_unsaid(low):
         left, what, limit = _memory_left(host, least=True) \
             if host is not None and not host.empty else (None, "", None)
         mem = ""
         if left is not None:  # the sample that left the least: the worker's last moment
             mem = (f": {what} had {left:,.0f} MB left at its fullest sample" if limit else
                    f": the host had {left:,.0f} MB available at its fullest sample")
-        return Finding(OOM, f"the loader failed: a worker was killed by SIGKILL, most often "
-                       f"the kernel's OOM killer when memory runs out ({_short(error)}){mem}",
-                       {"memory_left_mb": left, "cgroup_limit_mb": limit},
+        if killed:
+            text = (f"the loader failed: a worker was killed by SIGKILL, most often the "
+                    f"kernel's OOM killer when memory runs out ({_short(error)}){mem}")
+        elif left is not None and left < OOM_ROOM_MB:
+            text = (f"the loader failed: a worker died without saying how ({_short(error)})"
+                    f"{mem}, so most likely the kernel's OOM killer ended it (dmesg says "
+                    "'Killed process' with its pid)")
+        else:  # a death with memory to spare: not named here
+            return None
+        return Finding(OOM, text, {"memory_left_mb": left, "cgroup_limit_mb": limit},
                        (Advice("dataset", "bounded cache, arrays", None,
                                    "watch the workers' memory (the worker-memory finding "
                                    "names its slope); fewer workers or a bounded cache"),),
                        no_more_workers=True)
     return None
+
+
+def _died_unsaid(low: str) -> bool:
+    """A worker's death in the words that do not name its signal: torch's queue timeout
+    ("exited unexpectedly"), or a batch cut off mid-send (EOFError, a reset connection)."""
+    return "exited unexpectedly" in low or low.startswith(("eoferror", "connectionreseterror")) \
+        or "connection reset by peer" in low
 
 
 def headline(text: str, findings: tuple[Finding, ...], f: Any) -> str:
