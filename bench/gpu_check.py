@@ -9,7 +9,9 @@ their correlation in time, the spacing of nvmlDeviceGetSamples time stamps, and 
 one sampling pass in microseconds. Expected: starving shows a high CV and low mean on both
 series; healthy a flat line near 100%. Then the device's own clock: bench/async_train.py (an
 unmodified asynchronous loop, no per-step sync) under `monitor run` at num_workers 0 and 4,
-with its CUDA-event idle per step, idle share and busy against NVML's utilization. Fits in
+with its CUDA-event idle per step, idle share and busy against NVML's utilization, and each
+step phase's device time (forward, backward, optimizer step from events at their boundaries).
+Fits in
 5 minutes with the defaults.
 Figures only; nothing is asserted. Exits 2 with the reason when NVML or CUDA is missing.
 """
@@ -83,6 +85,14 @@ def async_check(seconds: float) -> None:
               f"mean {fmt(nv_mean, '.1f')}% (CV {fmt(nv_cv)}): "
               f"difference {fmt((busy.mean() * 100 - nv_mean) if nv_mean else None, '+.1f')}"
               " points")
+        ph = d.get("phases") or {}
+        if ph:  # issue 34: each phase's device time per step, from events at its boundaries
+            per = ph.get("seconds_per_step") or {}
+            print(f"    phases ({ph.get('source')}): " + ", ".join(
+                f"{k} {per.get(k, 0) * 1e3:.2f} ms ({ph.get(k, 0):.0%})" for k in
+                ("data_wait", "copy", "forward", "backward", "optimizer", "other")))
+        else:
+            print("    phases: none recorded")
 
 
 def fmt(v, spec=".2f") -> str:

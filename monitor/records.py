@@ -53,7 +53,8 @@ class StepRecord:
     worker: int | None = col("DataLoader worker that produced the batch", default=None)
     held: int | None = col("finished batches held behind this one (in-order queue)",
                            default=None)
-    # The step's phases, host time (monitor/probe/phases.py): None where not measured
+    # The step's phases (monitor/probe/phases.py): device time where device_span_s is set
+    # (CUDA events), else host time; None where not measured
     forward_s: float | None = col("forward pass (outermost modules)", "s", default=None)
     backward_s: float | None = col("backward pass", "s", default=None)
     optimizer_s: float | None = col("optimizer step", "s", default=None)

@@ -91,7 +91,7 @@ def test_idle_and_span_of_a_starved_and_a_fed_device():
     assert sorted(got) == list(range(10))
     assert got[0][0] is None  # no step before the first: no idle measured
     for i in range(1, 10):
-        idle, span = got[i]
+        idle, span, _ = got[i]
         assert span == pytest.approx(0.02)
         assert idle == pytest.approx(0.05 + 0.001 - 0.02)
     # fed: 1 ms wait, 20 ms kernels queued back to back: never idle, each spans its kernel
@@ -205,3 +205,122 @@ def test_a_cpu_run_has_no_device_times(store):
     steps = store.steps(run)
     assert len(steps) == 30 and steps["device_span_s"].isna().all()
     assert not torch.cuda.is_initialized()  # and nothing here initialised it
+
+
+def test_phase_marks_are_device_time_and_a_closures_passes_are_not_the_optimizers():
+    """Marks at each phase's start and end (as the phase hooks make them) on the scripted
+    stream: each phase reads its kernels' device time, however far the host ran ahead; an
+    optimizer step that runs forward and backward inside it (a closure) keeps only its own."""
+    dev = Device()
+    dev.initialized = True
+    clock = DeviceClock(FakeCuda(dev))
+    F, B, OPT = device_clock.FORWARD, device_clock.BACKWARD, device_clock.OPTIMIZER
+
+    def timed(phase: int, seconds: float) -> None:
+        clock.mark(phase, False)
+        dev.launch(seconds)
+        dev.host += 0.0001  # a launch: the host does not wait for the kernel
+        clock.mark(phase, True)
+
+    got = {}
+    for i in range(6):
+        dev.host += 0.02  # the loader's wait
+        clock.batch_arrived(i)
+        if i % 2 == 0:  # a plain step
+            timed(F, 0.005)
+            timed(B, 0.010)
+            timed(OPT, 0.003)
+        else:  # LBFGS-style: the closure's passes inside the optimizer step
+            clock.mark(OPT, False)
+            timed(F, 0.005)
+            timed(B, 0.010)
+            dev.launch(0.003)
+            clock.mark(OPT, True)
+        dev.launch(0.002)  # the loop's own kernels: other
+        clock.batch_done()
+        got.update(clock.harvest())
+    dev.host += 10.0
+    got.update(clock.harvest())
+    for i in range(6):
+        _idle, span, (fwd, bwd, opt) = got[i]
+        assert (fwd, bwd, opt) == pytest.approx((0.005, 0.010, 0.003)), i
+        assert span == pytest.approx(0.020), i
+    clock.batch_arrived(6)  # a step with no phase marked: none, not zeros
+    clock.batch_done()
+    dev.host += 10.0
+    assert clock.harvest()[6][2] is None
+    assert len(clock.pool) <= device_clock.POOL and dev.events_made <= 24  # reused
+
+
+def test_the_probe_stores_device_phases_from_the_real_phase_hooks(store):
+    """The phase hooks installed on real torch (monitor/probe/phases.py) over a model whose
+    forward, backward and optimizer step queue 5, 10 and 3 ms of kernels on the scripted
+    device, and 2 ms of the loop's own: the stored phases are those device times (the host
+    ran ahead in microseconds), before and after discovery hands the roots to their class,
+    and the window's phases say device time with the 2 ms as other."""
+    torch = pytest.importorskip("torch")
+    from monitor.assess import phases as step_phases
+    from monitor.probe.phases import Phases
+
+    dev = Device()
+    dev.initialized = True
+
+    class Slow(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x.clone()
+
+        @staticmethod
+        def backward(ctx, g):
+            dev.launch(0.010)
+            return g
+
+    class Net(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.ones(2))
+
+        def forward(self, x):
+            dev.launch(0.005)
+            return Slow.apply(x * self.w).sum()
+
+    class Sgd(torch.optim.SGD):
+        def step(self, closure=None):
+            dev.launch(0.003)
+            return super().step(closure)
+
+    run = store.create_run("cuda", "attached", {})
+    probe = Probe(store, run, clock=lambda: dev.host, wall=lambda: 1000.0 + dev.host,
+                  flush_interval=0.05)
+    probe.device = DeviceClock(FakeCuda(dev))
+    ph = Phases(lambda why: pytest.fail(why))
+    assert ph.install()
+    ph.device, probe.phases = probe.device, ph
+    try:
+        model = Net()
+        opt = Sgd(model.parameters(), lr=0.1)
+
+        def batches():
+            for _ in range(30):
+                dev.host += 0.03  # starved: the device idles meanwhile
+                yield torch.ones(8, 2)
+
+        for x in probe.iterate(batches(), 0):
+            opt.zero_grad()
+            model(x).backward()
+            opt.step()
+            dev.launch(0.002)  # the loop's own
+            dev.host += 0.001
+        dev.host += 5.0
+        probe.flush_final()
+    finally:
+        ph.remove()
+    steps = store.steps(run)
+    timed = steps.dropna(subset=["device_span_s"])
+    assert len(timed) >= 28, steps
+    for col, want in (("forward_s", 0.005), ("backward_s", 0.010), ("optimizer_s", 0.003)):
+        assert timed[col].tolist() == pytest.approx([want] * len(timed)), (col, timed[col])
+    sh = step_phases.shares(timed)
+    assert sh["source"] == step_phases.DEVICE
+    assert sh["seconds_per_step"]["other"] == pytest.approx(0.002)
+    assert step_phases.sentence(sh).endswith("(device time, CUDA events).")

@@ -1,6 +1,10 @@
 """A window's steps split into their phases (the probe's forward, backward and optimizer
 times, monitor/probe/phases.py; the host-to-device copy where the step measures it): each
-phase's share of step time, the rest of the compute as "other". Pure."""
+phase's share of step time, the rest of the compute as "other". Pure.
+
+A step the device clock timed (device_span_s, CUDA events) has its phases in device time,
+and its "other" is the rest of that device span; any other step's phases are host time, and
+its "other" the rest of its compute. source() says which."""
 from __future__ import annotations
 
 from typing import Any
@@ -12,6 +16,8 @@ LABELS = {"data_wait": "data wait", "copy": "copy to device", "forward": "forwar
           "backward": "backward", "optimizer": "optimizer step", "other": "other"}
 COLUMNS = {"copy": "copy_s", "forward": "forward_s", "backward": "backward_s",
            "optimizer": "optimizer_s"}
+# whose clock a window's phases are on (source())
+HOST, DEVICE, BOTH = "host time", "device time, CUDA events", "host and device time"
 
 
 def per_step(steps: pd.DataFrame) -> pd.DataFrame | None:
@@ -25,12 +31,27 @@ def per_step(steps: pd.DataFrame) -> pd.DataFrame | None:
         out[name] = pd.to_numeric(steps[col], errors="coerce").fillna(0.0) \
             if col in steps.columns else 0.0
         measured = measured + out[name]
-    out["other"] = (steps["compute_s"].astype(float) - measured).clip(lower=0.0)
+    compute = steps["compute_s"].astype(float)
+    if "device_span_s" in steps.columns:  # a device-timed step: the rest of its device span
+        compute = pd.to_numeric(steps["device_span_s"], errors="coerce").fillna(compute)
+    out["other"] = (compute - measured).clip(lower=0.0)
     return out
 
 
+def source(steps: pd.DataFrame) -> str:
+    """Whose clock the steps' phases are on: the device's where the device clock timed
+    every step with a phase, the host's where it timed none, else both."""
+    have = steps[[c for c in ("forward_s", "backward_s", "optimizer_s")
+                  if c in steps.columns]].notna().any(axis=1)
+    if "device_span_s" not in steps.columns or not have.any():
+        return HOST
+    dev = steps.loc[have, "device_span_s"].notna()
+    return DEVICE if dev.all() else HOST if not dev.any() else BOTH
+
+
 def shares(steps: pd.DataFrame) -> dict[str, Any] | None:
-    """{phase: share of step time, ..., "source": "host time"} over the window."""
+    """{phase: share of step time, ..., "source": whose clock (source())} over the
+    window."""
     ph = per_step(steps)
     if ph is None:
         return None
@@ -39,7 +60,7 @@ def shares(steps: pd.DataFrame) -> dict[str, Any] | None:
         return None
     out: dict[str, Any] = {p: float(ph[p].sum()) / total for p in PHASES}
     out["seconds_per_step"] = {p: float(ph[p].mean()) for p in PHASES}
-    out["source"] = "host time"
+    out["source"] = source(steps)
     return out
 
 
@@ -52,4 +73,4 @@ def sentence(sh: dict[str, Any]) -> str:
     (top, name), rest = parts[0], parts[1:4]
     more = ", ".join(f"{LABELS[p]} {s:.0%}" for s, p in rest)
     return f"The step is {top:.0%} {LABELS[name]}" + (f" ({more})" if more else "") + \
-        " (host time)."
+        f" ({sh.get('source', HOST)})."

@@ -10,6 +10,12 @@ asks for batch i+1. The stream reaches A_i once every kernel queued before it is
     device idle before i+1  = B_i.elapsed_time(A_{i+1})   the device with nothing to do while
                                                           the host waited for batch i+1
 
+The step's phases (monitor/probe/phases.py) are device time the same way: the phase hooks
+`mark()` an event on the same stream at each boundary (forward, backward and optimizer step,
+start and end), and a phase's device time is its start event's elapsed time to its end
+event's, summed over the step; an optimizer step's own time excludes the forward and backward
+passes run inside it (a closure's).
+
 Events are read only when `query()` says they are complete, and only from the training
 thread (a query from another thread can break that thread's CUDA-graph capture); events not
 complete after MAX_PENDING steps are dropped and counted. Nothing runs until the script
@@ -22,7 +28,8 @@ import sys
 from collections import deque
 from typing import Any
 
-POOL = 64  # events kept for reuse
+POOL = 256  # events kept for reuse (two a step, and two a phase where phases are timed)
+FORWARD, BACKWARD, OPTIMIZER = 0, 1, 2  # mark()'s phases, in take()'s order
 MAX_PENDING = 32  # steps whose events may be outstanding before the oldest are dropped
 HOLD_S = 2.0  # a step whose events are outstanding waits this long to be written with them
 LOOK_EVERY = 64  # steps between looks for CUDA (and at each epoch's start) until it is used
@@ -37,6 +44,7 @@ class DeviceClock:
         self.pool: list[Any] = []
         self.pending: deque[tuple[int, Any, Any]] = deque()  # (step, A, B), oldest first
         self.current: tuple[int, Any] | None = None  # (step, A) awaiting its B
+        self.marks: list[tuple[int, bool, Any]] = []  # the current step's (phase, end, event)
         self.prev: tuple[int, Any] | None = None  # the last harvested (step, B)
         self.dropped = 0
         self.measured = 0
@@ -77,6 +85,7 @@ class DeviceClock:
         self.failed = f"{type(exc).__name__}: {exc}"
         self.active = False
         self.pending.clear()
+        self.marks = []
         self.current = self.prev = None
 
     def batch_arrived(self, step: int) -> None:
@@ -84,7 +93,18 @@ class DeviceClock:
         if not self._ready():
             return
         try:
+            self.marks = []  # (a phase before the batch arrived is no step's)
             self.current = (step, self._record())
+        except Exception as exc:
+            self._give_up(exc)
+
+    def mark(self, phase: int, end: bool) -> None:
+        """A phase of the current step starts or ends (FORWARD, BACKWARD, OPTIMIZER): an
+        event where the stream has reached, as A and B are."""
+        if self.current is None or not self.active:
+            return
+        try:
+            self.marks.append((phase, end, self._record()))
         except Exception as exc:
             self._give_up(exc)
 
@@ -93,9 +113,9 @@ class DeviceClock:
         if self.current is None or not self.active:
             return
         step, a = self.current
-        self.current = None
+        marks, self.current, self.marks = self.marks, None, []
         try:
-            self.pending.append((step, a, self._record()))
+            self.pending.append((step, a, self._record(), marks))
         except Exception as exc:
             self._give_up(exc)
             return
@@ -107,7 +127,7 @@ class DeviceClock:
     def waiting(self) -> set[int]:
         """Steps whose timings may still come (any thread may ask: no CUDA call)."""
         try:
-            out = {s for s, _, _ in tuple(self.pending)}
+            out = {p[0] for p in tuple(self.pending)}
         except RuntimeError:  # the training thread changed it meanwhile: hold nothing back
             return set()
         cur = self.current
@@ -115,15 +135,16 @@ class DeviceClock:
             out.add(cur[0])
         return out
 
-    def harvest(self) -> dict[int, tuple[float | None, float]]:
-        """{step: (device idle before it, device span of it)} in seconds, for the steps whose
-        events are complete, oldest first; never blocks."""
-        out: dict[int, tuple[float | None, float]] = {}
+    def harvest(self) -> dict[int, tuple[float | None, float, tuple[float | None, ...] | None]]:
+        """{step: (device idle before it, device span of it, its (forward, backward,
+        optimizer) device time or None where no phase was marked)} in seconds, for the steps
+        whose events are complete, oldest first; never blocks."""
+        out: dict[int, tuple[float | None, float, tuple[float | None, ...] | None]] = {}
         if not self.active:
             return out
         try:
             while self.pending:
-                step, a, b = self.pending[0]
+                step, a, b, marks = self.pending[0]
                 if not b.query():  # B complete means A is too (one stream, in order)
                     break
                 self.pending.popleft()
@@ -131,8 +152,11 @@ class DeviceClock:
                 idle = None
                 if self.prev is not None and self.prev[0] == step - 1:
                     idle = max(0.0, self.prev[1].elapsed_time(a) / 1000.0)
-                out[step] = (idle, max(0.0, span))
+                out[step] = (idle, max(0.0, span), _phase_times(marks) if marks else None)
                 self.measured += 1
+                for _, _, e in marks:
+                    if len(self.pool) < POOL:
+                        self.pool.append(e)
                 if self.prev is not None and len(self.pool) < POOL:
                     self.pool.append(self.prev[1])
                 if len(self.pool) < POOL:
@@ -141,3 +165,28 @@ class DeviceClock:
         except Exception as exc:
             self._give_up(exc)
         return out
+
+
+def _phase_times(marks: list[tuple[int, bool, Any]]) -> tuple[float | None, ...]:
+    """(forward, backward, optimizer) device seconds of one step from its marks, in order:
+    each phase's start to its end, summed; the optimizer step less the passes run inside it
+    (a closure's); None for a phase with no start and end marked."""
+    sums: list[float | None] = [None, None, None]
+    start: list[Any] = [None, None, None]
+    inner = 0.0  # forward and backward device time since the optimizer step opened
+    for phase, end, e in marks:
+        if not end:
+            start[phase] = e
+            if phase == OPTIMIZER:
+                inner = 0.0
+            continue
+        if start[phase] is None:
+            continue
+        d = max(0.0, start[phase].elapsed_time(e) / 1000.0)
+        start[phase] = None
+        if phase == OPTIMIZER:
+            d = max(0.0, d - inner)
+        elif start[OPTIMIZER] is not None:
+            inner += d
+        sums[phase] = (sums[phase] or 0.0) + d
+    return tuple(sums)

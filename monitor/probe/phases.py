@@ -15,10 +15,15 @@ code), derived by the reader.
   inside itself (Lightning's closure) counts only its own time: what the forward and backward
   took while it was open is theirs.
 
-Host time (labelled so): on CUDA the kernels these calls queue run later, and device time per
-phase would need events at each boundary (not done yet). Every hook body is guarded: an error
-in one removes them all and says why once (NOTE [fail-safe probe] in monitor/probe/patch.py);
-the training is untouched. Standard library and torch only (the probe's fence).
+On CUDA, once the script uses it, each phase is device time: every boundary also marks an
+event on the training thread's stream (`device`, the probe's DeviceClock, monitor/probe/
+device_clock.py: its harvest turns them into the step's phases, never a synchronize); the
+kernels a call queues run later, so host time would say little there. Elsewhere (the CPU, the
+simulated accelerator) the phases are host time, and the reader labels them so.
+
+Every hook body is guarded: an error in one removes them all and says why once (NOTE
+[fail-safe probe] in monitor/probe/patch.py); the training is untouched. Standard library
+and torch only (the probe's fence).
 """
 from __future__ import annotations
 
@@ -29,6 +34,8 @@ import time
 import warnings
 from collections.abc import Callable
 from typing import Any
+
+from monitor.probe.device_clock import BACKWARD, FORWARD, OPTIMIZER
 
 ENV = "STARVATION_MONITOR_PHASES"  # "0": phases off (`monitor run --no-phases`)
 DISCOVER_STEPS = 3  # steps the global module hooks run before the roots get their own
@@ -74,6 +81,7 @@ class Phases:
         self.failed: str | None = None
         self.note: str | None = None  # said once: the optimizer is not a torch one, ...
         self.on_roots: Callable[[list[str]], None] | None = None  # the roots, once found
+        self.device: Any = None  # the probe's DeviceClock: marks each boundary on CUDA
 
     # -- installing ----------------------------------------------------------------------
     def install(self) -> bool:
@@ -189,6 +197,7 @@ class Phases:
             if self._depth == 0:
                 self.roots.setdefault(id(module), module)
                 self._t_fwd = self.clock()
+                self._mark(FORWARD, False)
             self._depth += 1
         except Exception as exc:
             self._fail(f"{type(exc).__name__}: {exc}")
@@ -203,10 +212,18 @@ class Phases:
             if self._depth == 0:
                 self.fwd += self.clock() - self._t_fwd
                 self.seen_fwd = True
+                self._mark(FORWARD, True)
         except Exception as exc:
             self._fail(f"{type(exc).__name__}: {exc}")
 
     _pre_root, _post_root = _pre_any, _post_any  # the same, on the roots alone
+
+    def _mark(self, phase: int, end: bool) -> None:
+        """The boundary as a CUDA event too, where the script uses CUDA (a comparison a
+        boundary elsewhere); the DeviceClock's errors are its own (it gives up, said)."""
+        dev = self.device
+        if dev is not None and dev.active:
+            dev.mark(phase, end)
 
     def _opt_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         if _compiling():
@@ -215,6 +232,7 @@ class Phases:
             if threading.get_ident() == self.thread and not self._opt_open:
                 self._opt_open = True
                 self._t_opt, self._inner_at_opt = self.clock(), self.fwd + self.bwd
+                self._mark(OPTIMIZER, False)
         except Exception as exc:
             self._fail(f"{type(exc).__name__}: {exc}")
 
@@ -227,6 +245,7 @@ class Phases:
                 inner = self.fwd + self.bwd - self._inner_at_opt  # a closure's own passes
                 self.opt += max(0.0, self.clock() - self._t_opt - inner)
                 self.seen_opt = True
+                self._mark(OPTIMIZER, True)
         except Exception as exc:
             self._fail(f"{type(exc).__name__}: {exc}")
 
@@ -255,11 +274,13 @@ class Phases:
             if _compiling() or threading.get_ident() != phases.thread or phases.failed is not None:
                 return orig(*args, **kwargs)
             t = phases.clock()
+            phases._mark(BACKWARD, False)
             try:
                 return orig(*args, **kwargs)  # the user's errors pass untouched
             finally:
                 phases.bwd += phases.clock() - t
                 phases.seen_bwd = True
+                phases._mark(BACKWARD, True)
 
         backward._starvation_phases = True  # type: ignore[attr-defined]
         backward.__wrapped__ = orig  # type: ignore[attr-defined]

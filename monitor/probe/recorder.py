@@ -80,6 +80,8 @@ class Recorder:
         self.watchdog = Watchdog(self.probe, interval=FLUSH_S, on_stall=self._say).start()
         self.phases_said: set[str] = set()
         self.probe.phases = phases.attach(self._say_phases)  # None with --no-phases
+        if self.probe.phases is not None:  # device time per phase once CUDA is used
+            self.probe.phases.device = self.probe.device
         atexit.register(self.close)
 
     @property

@@ -93,7 +93,8 @@ class Probe(StepWriter):
         #  forward, backward, optimizer)
         self._buffer: deque[tuple[Any, ...]] = deque(maxlen=BUFFER_MAX)
         self._unwritten: list[tuple[Any, ...]] = []  # the writer's: held back or to retry
-        self._device_s: dict[int, tuple[float | None, float]] = {}  # step -> CUDA times
+        # step -> CUDA times: (idle, span, its phases' or None)
+        self._device_s: dict[int, tuple[float | None, float, Any]] = {}
         self.dropped = 0  # steps dropped past BUFFER_MAX (the store could not keep up)
         self._said_dropped = 0
         self._failing_since: float | None = None

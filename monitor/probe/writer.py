@@ -14,6 +14,7 @@ from typing import Any
 from monitor.probe.device_clock import HOLD_S
 from monitor.records import StepRecord, columns
 
+NO_DEVICE = (None, None, None)  # a step with no device times, or no phase marked on it
 WRITE_GIVE_UP_S = 60.0  # a store failing this long stops recording (the training goes on)
 ROW = ("run_id", "step", "epoch", "ts", "wait_s", "compute_s", "samples", "config_seq",
        "copy_s", "rank", "device_idle_s", "device_span_s", "worker", "held", "forward_s",
@@ -35,7 +36,7 @@ class StepWriter:
     _buffer: Any
     _events: Any
     _unwritten: list[tuple[Any, ...]]
-    _device_s: dict[int, tuple[float | None, float]]
+    _device_s: dict[int, tuple[float | None, float, tuple[float | None, ...] | None]]
     _lock: Any
     store: Any
     device: Any
@@ -47,10 +48,13 @@ class StepWriter:
         self.flush(final=True)
 
     def _row_of(self, r: tuple[Any, ...]) -> tuple[Any, ...]:
-        """A buffered step as the steps table's row (StepRecord's column order: ROW)."""
-        idle, span = self._device_s.pop(r[0], (None, None))
+        """A buffered step as the steps table's row (StepRecord's column order: ROW). A step
+        the device clock timed has its phases in device time (None where no event marked
+        one), any other its host time: a row never mixes the two (DeviceClock.harvest)."""
+        idle, span, dev = self._device_s.pop(r[0], NO_DEVICE)
+        fwd, bwd, opt = (r[10], r[11], r[12]) if span is None else (dev or NO_DEVICE)
         return (self.run_id, r[0], r[1], self.wall(r[2]), r[3], r[4], r[5], r[6], r[7],
-                self.rank, idle, span, r[8], r[9], r[10], r[11], r[12])
+                self.rank, idle, span, r[8], r[9], fwd, bwd, opt)
 
     def flush(self, final: bool = False) -> None:
         """Write the buffered steps; those whose CUDA events are still outstanding wait for
