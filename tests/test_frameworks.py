@@ -86,9 +86,10 @@ def test_hf_trainer_batch_size_and_a_retune_reach_the_base_loader(tmp_path, no_l
     records batch 16; a request for 2 workers starts 2 worker processes in the loader that
     iterates (their PIDs in the next epoch's event); the eval loader is not timed."""
     db = tmp_path / "hf.db"
-    # (epochs of 0.2 s; the probe's writer stores steps every 0.5 s: the request, sent once
-    # the first are stored, lands a few epochs on)
-    p = start(db, sys.executable, "hf_trainer.py", "--epochs", "6", "--samples", "160",
+    # (epochs of 0.1-0.2 s; the probe's writer stores steps every 0.5 s: the request, sent
+    # once the first are stored, lands a few epochs on; twelve epochs leave it room on a
+    # quiet box, where six were over before the first steps were stored)
+    p = start(db, sys.executable, "hf_trainer.py", "--epochs", "12", "--samples", "160",
               "--work", "20")
     store = Store(db) if wait_for(db.exists, timeout=60) else None
     assert wait_for(lambda: len(store.steps(1)) >= 2, timeout=120), p.stderr
@@ -96,7 +97,7 @@ def test_hf_trainer_batch_size_and_a_retune_reach_the_base_loader(tmp_path, no_l
     out, err, d = finish(p)
     steps = store.steps(d["run_id"])
     assert d["config"]["batch_size"] == 16 and set(steps["samples"]) == {16}
-    assert len(steps) == 6 * 10, steps.groupby("epoch").size().to_dict()
+    assert len(steps) == 12 * 10, steps.groupby("epoch").size().to_dict()
     # the Trainer's phases: accelerate's backward and its wrapped optimizer reach the hooks
     # (its loader fetches a batch ahead: the first timed step ends before the first forward)
     assert steps[["forward_s", "backward_s", "optimizer_s"]].iloc[1:].notna().all().all()

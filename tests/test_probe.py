@@ -153,3 +153,22 @@ def test_a_write_that_fails_while_locked_is_retried_and_the_oldest_past_the_boun
     notes = store.events(run, kinds=("probe",))["label"].tolist()
     assert len(notes) == 1 and notes[0].startswith("the store could not be written for ")
     assert "database is locked" in notes[0] and "20 steps dropped" in notes[0], notes
+
+
+def test_a_forked_child_never_counts_as_the_training_thread():
+    """A DataLoader worker forked from the training thread has that thread's ident too: the
+    phase hooks would time its transforms' module calls as the loop's forward. The fork
+    handler leaves the child's Phases with no training thread (no getpid() a hook call)."""
+    import os
+    import threading
+
+    from monitor.probe.phases import Phases
+
+    ph = Phases(lambda why: None)
+    assert ph.thread == threading.get_ident()
+    pid = os.fork()
+    if pid == 0:  # the child: exit status 0 where it holds
+        os._exit(0 if ph.thread is None and threading.get_ident() is not None else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert ph.thread == threading.get_ident()  # the parent's is untouched

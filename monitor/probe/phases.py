@@ -32,6 +32,7 @@ import sys
 import threading
 import time
 import warnings
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -49,6 +50,18 @@ def _not_compiling() -> bool:
     return False
 
 
+_LIVE: weakref.WeakSet[Phases] = weakref.WeakSet()  # for the fork handler below
+
+
+def _forked() -> None:
+    """In a forked child (a DataLoader worker running transforms): the training thread's
+    ident is the forking thread's there too, so no thread of the child is ever it."""
+    for ph in list(_LIVE):
+        ph.thread = None
+
+
+os.register_at_fork(after_in_child=_forked)
+
 # torch.compiler.is_compiling once installed: True while dynamo traces the code that calls
 # it, so a hook that dynamo traces (a module called inside a compiled region, a compiled
 # optimizer step) returns at once, with no graph break and nothing timed twice
@@ -62,7 +75,8 @@ class Phases:
     def __init__(self, on_fault: Callable[[str], None],
                  clock: Callable[[], float] = time.perf_counter) -> None:
         self.on_fault, self.clock = on_fault, clock
-        self.thread, self.pid = threading.get_ident(), os.getpid()
+        self.thread: int | None = threading.get_ident()  # None in a forked child
+        _LIVE.add(self)
         self.fwd = self.bwd = self.opt = 0.0
         self.seen_fwd = self.seen_bwd = self.seen_opt = False
         self._depth, self._t_fwd = 0, 0.0
@@ -192,7 +206,7 @@ class Phases:
             self.saw_compile = True  # dynamo replays this once its graph runs
             return
         try:
-            if threading.get_ident() != self.thread or os.getpid() != self.pid:
+            if threading.get_ident() != self.thread:
                 return  # another thread's, or a forked DataLoader worker's transforms
             if self._depth == 0:
                 self.roots.setdefault(id(module), module)
@@ -216,7 +230,6 @@ class Phases:
         except Exception as exc:
             self._fail(f"{type(exc).__name__}: {exc}")
 
-    _pre_root, _post_root = _pre_any, _post_any  # the same, on the roots alone
 
     def _mark(self, phase: int, end: bool) -> None:
         """The boundary as a CUDA event too, where the script uses CUDA (a comparison a
@@ -226,42 +239,61 @@ class Phases:
             dev.mark(phase, end)
 
     def _opt_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        if _compiling():
-            return
         try:
-            if threading.get_ident() == self.thread and not self._opt_open:
-                self._opt_open = True
-                self._t_opt, self._inner_at_opt = self.clock(), self.fwd + self.bwd
-                self._mark(OPTIMIZER, False)
+            if _compiling() or self._opt_open or threading.get_ident() != self.thread:
+                return
+            self._opt_open = True
+            self._t_opt, self._inner_at_opt = self.clock(), self.fwd + self.bwd
+            dev = self.device
+            if dev is not None and dev.active:
+                dev.mark(OPTIMIZER, False)
         except Exception as exc:
             self._fail(f"{type(exc).__name__}: {exc}")
 
     def _opt_post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        if _compiling():
-            return
         try:
-            if threading.get_ident() == self.thread and self._opt_open:
-                self._opt_open = False
-                inner = self.fwd + self.bwd - self._inner_at_opt  # a closure's own passes
-                self.opt += max(0.0, self.clock() - self._t_opt - inner)
-                self.seen_opt = True
-                self._mark(OPTIMIZER, True)
+            if _compiling() or not self._opt_open or threading.get_ident() != self.thread:
+                return
+            self._opt_open = False
+            inner = self.fwd + self.bwd - self._inner_at_opt  # a closure's own passes
+            self.opt += max(0.0, self.clock() - self._t_opt - inner)
+            self.seen_opt = True
+            dev = self.device
+            if dev is not None and dev.active:
+                dev.mark(OPTIMIZER, True)
         except Exception as exc:
             self._fail(f"{type(exc).__name__}: {exc}")
 
     def _timed_call(self, orig: Any) -> Any:
         """A root class's __call__: a root called on the training thread is timed as its
-        forward (_pre_root/_post_root); every other instance of the class passes through."""
-        phases = self
+        forward; every other instance of the class passes through. The hot path of the
+        phases (each step's forward): one identity test, one compile check, the clock."""
+        phases, clock, get_ident = self, self.clock, threading.get_ident
 
         def __call__(module: Any, *args: Any, **kwargs: Any) -> Any:
-            if _compiling() or id(module) not in phases._root_ids:
+            # the compile check first: dynamo traces no line of ours after it (a thread id
+            # read in traced code broke the graph)
+            if _compiling() or id(module) not in phases._root_ids \
+                    or get_ident() != phases.thread:
                 return orig(module, *args, **kwargs)
-            phases._pre_root(module, args)
+            outer = phases._depth == 0  # (a root inside a root's forward: the outer times)
+            phases._depth += 1
+            t = clock() if outer else 0.0
+            dev = phases.device
+            if outer and dev is not None and dev.active:
+                phases._mark(FORWARD, False)
             try:
                 return orig(module, *args, **kwargs)  # the user's errors pass untouched
             finally:
-                phases._post_root(module, args, None)
+                try:
+                    phases._depth = max(0, phases._depth - 1)
+                    if outer:
+                        phases.fwd += clock() - t
+                        phases.seen_fwd = True
+                        if dev is not None and dev.active:
+                            phases._mark(FORWARD, True)
+                except Exception as exc:
+                    phases._fail(f"{type(exc).__name__}: {exc}")
 
         __call__._starvation_phases = True  # type: ignore[attr-defined]
         __call__.__wrapped__ = orig  # type: ignore[attr-defined]
@@ -270,17 +302,22 @@ class Phases:
     def _backward_of(self, orig: Any) -> Any:
         phases = self
 
+        clock, get_ident = self.clock, threading.get_ident
+
         def backward(*args: Any, **kwargs: Any) -> Any:
-            if _compiling() or threading.get_ident() != phases.thread or phases.failed is not None:
+            if _compiling() or get_ident() != phases.thread or phases.failed is not None:
                 return orig(*args, **kwargs)
-            t = phases.clock()
-            phases._mark(BACKWARD, False)
+            t = clock()
+            dev = phases.device
+            if dev is not None and dev.active:
+                phases._mark(BACKWARD, False)
             try:
                 return orig(*args, **kwargs)  # the user's errors pass untouched
             finally:
-                phases.bwd += phases.clock() - t
+                phases.bwd += clock() - t
                 phases.seen_bwd = True
-                phases._mark(BACKWARD, True)
+                if dev is not None and dev.active:
+                    phases._mark(BACKWARD, True)
 
         backward._starvation_phases = True  # type: ignore[attr-defined]
         backward.__wrapped__ = orig  # type: ignore[attr-defined]
