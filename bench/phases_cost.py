@@ -9,7 +9,10 @@ Each round is `--steps` steps; a phases-on round also calls `take()` once a step
 probe's record does. Rounds go off, on, off again: the on-off pairs' median difference is the
 cost, and the off-off pairs' the noise floor it is read against (on this 2-core box a step of
 ~190 µs drifts by several µs between rounds of 2,000 steps, so many short rounds, not a few
-long ones). Goal (issue 34): phases on within 2 µs of off. Figures only.
+long ones). Then each hook's own cost a call, warm (timeit's best of 7: the root's class
+wrapper, the backward wrapper, the optimizer's two step hooks with torch's dispatch of them,
+`take()`), and their sum: what a step pays where the box is too noisy to resolve it whole.
+Goal (issue 34): phases on within 2 µs of off. Figures only.
 """
 from __future__ import annotations
 
@@ -17,12 +20,14 @@ import argparse
 import statistics
 import sys
 import time
+import timeit
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch
 
+from monitor.probe import phases as phases_mod
 from monitor.probe.phases import DISCOVER_STEPS, Phases
 
 
@@ -67,6 +72,43 @@ def rounds(n_rounds: int, steps: int, width: int
     return off, on, off2
 
 
+def per_call() -> dict[str, float]:
+    """Each hook's own µs a call, warm, against the same call without it."""
+    def best(f, n: int = 100_000) -> float:
+        return min(timeit.repeat(f, number=n, repeat=7)) / n * 1e6
+
+    ph = Phases(lambda why: sys.exit(f"phases failed: {why}"))
+    phases_mod._compiling = torch.compiler.is_compiling  # as install() sets it
+
+    def noop(*args, **kwargs):
+        return None
+
+    class Root(torch.nn.Module):
+        def forward(self, x):
+            return x
+
+    root, x = Root(), torch.ones(1)
+    call = ph._timed_call(noop)
+    ph._root_ids = frozenset([id(root)])
+    back = ph._backward_of(noop)
+    w = torch.nn.Parameter(torch.ones(1))
+    opt = torch.optim.SGD([w], lr=0.0)
+    optm = sys.modules["torch.optim.optimizer"]
+    bare_opt = best(opt.step, 20_000)
+    hooks = [optm.register_optimizer_step_pre_hook(ph._opt_pre),
+             optm.register_optimizer_step_post_hook(ph._opt_post)]
+    hooked_opt = best(opt.step, 20_000)
+    for h in hooks:
+        h.remove()
+    return {
+        "root module call": best(lambda: call(root, x)) - best(lambda: noop(root, x)),
+        "backward": best(lambda: back(x, None, False, False, inputs=None))
+        - best(lambda: noop(x, None, False, False, inputs=None)),
+        "optimizer step (two hooks)": hooked_opt - bare_opt,
+        "take()": best(ph.take),
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=61)
@@ -84,6 +126,10 @@ def main() -> None:
     print(f"noise floor, off against off: {statistics.median(noise):+.2f} µs/step (quartiles "
           f"{statistics.quantiles(noise, n=4)[0]:+.2f} to "
           f"{statistics.quantiles(noise, n=4)[2]:+.2f})")
+    calls = per_call()
+    for name, us in calls.items():
+        print(f"  {name}: {us:+.2f} µs a call")
+    print(f"per step (one of each): {sum(calls.values()):+.2f} µs")
 
 if __name__ == "__main__":
     main()
