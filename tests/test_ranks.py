@@ -108,32 +108,37 @@ def test_ctrl_c_of_monitor_run_stops_the_whole_job(tmp_path, no_leaks):
 
 def test_a_store_holding_only_rank_1_keeps_its_settings_and_the_jobs_world_size(tmp_path,
                                                                                no_leaks):
-    """One `monitor run` per node (torchrun --nnodes=2 on one host, one rank each): the
-    store of node 1 holds rank 1 only, whose probe does not speak for the run as rank 0
-    does; its run still carries the loader settings, and its JSON the job's world size and
-    the ranks it holds."""
+    """One `monitor run` per node (torchrun --nnodes=2 on one host, two ranks each), each
+    node shaped as a Kubeflow PyTorchJob pod: the pod's own RANK and WORLD_SIZE count pods
+    (0 or 1 of 2), and torchrun inside it starts the processes. The ranks are torchrun's
+    (0-3 of 4), never the pod's; the store of node 1 holds ranks 2 and 3, whose probes do
+    not speak for the run as rank 0's does; its run still carries the loader settings, and
+    its JSON the job's world size and the ranks it holds."""
     import socket
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
     procs = [subprocess.Popen(
         [sys.executable, "-m", "monitor", "run", "--db", str(tmp_path / f"n{node}.db"),
-         "--json", "--", TORCHRUN, "--nnodes=2", "--nproc-per-node=1", f"--node-rank={node}",
+         "--json", "--", TORCHRUN, "--nnodes=2", "--nproc-per-node=2", f"--node-rank={node}",
          "--master-addr=127.0.0.1", f"--master-port={port}", str(DDP), "--epochs", "2",
          "--samples", "256", "--num-workers", "1", "--batch-size", "16"],
-        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT), "RANK": str(node), "WORLD_SIZE": "2",
+             "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})  # the pod's
         for node in (0, 1)]
     results = [finish(p) for p in procs]
     for rc, d, _out, err in results:
         assert rc == 0 and d is not None, err[-3000:]
     d1 = results[1][1]
-    assert d1["ranks_held"] == [1] and d1["world_size"] == 2, d1
+    assert d1["ranks_held"] == [2, 3] and d1["world_size"] == 4, d1
     assert d1["config"]["batch_size"] == 16 and d1["config"]["num_workers"] == 1, d1["config"]
-    assert results[0][1]["ranks_held"] == [0] and results[0][1]["world_size"] == 2
+    assert results[0][1]["ranks_held"] == [0, 1] and results[0][1]["world_size"] == 4
     run1 = Store(tmp_path / "n1.db").run(d1["run_id"])
     assert run1["config"]["num_workers"] == 1 and run1["config"]["pin_memory"] is not None
+    ranks = Store(tmp_path / "n1.db").ranks(d1["run_id"])
+    assert ranks[["rank", "local_rank", "node_rank"]].values.tolist() == [[2, 0, 1], [3, 1, 1]]
 
 
 SRUN = {"SLURM_JOB_ID": "4242", "SLURM_STEP_NUM_TASKS": "8", "SLURM_STEP_NUM_NODES": "2",
