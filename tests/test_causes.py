@@ -18,7 +18,7 @@ import pandas as pd
 import pytest
 
 from monitor.assess.window import steady_window
-from monitor.diagnosis import causes
+from monitor.diagnosis import causes, limits
 from monitor.store import Store
 from tests.conftest import wait_for
 
@@ -141,7 +141,7 @@ def test_growing_worker_memory_in_a_limited_cgroup_counts_the_minutes_to_its_lim
                                     "the loader failed: a worker died without saying how")), \
         f"{run['error']}\n-- events:\n{said}\n-- stderr:\n{LAST_STDERR[0][-4000:]}"
     assert "the job's cgroup (limit 2,048 MB) had " in run["error"], run["error"]
-    f = finding(d, causes.OOM)
+    f = finding(d, limits.OOM)
     assert f["numbers"]["cgroup_limit_mb"] == pytest.approx(2048.0, rel=0.01)
     assert f["numbers"]["memory_left_mb"] < 500, f["numbers"]
     assert not more_workers(d), d["advice"]
@@ -190,7 +190,7 @@ def test_a_small_dev_shm_is_the_failed_runs_reason_with_its_numbers(tmp_path, no
     assert small.returncode != 0  # bare, it fails the same way
     rc, d = monitored(tmp_path / "s.db", "shm", "--workers", "2", "--seconds", "3", wrap=wrap)
     assert rc != 0
-    f = finding(d, causes.SHM)
+    f = finding(d, limits.SHM)
     assert f["text"].startswith("the loader failed: /dev/shm ran out")
     assert f["numbers"]["shm_total_mb"] < 40
     if d["steps"]:  # (the workers may fill it before the first batch reaches the loop)
@@ -226,7 +226,7 @@ def test_the_open_files_limit_names_the_hang_it_causes(tmp_path, no_leaks):
     p.send_signal(signal.SIGINT)
     out, err = p.communicate(timeout=120)
     d = json.loads(out.strip().splitlines()[-1])
-    f = finding(d, causes.OPEN_FILES)
+    f = finding(d, limits.OPEN_FILES)
     assert re.search(r"holds \d+ of its ulimit -n 128", f["text"]), f["text"]
     assert any("set_sharing_strategy('file_system')" in a["reason"] for a in d["advice"])
     error = store.run(d["run_id"])["error"]
@@ -241,20 +241,20 @@ def test_descriptors_and_shm_in_flight_are_read_before_a_failure():
     report = {"num_workers": 4, "prefetch_factor": 2, "in_flight": 8, "batch_bytes": 12e6,
               "batch_tensors": 300, "shm_total_mb": 64.0, "shm_free_mb": 60.0,
               "nofile_limit": 1024, "open_fds": 40, "sharing_strategy": "file_descriptor"}
-    s = causes.shm(report)
+    s = limits.shm(report)
     assert s is not None and "need 108 MB of /dev/shm" in s.text and "64 MB exist" in s.text
-    o = causes.open_files(report)
+    o = limits.open_files(report)
     assert o is not None and o.numbers == {"need": 300 * 9 + 40, "limit": 1024}
     fine = {**report, "batch_bytes": 1e6, "batch_tensors": 2}
-    assert causes.shm(fine) is None and causes.open_files(fine) is None
-    assert causes.open_files({**report, "sharing_strategy": "file_system"}) is None
+    assert limits.shm(fine) is None and limits.open_files(fine) is None
+    assert limits.open_files({**report, "sharing_strategy": "file_system"}) is None
 
 
 def test_a_worker_killed_by_the_oom_killer_is_named():
-    f = causes.failure("RuntimeError: DataLoader worker (pid 123) is killed by signal: "
+    f = limits.failure("RuntimeError: DataLoader worker (pid 123) is killed by signal: "
                        "Killed.", None)
-    assert f is not None and f.cause == causes.OOM and f.no_more_workers
-    assert causes.failure("ValueError: bad sample 7", None) is None
+    assert f is not None and f.cause == limits.OOM and f.no_more_workers
+    assert limits.failure("ValueError: bad sample 7", None) is None
 
 
 def test_a_worker_that_died_unsaid_at_the_memory_limit_is_named_the_oom_killers():
@@ -268,13 +268,13 @@ def test_a_worker_that_died_unsaid_at_the_memory_limit_is_named_the_oom_killers(
                              "cgroup_mem_used_mb": [1500.0, used_mb]})
     for error in ("RuntimeError: DataLoader worker (pid(s) 17405) exited unexpectedly",
                   "ConnectionResetError: [Errno 104] Connection reset by peer"):
-        f = causes.failure(error, None, host(2040.0))
-        assert f is not None and f.cause == causes.OOM and f.no_more_workers, error
+        f = limits.failure(error, None, host(2040.0))
+        assert f is not None and f.cause == limits.OOM and f.no_more_workers, error
         assert f.numbers == {"memory_left_mb": 8.0, "cgroup_limit_mb": 2048.0}
         assert "died without saying how" in f.text and "cgroup (limit 2,048 MB) had 8 MB" \
             in f.text and "OOM killer" in f.text, f.text
-        assert causes.failure(error, None, host(1200.0)) is None  # 848 MB to spare
-        assert causes.failure(error, None, None) is None  # no memory evidence
+        assert limits.failure(error, None, host(1200.0)) is None  # 848 MB to spare
+        assert limits.failure(error, None, None) is None  # no memory evidence
 
 
 def test_idle_workers_need_enough_batches_to_be_named():

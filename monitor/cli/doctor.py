@@ -119,8 +119,8 @@ def in_flight_check(shm_mb: float | None, nofile: int, batch_mb: float, tensors:
                     workers: int, prefetch: int) -> list[Check]:
     """A declared loader (--batch-mb, --tensors, --num-workers, --prefetch-factor) against
     /dev/shm and `ulimit -n`, before it runs: the same findings a run's probe report gets
-    (monitor/diagnosis/causes.py), from the declared figures instead of a first batch."""
-    from monitor.diagnosis import causes
+    (monitor/diagnosis/limits.py), from the declared figures instead of a first batch."""
+    from monitor.diagnosis import limits
 
     report = {"num_workers": workers, "prefetch_factor": prefetch,
               "in_flight": workers * prefetch, "batch_bytes": batch_mb * 1e6,
@@ -130,12 +130,12 @@ def in_flight_check(shm_mb: float | None, nofile: int, batch_mb: float, tensors:
     in_flight = workers * prefetch + 1
     out = []
     if shm_mb is not None:
-        f = causes.shm(report)
+        f = limits.shm(report)
         out.append(Check(FAIL, f.text, f.advice[-1].reason) if f is not None else Check(
             OK, f"batches in flight need {batch_mb * in_flight:,.0f} MB of /dev/shm "
             f"({in_flight} of {batch_mb:,.1f} MB); {shm_mb:,.0f} MB exist"))
     if tensors and report["nofile_limit"]:
-        f = causes.open_files(report)
+        f = limits.open_files(report)
         out.append(Check(FAIL, f.text, f.advice[0].reason) if f is not None else Check(
             OK, f"descriptors in flight about {tensors * in_flight:,} ({tensors} tensors a "
             f"batch x {in_flight}) against ulimit -n {nofile:,}"))

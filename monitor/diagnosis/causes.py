@@ -8,18 +8,14 @@ unmodified script. Pure: frames and the probe's `loader` report in, findings out
   steps' `held` column), holding most of the data wait.
 - growing worker memory: the slope of the workers' own memory (USS, else RSS) over the
   window, against the memory still available: the minutes left at that rate.
-- /dev/shm: what the batches in flight need (workers x prefetch, plus the one the loop
-  holds, x the batch's bytes) against the size and free space of /dev/shm.
-- open files: torch's `file_descriptor` sharing holds a descriptor per tensor in flight;
-  against `ulimit -n`.
+- /dev/shm and open files, before they fail, and a loader error that happened (a killed
+  worker, /dev/shm, descriptors): monitor/diagnosis/limits.py.
 - per-sample overhead: big batches of samples that each cost the loop a few µs, fetched one
   at a time: Python's per-sample call and collate are the cost; a batched fetch
   (`__getitems__`) is the fix, advised first (workers only share the cost out).
 - worker start-up: workers not kept between epochs start again at each: the epoch's
   iter() (where spawn and forkserver pickle the dataset object to each worker), then each
   worker's first batch (it imports torch and unpickles the dataset), from the probe.
-- a loader error that happened, named from its message: a worker killed by a signal (Bus
-  error: /dev/shm; Killed: the OOM killer), 'received 0 items of ancdata' (descriptors).
 
 A finding whose fix is not more workers says so (`no_more_workers`): the advice engine then
 offers no num_workers increase beside it (monitor/assess/window.py merges them).
@@ -28,12 +24,10 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from typing import Any
 
 import pandas as pd
 
-from monitor.config import prefetch_of
 from monitor.diagnosis.costs import (
     PER_SAMPLE,
     SLOWER,
@@ -43,21 +37,26 @@ from monitor.diagnosis.costs import (
     startup,
 )
 from monitor.diagnosis.finding import Finding
+from monitor.diagnosis.limits import (
+    OOM,
+    OPEN_FILES,
+    SHM,
+    failure,
+    memory_left,
+    open_files,
+    shm,
+)
 from monitor.diagnosis.rules import Advice
 from monitor.thresholds import (
-    FD_HEADROOM,
     HOL_SHARE,
     HOL_WAIT_X,
     IDLE_WORKER_MIN_BATCHES,
     MEM_GROWTH_MB_MIN,
     MEM_GROWTH_MIN_S,
-    OOM_ROOM_MB,
-    SHM_HEADROOM,
 )
 
-IDLE_WORKERS, MEMORY_GROWTH, SHM, OPEN_FILES, OOM, HEAD_OF_LINE = (
-    "idle-workers", "worker-memory-growth", "shm-exhausted", "open-files-limit", "oom-killed",
-    "head-of-line")
+IDLE_WORKERS, MEMORY_GROWTH, HEAD_OF_LINE = (
+    "idle-workers", "worker-memory-growth", "head-of-line")
 # The one vocabulary of causes a finding names (JSON `findings[].cause`, the page)
 CAUSES = (MEMORY_GROWTH, SHM, OPEN_FILES, OOM, IDLE_WORKERS, PER_SAMPLE, SLOWER, STARTUP,
           HEAD_OF_LINE)
@@ -243,7 +242,7 @@ def worker_memory(host: pd.DataFrame, since: float | None = None) -> Finding | N
     h, per_min = g
     workers = max(1, int(h["workers"].iloc[-1] or 1))
     now = float(h[col].iloc[-1])
-    left, what, limit = _memory_left(h)
+    left, what, limit = memory_left(h)
     minutes = left / per_min if left is not None and per_min > 0 else None
     when = (f": at this rate {what} runs out of memory in about {minutes:,.0f} min "
             f"({left:,.0f} MB {'left under its limit' if limit else 'available'})"
@@ -262,174 +261,6 @@ def worker_memory(host: pd.DataFrame, since: float | None = None) -> Finding | N
                                          "cgroup_limit_mb": limit},
                    (Advice("dataset", "bounded cache, arrays", None, fix),),
                    no_more_workers=True)
-
-
-def _memory_left(h: pd.DataFrame, least: bool = False) -> tuple[float | None, str,
-                                                                 float | None]:
-    """(MB left, who runs out, the cgroup's limit) as last sampled (`least`: at the sample
-    that left the least, a killed worker's last moment): the host's available memory, or
-    the job's cgroup limit less its use where that leaves less (a container is killed at
-    its limit, however much the host has)."""
-    avail = h["mem_available_mb"].dropna() if "mem_available_mb" in h.columns else h.iloc[0:0]
-    host = float(avail.min() if least else avail.iloc[-1]) if not avail.empty else None
-    if "cgroup_mem_limit_mb" in h.columns and "cgroup_mem_used_mb" in h.columns:
-        room = (h["cgroup_mem_limit_mb"] - h["cgroup_mem_used_mb"]).dropna()
-        if not room.empty:
-            i = room.idxmin() if least else room.index[-1]
-            limit = float(h.at[i, "cgroup_mem_limit_mb"])
-            if host is None or room[i] < host:
-                return max(0.0, float(room[i])), f"the job's cgroup (limit {limit:,.0f} MB)", \
-                    limit
-    return host, "the host", None
-
-
-def _shm_need_mb(report: dict[str, Any]) -> float:
-    return report["batch_bytes"] * (int(report.get("in_flight") or 0) + 1) / 1e6
-
-
-def shm(report: dict[str, Any] | None) -> Finding | None:
-    if not report or not report.get("num_workers") or report.get("shm_total_mb") is None:
-        return None
-    need, total = _shm_need_mb(report), float(report["shm_total_mb"])
-    free = float(report.get("shm_free_mb") or total)
-    if need <= SHM_HEADROOM * max(free, 0.0):
-        return None
-    return Finding(SHM, _shm_text(report, need, total, free),
-                   {"need_mb": need, "shm_total_mb": total, "shm_free_mb": free},
-                   _shm_advice(report, total))
-
-
-def _shm_text(report: dict[str, Any], need: float, total: float, free: float) -> str:
-    batch = report["batch_bytes"] / 1e6
-    return (f"the batches in flight need {need:,.0f} MB of /dev/shm ({report['in_flight']} "
-            f"in flight ({report['num_workers']} workers x prefetch "
-            f"{report.get('prefetch_factor')}) and the one the loop holds, {batch:,.1f} MB "
-            f"each); {total:,.0f} MB exist, {free:,.0f} MB free: workers die with 'Bus error' "
-            "or 'No space left on device' when it fills")
-
-
-def _shm_advice(report: dict[str, Any], total: float) -> tuple[Advice, ...]:
-    out = []
-    batch = report["batch_bytes"] / 1e6
-    nw = int(report["num_workers"])
-    fits = int((SHM_HEADROOM * total / batch - 1) // nw) if batch > 0 else 0
-    pf = prefetch_of(report)
-    if 1 <= fits < pf:
-        out.append(Advice("prefetch_factor", fits, None,
-                          f"prefetch_factor={fits}: {nw * fits + 1} batches fit in "
-                          f"{total:,.0f} MB"))
-    need = f"at least {_shm_need_mb(report) / SHM_HEADROOM:,.0f} MB" if batch > 0 else \
-        "room for the batches in flight"
-    out.append(Advice("host", "--shm-size", None,
-                      f"give /dev/shm {need} "
-                      "(docker run --shm-size=2g; Kubernetes: an emptyDir of medium Memory "
-                      "at /dev/shm), or torch.multiprocessing.set_sharing_strategy("
-                      "'file_system')"))
-    return tuple(out)
-
-
-def _fd_need(report: dict[str, Any]) -> int:
-    return int(report.get("batch_tensors") or 0) * (int(report.get("in_flight") or 0) + 1) \
-        + int(report.get("open_fds") or 0)
-
-
-def open_files(report: dict[str, Any] | None) -> Finding | None:
-    if not report or not report.get("num_workers") or not report.get("nofile_limit") \
-            or report.get("sharing_strategy") != "file_descriptor":
-        return None
-    need, limit = _fd_need(report), int(report["nofile_limit"])
-    if need <= FD_HEADROOM * limit:
-        return None
-    return Finding(OPEN_FILES, _fd_text(report, need, limit), {"need": need, "limit": limit},
-                   (_fd_advice(need),))
-
-
-def _fd_text(report: dict[str, Any], need: int, limit: int) -> str:
-    return (f"batches in flight hold about {need:,} open descriptors "
-            f"({report.get('batch_tensors')} tensors a batch x "
-            f"{int(report.get('in_flight') or 0) + 1} batches, and {report.get('open_fds')} "
-            f"open already) against ulimit -n {limit:,}: torch's file_descriptor sharing "
-            "keeps one per tensor in flight, and past the limit the loop fails with "
-            "'received 0 items of ancdata' or 'Too many open files'")
-
-
-def _fd_advice(need: int) -> Advice:
-    return Advice("host", "ulimit -n", None,
-                  f"raise the open-files limit above {need * 2:,} (ulimit -n 65536), or call "
-                  "torch.multiprocessing.set_sharing_strategy('file_system') before the "
-                  "DataLoader is built, or collate each batch into fewer tensors")
-
-
-def _short(error: str, n: int = 240) -> str:
-    """An error line cut to n characters, keeping its end (where a worker's cause is)."""
-    return error if len(error) <= n else error[: n // 3] + " ... " + error[-(2 * n) // 3:]
-
-
-def failure(error: str, report: dict[str, Any] | None,
-            host: pd.DataFrame | None = None) -> Finding | None:
-    """A loader error that reached the loop, named from its message (None: not one of
-    these causes); a killed worker with the memory last sampled (`host`) beside it."""
-    low = error.lower()
-    if "bus error" in low or "no space left on device" in low or "/dev/shm" in low:
-        numbers = report or {}
-        total = report.get("shm_total_mb") if report else None
-        detail = _shm_text(report, _shm_need_mb(report), float(total),
-                           float(report.get("shm_free_mb") or 0)) \
-            if total is not None and report.get("batch_bytes") else \
-            "the DataLoader workers pass their batches through /dev/shm" + (
-                f" ({float(total):,.0f} MB here, {report.get('in_flight')} batches in flight "
-                f"from {report.get('num_workers')} workers), and it filled before the "
-                "first batch reached the loop" if total is not None else ", and it filled")
-        return Finding(SHM, f"the loader failed: /dev/shm ran out ({_short(error)}): {detail}",
-                       {k: numbers.get(k) for k in ("shm_total_mb", "shm_free_mb",
-                                                     "batch_bytes", "in_flight")},
-                       _shm_advice(report, float(report["shm_total_mb"]))
-                       if report and report.get("shm_total_mb") else ())
-    if "Open files: " in error:  # the stall watchdog found the loader at the limit
-        detail = error[error.index("Open files: ") + len("Open files: "):]
-        limit = re.search(r"ulimit -n (\d+)", detail)
-        return Finding(OPEN_FILES, f"the loader is stuck at the open-files limit: {detail}",
-                       {"limit": int(limit.group(1)) if limit else None},
-                       (_fd_advice(int(limit.group(1)) if limit else 1024),))
-    if "ancdata" in low or "too many open files" in low:
-        need = _fd_need(report) if report else None
-        detail = _fd_text(report, need, int(report["nofile_limit"])) \
-            if report and report.get("nofile_limit") and need is not None else \
-            "torch's file_descriptor sharing keeps one descriptor per tensor in flight"
-        return Finding(OPEN_FILES, f"the loader failed: out of file descriptors "
-                       f"({_short(error)}): {detail}",
-                       {"need": need, "limit": (report or {}).get("nofile_limit")},
-                       (_fd_advice(need or 1024),))
-    killed = "killed by signal: killed" in low
-    if killed or _died_unsaid(low):
-        left, what, limit = _memory_left(host, least=True) \
-            if host is not None and not host.empty else (None, "", None)
-        mem = ""
-        if left is not None:  # the sample that left the least: the worker's last moment
-            mem = (f": {what} had {left:,.0f} MB left at its fullest sample" if limit else
-                   f": the host had {left:,.0f} MB available at its fullest sample")
-        if killed:
-            text = (f"the loader failed: a worker was killed by SIGKILL, most often the "
-                    f"kernel's OOM killer when memory runs out ({_short(error)}){mem}")
-        elif left is not None and left < OOM_ROOM_MB:
-            text = (f"the loader failed: a worker died without saying how ({_short(error)})"
-                    f"{mem}, so most likely the kernel's OOM killer ended it (dmesg says "
-                    "'Killed process' with its pid)")
-        else:  # a death with memory to spare: not named here
-            return None
-        return Finding(OOM, text, {"memory_left_mb": left, "cgroup_limit_mb": limit},
-                       (Advice("dataset", "bounded cache, arrays", None,
-                                   "watch the workers' memory (the worker-memory finding "
-                                   "names its slope); fewer workers or a bounded cache"),),
-                       no_more_workers=True)
-    return None
-
-
-def _died_unsaid(low: str) -> bool:
-    """A worker's death in the words that do not name its signal: torch's queue timeout
-    ("exited unexpectedly"), or a batch cut off mid-send (EOFError, a reset connection)."""
-    return "exited unexpectedly" in low or low.startswith(("eoferror", "connectionreseterror")) \
-        or "connection reset by peer" in low
 
 
 def headline(text: str, findings: tuple[Finding, ...], f: Any) -> str:

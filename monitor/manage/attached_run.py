@@ -22,7 +22,7 @@ from monitor.assess import probe_notes as notes
 from monitor.assess.stall import STALL_KINDS, stuck_at_end
 from monitor.assess.window import LOADER_KINDS, Context, assess_run, loader_notes
 from monitor.config import ATTACHED_PREFIX
-from monitor.diagnosis import NO_DATA, causes
+from monitor.diagnosis import NO_DATA, limits
 from monitor.export.prometheus import ExporterError
 from monitor.frames import analysis
 from monitor.manage import spawn, terminal
@@ -74,13 +74,13 @@ def summary(store: Store, run_id: int, ctx: Context) -> dict[str, Any]:
 
 def named_failure(store: Store, run_id: int) -> str | None:
     """The cause of a loader error that reached the script (/dev/shm, descriptors, the OOM
-    killer: monitor/diagnosis/causes.py), in a sentence with its numbers."""
+    killer: monitor/diagnosis/limits.py), in a sentence with its numbers."""
     report, errors = loader_notes(store.events(run_id, kinds=LOADER_KINDS))
     if not errors:
         return None
     end = store.last_step_ts(run_id) or time.time()  # the memory as last sampled
     host = analysis.run_rows(store.host_samples(end - 30.0, time.time()), run_id)
-    found = causes.failure(errors[-1], report, host)
+    found = limits.failure(errors[-1], report, host)
     return found.text if found is not None else None
 
 
