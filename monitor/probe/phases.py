@@ -230,7 +230,6 @@ class Phases:
         except Exception as exc:
             self._fail(f"{type(exc).__name__}: {exc}")
 
-
     def _mark(self, phase: int, end: bool) -> None:
         """The boundary as a CUDA event too, where the script uses CUDA (a comparison a
         boundary elsewhere); the DeviceClock's errors are its own (it gives up, said)."""
