@@ -139,7 +139,7 @@ def test_two_node_job_in_prometheus(tmp_path, no_leaks):
                   if d.exists() and not (fs := Store(d).first_steps(1, 1)).empty]
             return ts if len(ts) == 2 else None
         firsts = wait_for(first_steps, timeout=90, every=0.2)
-        if firsts and wait_for(named, timeout=60, every=0.5):
+        if firsts and wait_for(named, timeout=30, every=0.5):  # (a figure, not a gate)
             print(f"the straggler named by the Job tab's read {time.time() - max(firsts):.1f} s "
                   "after both nodes' first steps")
 
