@@ -120,14 +120,15 @@ def in_flight_check(shm_mb: float | None, nofile: int, batch_mb: float, tensors:
     """A declared loader (--batch-mb, --tensors, --num-workers, --prefetch-factor) against
     /dev/shm and `ulimit -n`, before it runs: the same findings a run's probe report gets
     (monitor/diagnosis/limits.py), from the declared figures instead of a first batch."""
+    from monitor.config import in_flight as batches_in_flight
     from monitor.diagnosis import limits
 
-    report = {"num_workers": workers, "prefetch_factor": prefetch,
-              "in_flight": workers * prefetch, "batch_bytes": batch_mb * 1e6,
+    declared = {"num_workers": workers, "prefetch_factor": prefetch}
+    report = {**declared, "in_flight": batches_in_flight(declared), "batch_bytes": batch_mb * 1e6,
               "batch_tensors": tensors, "shm_total_mb": shm_mb, "shm_free_mb": shm_mb,
               "nofile_limit": None if nofile == resource.RLIM_INFINITY else nofile,
               "open_fds": 0, "sharing_strategy": "file_descriptor"}
-    in_flight = workers * prefetch + 1
+    in_flight = report["in_flight"] + 1  # and the one the loop holds
     out = []
     if shm_mb is not None:
         f = limits.shm(report)

@@ -56,8 +56,11 @@ _LIVE: weakref.WeakSet[Phases] = weakref.WeakSet()  # for the fork handler below
 def _forked() -> None:
     """In a forked child (a DataLoader worker running transforms): the training thread's
     ident is the forking thread's there too, so no thread of the child is ever it."""
-    for ph in list(_LIVE):
-        ph.thread = None
+    try:
+        for ph in list(_LIVE):
+            ph.thread = None
+    except Exception:  # the child goes on untouched (NOTE [fail-safe probe])
+        pass
 
 
 os.register_at_fork(after_in_child=_forked)

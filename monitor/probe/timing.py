@@ -94,7 +94,8 @@ class Probe(StepWriter):
         self._buffer: deque[tuple[Any, ...]] = deque(maxlen=BUFFER_MAX)
         self._unwritten: list[tuple[Any, ...]] = []  # the writer's: held back or to retry
         # step -> CUDA times: (idle, span, its phases' or None)
-        self._device_s: dict[int, tuple[float | None, float, Any]] = {}
+        self._device_s: dict[int, tuple[float | None, float, tuple[float | None, ...] | None]] \
+            = {}
         self.dropped = 0  # steps dropped past BUFFER_MAX (the store could not keep up)
         self._said_dropped = 0
         self._failing_since: float | None = None
