@@ -172,3 +172,21 @@ def test_a_forked_child_never_counts_as_the_training_thread():
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
     assert ph.thread == threading.get_ident()  # the parent's is untouched
+
+
+def test_the_writer_wakes_often_while_the_run_is_young_then_seldom(store):
+    """NOTE [the writer's wake]: each wake of the writer's thread slows the training loop, so
+    it writes every half second for the run's first YOUNG_S (the page's first verdict), then
+    every `steady` seconds, the probe's flush interval with it."""
+    from monitor.probe.watchdog import YOUNG_S, Watchdog
+
+    run = store.create_run("x", "managed", {})
+    clock = FakeClock()
+    probe = Probe(store, run, flush_interval=0.5, clock=clock)
+    dog = Watchdog(probe, interval=0.5, steady=2.0)  # not started: no thread, the rule only
+    assert dog.period() == 0.5 and probe.flush_interval == 0.5
+    clock.t = YOUNG_S - 0.01
+    assert dog.period() == 0.5
+    clock.t = YOUNG_S
+    assert dog.period() == 2.0 and probe.flush_interval == 2.0
+    assert Watchdog(probe, interval=0.5).period() == 0.5  # no steady period: as it was

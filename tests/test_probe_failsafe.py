@@ -19,8 +19,11 @@ SCRIPT = ROOT / "tests" / "scripts" / "probe_fault.py"
 pytestmark = pytest.mark.slow
 ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
 # each place the probe runs inside the user's process (tests/scripts/probe_fault.py)
+# (the per-step path before and after next(inner) is one frame, TimedIterator.__next__: its
+# guard before next() is met by "record" and "state", after it by "first_batch" and
+# "batch_arrived")
 POINTS = ["state", "recorder", "loop_role", "follow", "start_epoch", "note_workers", "record",
-          "before", "after", "batch_arrived", "batch_done", "insert", "add_event", "control",
+          "first_batch", "batch_arrived", "batch_done", "insert", "add_event", "control",
           "flush_final"]
 
 

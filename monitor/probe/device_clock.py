@@ -49,22 +49,22 @@ class DeviceClock:
         self.dropped = 0
         self.measured = 0
         self.failed: str | None = None  # why events were given up (an error from CUDA)
-        self._look_in = 0  # steps until the next look for CUDA
+        # the step from which to look for CUDA again: the loop calls batch_arrived only when
+        # `active or step >= look_at` (a comparison a step, not a call)
+        self.look_at = 0
 
     def look(self) -> None:
         """Look for CUDA at the next step (an epoch starts: a script that moved its model to
         the device since is timed from its first batch)."""
-        self._look_in = 0
+        if self.failed is None:
+            self.look_at = 0
 
-    def _ready(self) -> bool:
+    def _ready(self, step: int) -> bool:
         if self.active:
             return True
-        if self.failed is not None:
+        if self.failed is not None or step < self.look_at:
             return False
-        self._look_in -= 1
-        if self._look_in >= 0:  # not yet: a comparison a step, not a call into torch
-            return False
-        self._look_in = LOOK_EVERY - 1
+        self.look_at = step + LOOK_EVERY
         cuda = self._cuda
         if cuda is None:
             torch = sys.modules.get("torch")
@@ -84,13 +84,14 @@ class DeviceClock:
     def _give_up(self, exc: BaseException) -> None:
         self.failed = f"{type(exc).__name__}: {exc}"
         self.active = False
+        self.look_at = sys.maxsize  # never again this run
         self.pending.clear()
         self.marks = []
         self.current = self.prev = None
 
     def batch_arrived(self, step: int) -> None:
         """A_step: next() has just returned the batch of `step`."""
-        if not self._ready():
+        if not self._ready(step):
             return
         try:
             self.marks = []  # (a phase before the batch arrived is no step's)

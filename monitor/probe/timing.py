@@ -154,12 +154,12 @@ class Probe(StepWriter):
         self.current_iterator = it
         return it
 
-    def record(self, epoch: int, t_req: float, t_got: float, t_next: float, batch: Any) -> None:
+    def record(self, epoch: int, t_req: float, t_got: float, t_next: float, batch: Any) -> bool:
         """One step: asked for the batch at t_req, got it at t_got, asked for the next at
         t_next (this probe's clock). Appends it; writes the buffer when flush_interval has
-        passed and this thread is the writer (`inline_flush`)."""
+        passed and this thread is the writer (`inline_flush`): True when it did."""
         if self.stopped:
-            return
+            return False
         samples = batch_len(batch)
         if self.first_samples is None:
             self.first_samples = samples
@@ -176,6 +176,8 @@ class Probe(StepWriter):
         self.step = step + 1
         if self.inline_flush and t_next - self._last_flush >= self.flush_interval:
             self.flush()
+            return True
+        return False
 
     def _device_times(self) -> None:
         """Completed CUDA events, kept for the writer (the training thread only: the one
@@ -251,68 +253,82 @@ class TimedIterator:
         """The next batch, timed. Only `next(inner)` may raise into the loop (the user's own
         loader's errors and StopIteration, untouched); an error in the probe's own
         bookkeeping goes to `probe.on_fault`, after which this epoch passes through
-        untimed (NOTE [fail-safe probe] in monitor/probe/patch.py)."""
+        untimed (NOTE [fail-safe probe] in monitor/probe/patch.py).
+
+        This is the per-step path of the user's loop, so it is one frame with the step's
+        record (Probe.record) its one call: each call and attribute it touches costs more
+        after a real step has evicted it from the caches than in a loop that does nothing
+        (docs/benchmarks.md)."""
         if self.ended:
             raise StopIteration
         if self.passthrough:
             return next(self._inner)
+        p = self.probe
         try:
-            end = self._before()
+            if self._t_got is not None:  # the last step ends: recorded
+                t_req = self._t_req
+                if t_req is None:  # never expected: one iterator timed twice over
+                    raise ProbeStateError("a batch was delivered with no time it was asked "
+                                          "for")
+                if p.device.current is not None:
+                    p.device.batch_done()  # B: the step's work is queued
+                t_next = p.clock()
+                # the next wait starts where the step ended, unless a write or `between`
+                # took time in between (its cost is in neither)
+                flushed = p.record(self.epoch, t_req, self._t_got, t_next, self._batch)
+                self._t_got = self._batch = None
+                self._t_req = t_next if not flushed and self._between is None else None
+                if self._between is not None and self._between(self):
+                    self._end_safely()  # `between` ended the epoch (a stop or a change)
+                    raise StopIteration
+            if self._t_req is None:
+                self._t_req = p.clock()
+            p.waiting_first = self.delivered == 0
+            p.waiting_since = self._t_req  # the watchdog's clock: waiting for data
+        except StopIteration:
+            raise
         except Exception as exc:
             self._fault(exc, "before next()")
             return next(self._inner)
-        if end:  # `between` ended the epoch (the managed workload's stop or change)
-            self._end_safely()
-            raise StopIteration
         try:
             batch = next(self._inner)
         except StopIteration:
-            self.probe.waiting_since = None
+            p.waiting_since = None
             self._end_safely()
             raise
         except BaseException as exc:  # the loader's own error: recorded, then the loop's
-            self.probe.waiting_since = None
+            p.waiting_since = None
             self._loader_error(exc)
             raise
         try:
-            self._after(batch)
+            self._t_got = p.clock()
+            p.waiting_since = None
+            self._batch = batch
+            step, dev = p.step, p.device
+            if dev.active or step >= dev.look_at:
+                dev.batch_arrived(step)  # A: the batch is here (the step it will be)
+            if self.delivered == 0:
+                self._first(batch)
+            self.delivered += 1
         except Exception as exc:
             self._fault(exc, "after next()")
         return batch
 
-    def _before(self) -> bool:
-        """Record the last step; True when `between` ends the epoch here."""
+    def _first(self, batch: Any) -> None:
+        """The epoch's first batch: the run's first wait, the epoch's length, the loader's
+        report."""
         p = self.probe
-        end = False
-        if self._t_got is not None:
-            self.finish()
-            end = self._between is not None and bool(self._between(self))
-        if end:
-            return True
-        if self._t_req is None:  # a flush in record() is neither wait nor step
-            self._t_req = p.clock()
-        p.waiting_first = self.delivered == 0
-        p.waiting_since = self._t_req  # the watchdog's clock: waiting for data
-        return False
-
-    def _after(self, batch: Any) -> None:
-        p = self.probe
-        p.waiting_since = None
-        self._t_got, self._batch = p.clock(), batch
-        p.device.batch_arrived(p.step)  # A: the batch is here (the step it will be)
         if p.first_batch_s is None and self._t_req is not None:
-            p.first_batch_s = self._t_got - self._t_req
-        if self.delivered == 0:
+            p.first_batch_s = self._t_got - self._t_req  # type: ignore[operator]
+        try:
+            self.expected = len(self)
+        except Exception:  # an iterable of no length: its epoch ends by StopIteration
+            self.expected = None
+        if p.on_first_batch is not None:
             try:
-                self.expected = len(self)
-            except Exception:  # an iterable of no length: its epoch ends by StopIteration
-                self.expected = None
-            if p.on_first_batch is not None:
-                try:
-                    p.on_first_batch(batch, self._inner)
-                except Exception:  # the epoch's report is extra: the timing goes on
-                    pass
-        self.delivered += 1
+                p.on_first_batch(batch, self._inner)
+            except Exception:  # the epoch's report is extra: the timing goes on
+                pass
 
     def _loader_error(self, exc: BaseException) -> None:
         handler = self.probe.on_loader_error

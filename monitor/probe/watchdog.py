@@ -24,6 +24,14 @@ from monitor.records import LOOP_ENDED, RESUMED, STALLED
 from monitor.thresholds import stall_limit_s
 
 TORCH_DATA = os.path.join("torch", "utils", "data")
+# NOTE [the writer's wake]: every wake of this thread costs the training loop more than the
+# work it does. To run, the thread must take the GIL from a loop that releases it for a
+# moment at each torch call and takes it straight back; the waker loses those races (CPython's
+# convoy effect) for 20-750 ms on the 2-core box, and meanwhile each of the loop's releases
+# wakes it in vain: a 1 ms step's DataLoader next() took 17-19 µs instead of 10-11 while it
+# waited (bench/probe_wake.py). So it wakes every `interval` while the run is young (the
+# page's first verdict needs its first steps at once), then every `steady` seconds.
+YOUNG_S = 15.0  # seconds of a run written every `interval`; later every `steady`
 
 
 def where_is_main(thread_id: int | None) -> str:
@@ -153,8 +161,10 @@ class Watchdog:
 
     def __init__(self, probe: Probe, interval: float = 1.0,
                  on_stall: Callable[[str], None] | None = None,
-                 main_thread: int | None = None) -> None:
+                 main_thread: int | None = None, steady: float | None = None) -> None:
         self.probe, self.interval, self.on_stall = probe, interval, on_stall
+        self.steady = steady  # the period once the run is YOUNG_S old (NOTE above)
+        self._born = probe.clock()
         self.main_thread = main_thread if main_thread is not None else threading.get_ident()
         self.stalled = False
         self.errors = 0
@@ -178,8 +188,16 @@ class Watchdog:
             except Exception:
                 self.errors += 1
 
+    def period(self) -> float:
+        """Seconds to the next wake: `interval` while the run is young, then `steady`, the
+        probe's flush interval with it (NOTE [the writer's wake])."""
+        if self.steady is not None and self.interval != self.steady and \
+                self.probe.clock() - self._born >= YOUNG_S:
+            self.interval = self.probe.flush_interval = self.steady
+        return self.interval
+
     def _loop(self) -> None:
-        while not self._stop.wait(self.interval):
+        while not self._stop.wait(self.period()):
             try:
                 self.check()
             except Exception:  # a store that cannot be written is the writer's to report

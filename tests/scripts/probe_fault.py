@@ -29,14 +29,15 @@ def inject(point: str) -> None:
     from monitor.store import Store
 
     if point == "state":  # an impossible state: a delivered batch with no request time
-        after = timing.TimedIterator._after
+        timed_next = timing.TimedIterator.__next__
 
-        def lose_time(self, batch):
-            after(self, batch)
+        def lose_time(self):
+            batch = timed_next(self)
             if self.delivered == 3:
                 self._t_req = None
+            return batch
 
-        timing.TimedIterator._after = lose_time
+        timing.TimedIterator.__next__ = lose_time
         return
     target = {
         "recorder": (patch, "recorder"),
@@ -45,8 +46,7 @@ def inject(point: str) -> None:
         "note_workers": (recorder.Recorder, "note_workers"),
         "follow": (recorder.Recorder, "follow"),
         "record": (timing.Probe, "record"),
-        "before": (timing.TimedIterator, "_before"),
-        "after": (timing.TimedIterator, "_after"),
+        "first_batch": (timing.TimedIterator, "_first"),
         "batch_arrived": (DeviceClock, "batch_arrived"),
         "batch_done": (DeviceClock, "batch_done"),
         "insert": (Store, "insert_rows"),
