@@ -21,8 +21,9 @@ OURS = {"pandas", "psutil", "streamlit", "plotly", "pyarrow", "pynvml", "prometh
         "tsdownsample", "monitor", "workloads"}
 
 
-def training_venv(tmp: Path) -> str:
-    """A venv that links every package of this one except our own requirements."""
+def training_venv(tmp: Path, keep: tuple[str, ...] = ()) -> str:
+    """A venv that links every package of this one except our own requirements (but those
+    named in `keep`: what the HF Trainer's dependencies bring into a user's venv)."""
     import torch
 
     site_src = Path(torch.__file__).resolve().parent.parent
@@ -33,8 +34,8 @@ def training_venv(tmp: Path) -> str:
     farm.mkdir()
     for p in site_src.iterdir():
         top = p.name.split("-")[0].split(".")[0].lower()
-        if top in OURS or top.startswith(("pandas", "streamlit", "psutil", "plotly",
-                                          "pyarrow", "nvidia_ml", "prometheus")):
+        if top not in keep and (top in OURS or top.startswith((
+                "pandas", "streamlit", "psutil", "plotly", "pyarrow", "nvidia_ml", "prometheus"))):
             continue
         (farm / p.name).symlink_to(p)
     (site / "farm.pth").write_text(f"{farm}\n")
