@@ -42,8 +42,7 @@ from monitor.probe.timing import Probe, TimedIterator
 from monitor.probe.watchdog import Watchdog
 from monitor.store import Store
 
-FLUSH_S = 0.5  # the steps written this often while the run is young, then every FLUSH_STEADY_S
-FLUSH_STEADY_S = 2.0  # (NOTE [the writer's wake] in monitor/probe/watchdog.py)
+FLUSH_S, FLUSH_STEADY_S = 0.5, 2.0  # writes while young, then (NOTE [the writer's wake])
 AWAIT_TUNER_S = 2.0  # the longest an epoch start waits for a searching autotuner
 
 
@@ -78,8 +77,7 @@ class Recorder:
         self.closing = False  # at exit, past the last flush: events are written at once
         # the watchdog's thread writes the steps: the loop only appends
         self.probe.inline_flush = False
-        self.watchdog = Watchdog(self.probe, interval=FLUSH_S, on_stall=self._say,
-                                 steady=FLUSH_STEADY_S).start()
+        self.watchdog = Watchdog(self.probe, FLUSH_S, self._say, steady=FLUSH_STEADY_S).start()
         self.phases_said: set[str] = set()
         self.probe.phases = phases.attach(self._say_phases)  # None with --no-phases
         if self.probe.phases is not None:  # device time per phase once CUDA is used
