@@ -27,7 +27,7 @@ TORCH_DATA = os.path.join("torch", "utils", "data")
 # NOTE [the writer's wake]: every wake of this thread costs the training loop more than the
 # work it does. To run, the thread must take the GIL from a loop that releases it for a
 # moment at each torch call and takes it straight back; the waker loses those races (CPython's
-# convoy effect) for 20-750 ms on the 2-core box, and meanwhile each of the loop's releases
+# convoy effect) for 2 ms to 1.6 s on the 2-core box, and meanwhile each of the loop's releases
 # wakes it in vain: a 1 ms step's DataLoader next() took 17-19 µs instead of 10-11 while it
 # waited (bench/probe_wake.py). So it wakes every `interval` while the run is young (the
 # page's first verdict needs its first steps at once), then every `steady` seconds.
