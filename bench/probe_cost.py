@@ -8,7 +8,9 @@ rounds of equal length:
   `watch()` over the same loader: one process per run (bench/probe_loop.py), its first
   epoch (start-up) left out;
 - a loop with a 1 ms step (a spin) over that DataLoader: its throughput monitored against
-  bare, in percent.
+  bare, in percent;
+- the same loops under the whole of `monitor run` (the relay: no thread of the probe's wakes
+  beside the loop; its sampler runs beside the script).
 
     python bench/probe_cost.py [--steps 20000] [--rounds 5] [--table]
 
@@ -38,6 +40,8 @@ CASES = (("attach probe, DataLoader 0 workers", "probed", 0, 20_000, 4, 0.0, "")
           ""),
          ("1 ms step, DataLoader 0 workers, after 15 s", "probed", 0, 1_500, 14, 1.0,
           "steady"),
+         ("monitor run (the relay), DataLoader 0 workers", "run", 0, 20_000, 4, 0.0, ""),
+         ("1 ms step under monitor run (the relay)", "run", 0, 1_500, 14, 1.0, "steady"),
          ("a Linear model's step: phases on against off", "probed", 0, 5_000, 4, 0.0,
           "phases"))
 # "steady": only the epochs that start after the probe's young period (the writer's thread
@@ -73,7 +77,13 @@ def one(mode: str, workers: int, steps: int, epochs: int, ms: float, kind: str =
         extra = ["model"]
         if mode == "bare":
             mode, env["STARVATION_MONITOR_PHASES"] = "probed", "0"
-    r = subprocess.run([sys.executable, str(ROOT / "bench" / "probe_loop.py"), mode,
+    # "run": the whole of `monitor run` (its sampler and the relay beside the script, which
+    # the probe is injected into): the steps leave through the relay's ring, no thread
+    # of the probe's wakes beside the loop (NOTE [the relay] in monitor/manage/relay.py)
+    wrap = [sys.executable, "-m", "monitor", "run", "--db", env["STARVATION_MONITOR_DB"],
+            "--"] if mode == "run" else []
+    r = subprocess.run([*wrap, sys.executable, str(ROOT / "bench" / "probe_loop.py"),
+                        "bare" if mode == "run" else mode,
                         str(workers), str(steps), str(epochs), str(ms), *extra], cwd=ROOT,
                        capture_output=True, text=True, timeout=600, env=env)
     line = next(ln for ln in r.stdout.splitlines() if ln.startswith("us_per_step"))
@@ -92,11 +102,13 @@ def spread(xs: list[float]) -> str:
     return f"{statistics.median(xs):.2f} ({min(xs):.2f}–{max(xs):.2f})"
 
 
-def table(rounds: int) -> None:
-    """Each case bare and probed, the order alternating round by round."""
-    got: dict[str, list[tuple[float, float]]] = {c[0]: [] for c in CASES}
+def table(rounds: int, only: str = "") -> None:
+    """Each case bare and probed, the order alternating round by round (`only`: the cases
+    whose name holds it)."""
+    cases = [c for c in CASES if only in c[0]]
+    got: dict[str, list[tuple[float, float]]] = {c[0]: [] for c in cases}
     for r in range(rounds):
-        for what, mode, nw, steps, epochs, ms, kind in CASES:
+        for what, mode, nw, steps, epochs, ms, kind in cases:
             pair = ["bare", mode] if r % 2 == 0 else [mode, "bare"]
             t = {m: one(m, nw, steps, epochs, ms, kind) for m in pair}
             got[what].append((t["bare"], t[mode]))
@@ -104,7 +116,7 @@ def table(rounds: int) -> None:
                   flush=True)
     print("\n| case | bare µs/step | monitored µs/step | probe cost |")
     print("|---|---|---|---|")
-    for what, *_rest in CASES:
+    for what, *_rest in cases:
         b = [x for x, _ in got[what]]
         m = [y for _, y in got[what]]
         if _rest[-2] > 0:  # a real step: the cost as throughput lost
@@ -120,7 +132,21 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=20000)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--table", action="store_true", help="every case, as a markdown table")
+    ap.add_argument("--only", default="", help="with --table: the cases whose name holds this")
+    ap.add_argument("--busy", action="store_true",
+                    help="keep one core busy throughout (another process spinning)")
     a = ap.parse_args()
+    if a.busy:
+        spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+        try:
+            return _main(a)
+        finally:
+            spinner.kill()
+            spinner.wait()
+    return _main(a)
+
+
+def _main(a: argparse.Namespace) -> None:
     os.environ["STARVATION_MONITOR_DB"] = str(Path(tempfile.mkdtemp()) / "probe.db")
     from monitor import watch
 
@@ -137,7 +163,7 @@ def main() -> None:
           f"{device_clock_us(a.steps):.2f} µs per step for its two records and the harvest "
           "(the driver's own cudaEventRecord, ~2.5 µs each, is on top: bench/gpu_check.py)")
     if a.table:
-        table(a.rounds)
+        table(a.rounds, a.only)
 
 
 class _NoopEvent:

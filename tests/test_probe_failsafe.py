@@ -21,9 +21,10 @@ ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
 # each place the probe runs inside the user's process (tests/scripts/probe_fault.py)
 # (the per-step path before and after next(inner) is one frame, TimedIterator.__next__: its
 # guard before next() is met by "record" and "state", after it by "first_batch" and
-# "batch_arrived")
+# "batch_arrived"; under `monitor run` the steps and events leave through the relay's ring,
+# "ring_put"; an event the ring refuses goes to the store: tests/test_relay.py)
 POINTS = ["state", "recorder", "loop_role", "follow", "start_epoch", "note_workers", "record",
-          "first_batch", "batch_arrived", "batch_done", "insert", "add_event", "control",
+          "first_batch", "batch_arrived", "batch_done", "ring_put", "control",
           "flush_final"]
 
 

@@ -27,6 +27,7 @@ from monitor.export.prometheus import ExporterError
 from monitor.frames import analysis
 from monitor.manage import spawn, terminal
 from monitor.manage.context import learn
+from monitor.manage.relay import Relay
 from monitor.manage.result import gpu_figures, result
 from monitor.manage.runtime import Runtime
 from monitor.probe.epoch_plan import EVERY_ENV
@@ -262,7 +263,8 @@ def run_attached(args: argparse.Namespace) -> int:
     script = next((Path(c).name for c in cmd[1:] if c.endswith(".py")), Path(cmd[0]).name)
     run_id = store.create_run(args.name or script, ATTACHED,
                               {"preset": "custom", "workload": f"{ATTACHED_PREFIX}{script}"})
-    env = script_env(store, run_id)
+    relay = Relay(store.path.resolve(), run_id)  # NOTE [the relay]
+    env = {**script_env(store, run_id), **relay.env()}
     if every is not None:
         env[EVERY_ENV] = str(every)
     if not args.phases:
@@ -275,10 +277,12 @@ def run_attached(args: argparse.Namespace) -> int:
         # together, and the terminal's Ctrl-C is the script's alone (as run bare)
         proc = spawn.start_script(cmd, env, piped=live_tty)
     except OSError as exc:
+        relay.stop()
         store.finish_run(run_id, FAILED, f"could not start {cmd[0]!r}: {exc}")
         rt.close()
         print(f"error: could not start {cmd[0]!r}: {exc}", file=sys.stderr)
         return 127
+    relay.start()
     store.update_run(run_id, pid=proc.pid)
     rt.collector.follow(proc.pid, run_id)
     print(f"starvation-monitor: run {run_id} recording to {store.path} (pid {proc.pid})",
@@ -293,6 +297,7 @@ def run_attached(args: argparse.Namespace) -> int:
             view.relay(proc.stdout, sys.stdout)
             view.relay(proc.stderr, sys.stderr)
     rc, asked = _supervise(proc, rt)
+    relay.stop()  # every step the script put, stored, before its end is judged
     if view is not None:
         view.stop()
     if tuner is not None:

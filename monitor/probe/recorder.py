@@ -40,6 +40,8 @@ from monitor.probe.loaders import (
 from monitor.probe.loops import TRAIN
 from monitor.probe.timing import Probe, TimedIterator
 from monitor.probe.watchdog import Watchdog
+from monitor.probe.writer import relay_ring
+from monitor.ring import REPORT
 from monitor.store import Store
 
 FLUSH_S, FLUSH_STEADY_S = 0.5, 2.0  # writes while young, then (NOTE [the writer's wake])
@@ -77,7 +79,9 @@ class Recorder:
         self.closing = False  # at exit, past the last flush: events are written at once
         # the watchdog's thread writes the steps: the loop only appends
         self.probe.inline_flush = False
-        self.watchdog = Watchdog(self.probe, FLUSH_S, self._say, steady=FLUSH_STEADY_S).start()
+        self.probe.ring = relay_ring(self.probe, self._say)
+        self.watchdog = Watchdog(self.probe, FLUSH_S, self._say, steady=FLUSH_STEADY_S,
+                                 poke_fd=self.probe.ring and self.probe.ring.poke_fd).start()
         self.phases_said: set[str] = set()
         self.probe.phases = phases.attach(self._say_phases)  # None with --no-phases
         if self.probe.phases is not None:  # device time per phase once CUDA is used
@@ -382,22 +386,31 @@ class Recorder:
 
     def _report(self, settings: dict[str, Any]) -> None:
         """This process's rank, loader settings and accelerator, for the store; rank 0 (or a
-        single process) also speaks for the run record."""
+        single process) also speaks for the run record. Under the relay `monitor run`'s
+        process writes them (the training thread never waits on a locked store)."""
         kind = accelerator_kind()
         device = cuda_device()
-        self.store.set_rank(self.run_id, self.rank, self.local_rank, self.world_size,
-                            socket.gethostname(), os.getpid(), settings, kind, device,
-                            **where())
+        ranks = {"rank": self.rank, "local_rank": self.local_rank, "world_size":
+                 self.world_size, "hostname": socket.gethostname(), "pid": os.getpid(),
+                 "config": settings, "accelerator_kind": kind, "device": device, **where()}
         run = (self.store.run(self.run_id) or {}) if self.rank != 0 else {}
+        record = None
         if self.rank == 0 or "batch_size" not in (run.get("config") or {}):
             # rank 0 speaks for the run; a store holding only other ranks (one `monitor run`
             # per node) takes its lowest rank's settings, so the run is whole there too
             extra: dict[str, Any] = {"pid": os.getpid()} if self.world_size == 1 else {}
             if device is not None:
                 extra["device"] = device
-            self.store.update_run(self.run_id, config={
-                **settings, "workload": f"{ATTACHED_PREFIX}{self.script}"},
-                accelerator_kind=kind, accelerator=f"your script's own step ({kind})", **extra)
+            record = {"config": {**settings, "workload": f"{ATTACHED_PREFIX}{self.script}"},
+                      "accelerator_kind": kind,
+                      "accelerator": f"your script's own step ({kind})", **extra}
+        if self.probe.ring is not None:
+            self.probe.ring.event(self.probe.wall(self.probe.clock()), REPORT, "",
+                                  {"ranks": ranks, "run": record})
+            return
+        self.store.set_rank(self.run_id, **ranks)
+        if record is not None:
+            self.store.update_run(self.run_id, **record)
 
     def apply(self, loader: Any, payload: dict[str, Any], at_step: int | None = None) -> str:
         """Apply a requested change to the loader before its next iterator is built; the

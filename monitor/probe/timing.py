@@ -25,6 +25,7 @@ from typing import Any
 from monitor.probe import workers
 from monitor.probe.device_clock import DeviceClock
 from monitor.probe.writer import StepWriter
+from monitor.ring import STEP, STEP_PENDING, RingWriter
 from monitor.store import Store
 
 BUFFER_MAX = 200_000  # unwritten steps kept (minutes of a fast loop); older ones dropped
@@ -140,6 +141,9 @@ class Probe(StepWriter):
         self.inline_flush = True
         self.device = DeviceClock()  # CUDA events, once the script uses CUDA
         self.phases: Any = None  # monitor/probe/phases.py's, where the attach probe has them
+        # under `monitor run`: the relay's ring (monitor/ring.py), written instead of the
+        # buffer, read and stored by `monitor run`'s own process (NOTE [the relay])
+        self.ring: RingWriter | None = None
 
     def wall(self, t: float) -> float:
         return self._anchor_wall + (t - self._anchor_clock)
@@ -163,12 +167,19 @@ class Probe(StepWriter):
         samples = batch_len(batch)
         if self.first_samples is None:
             self.first_samples = samples
-        buf, step, ph = self._buffer, self.step, self.phases
-        if len(buf) == buf.maxlen:
-            self.dropped += 1  # the deque drops its oldest on this append
-        buf.append((step, epoch, t_got, t_got - t_req, t_next - t_got, samples,
-                    self.config_seq, self.copy_s, self.batch_worker, self.batch_held,
-                    *(ph.take() if ph is not None else NO_PHASES)))
+        step, ph, ring = self.step, self.phases, self.ring
+        if ring is not None:  # under `monitor run`: into the relay's ring (monitor/ring.py)
+            ring.put(STEP_PENDING if self.device.active else STEP, step, epoch, t_got,
+                     t_got - t_req, t_next - t_got, samples, self.config_seq,
+                     self.batch_worker, self.batch_held, self.copy_s,
+                     *(ph.take() if ph is not None else NO_PHASES))
+        else:
+            buf = self._buffer
+            if len(buf) == buf.maxlen:
+                self.dropped += 1  # the deque drops its oldest on this append
+            buf.append((step, epoch, t_got, t_got - t_req, t_next - t_got, samples,
+                        self.config_seq, self.copy_s, self.batch_worker, self.batch_held,
+                        *(ph.take() if ph is not None else NO_PHASES)))
         if self.device.active:
             self._device_times()
         self.recent_steps.append(t_next - t_req)
@@ -183,7 +194,10 @@ class Probe(StepWriter):
         """Completed CUDA events, kept for the writer (the training thread only: the one
         that may query them)."""
         timed = self.device.harvest()
-        if timed:
+        if timed and self.ring is not None:
+            for step, (idle, span, phases) in timed.items():
+                self.ring.put_device(step, idle, span, phases)
+        elif timed:
             self._device_s.update(timed)
 
     def control_due(self) -> bool:

@@ -161,8 +161,12 @@ class Watchdog:
 
     def __init__(self, probe: Probe, interval: float = 1.0,
                  on_stall: Callable[[str], None] | None = None,
-                 main_thread: int | None = None, steady: float | None = None) -> None:
+                 main_thread: int | None = None, steady: float | None = None,
+                 poke_fd: int | None = None) -> None:
         self.probe, self.interval, self.on_stall = probe, interval, on_stall
+        # under the relay: the FIFO this thread sleeps on, woken only by `monitor run` (a
+        # loop that stopped delivering steps) or by stop(): no wake beside a running loop
+        self.poke_fd = poke_fd
         self.steady = steady  # the period once the run is YOUNG_S old (NOTE above)
         self._born = probe.clock()
         self.main_thread = main_thread if main_thread is not None else threading.get_ident()
@@ -179,6 +183,11 @@ class Watchdog:
     def stop(self) -> None:
         """Stop watching; a stall still open is closed (the loop is over)."""
         self._stop.set()
+        if self.poke_fd is not None:
+            try:
+                os.write(self.poke_fd, b"x")
+            except OSError:
+                pass
         if self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join(5)
         if self.stalled:
@@ -197,7 +206,14 @@ class Watchdog:
         return self.interval
 
     def _loop(self) -> None:
-        while not self._stop.wait(self.period()):
+        while not self._stop.wait(0 if self.poke_fd is not None else self.period()):
+            if self.poke_fd is not None:
+                try:
+                    os.read(self.poke_fd, 64)  # asleep, the GIL released, until poked
+                except OSError:
+                    break
+                if self._stop.is_set():
+                    break
             try:
                 self.check()
             except Exception:  # a store that cannot be written is the writer's to report

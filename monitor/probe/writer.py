@@ -9,18 +9,38 @@ the training. Standard library only (the probe's fence).
 """
 from __future__ import annotations
 
+import os
+from collections.abc import Callable
 from typing import Any
 
 from monitor.probe.device_clock import HOLD_S
 from monitor.records import StepRecord, columns
+from monitor.ring import ENV as RELAY_ENV
+from monitor.ring import RingWriter
 
 NO_DEVICE = (None, None, None)  # a step with no device times, or no phase marked on it
+RELAY_WAIT_S = 2.0  # the longest flush() waits for `monitor run` to store the ring's steps
 WRITE_GIVE_UP_S = 60.0  # a store failing this long stops recording (the training goes on)
 ROW = ("run_id", "step", "epoch", "ts", "wait_s", "compute_s", "samples", "config_seq",
        "copy_s", "rank", "device_idle_s", "device_span_s", "worker", "held", "forward_s",
        "backward_s", "optimizer_s")
 assert tuple(columns(StepRecord)) == ROW, "Probe._row_of builds the steps table's rows"
 
+
+
+def relay_ring(probe: Any, say: Callable[[str], None]) -> RingWriter | None:
+    """Under `monitor run`, the relay's ring for this probe (NOTE [the relay] in
+    monitor/manage/relay.py); None alone, or when it cannot be made (said once: the
+    watchdog's thread writes the steps instead)."""
+    folder = os.environ.get(RELAY_ENV)
+    if not folder:
+        return None
+    try:
+        return RingWriter(folder, probe.rank, probe._anchor_clock, probe._anchor_wall)
+    except Exception as exc:
+        say(f"the relay's ring could not be made ({exc}); steps are written from a thread "
+            "of this process instead")
+        return None
 
 
 def _transient(exc: BaseException) -> bool:
@@ -40,11 +60,15 @@ class StepWriter:
     _lock: Any
     store: Any
     device: Any
+    ring: Any  # monitor/ring.py's RingWriter under `monitor run`: its process writes
 
     def flush_final(self) -> None:
         """The loop is over (on the training thread): what the device has finished, then
         every buffered step."""
         self._device_times()
+        if self.ring is not None:
+            self.ring.close()
+            return
         self.flush(final=True)
 
     def _row_of(self, r: tuple[Any, ...]) -> tuple[Any, ...]:
@@ -58,7 +82,11 @@ class StepWriter:
 
     def flush(self, final: bool = False) -> None:
         """Write the buffered steps; those whose CUDA events are still outstanding wait for
-        the next flush (at most HOLD_S), unless `final` (the loop is over)."""
+        the next flush (at most HOLD_S), unless `final` (the loop is over). Under the
+        relay: wait (at most RELAY_WAIT_S) until `monitor run` has stored what was put."""
+        if self.ring is not None:
+            self.ring.wait_consumed(RELAY_WAIT_S)
+            return
         with self._lock:
             self._last_flush = now = self.clock()
             if self.stopped:
@@ -79,6 +107,12 @@ class StepWriter:
     def event(self, kind: str, label: str, data: dict[str, Any] | None = None) -> None:
         """An event for the writer to store with the steps (stamped now): the attach
         probe's loop never waits on the store for one."""
+        if self.ring is not None:
+            try:
+                self.ring.event(self.wall(self.clock()), kind, label, data)
+            except Exception:  # the ring's own fault: this one event goes to the store
+                self.store.add_event(self.run_id, kind, label, data)
+            return
         self._events.append((self.wall(self.clock()), kind, label, data))
 
     def _write_events(self) -> None:
@@ -139,7 +173,7 @@ class StepWriter:
 
     def flush_if_due(self) -> None:
         """Write what the loop buffered (the watchdog, every flush_interval)."""
-        if self.clock() - self._last_flush >= self.flush_interval:
+        if self.ring is None and self.clock() - self._last_flush >= self.flush_interval:
             self.flush()
 
     def discard(self) -> None:

@@ -26,6 +26,7 @@ def inject(point: str) -> None:
     """Break one entry point the probe runs inside the user's process."""
     from monitor.probe import patch, recorder, timing
     from monitor.probe.device_clock import DeviceClock
+    from monitor.ring import RingWriter
     from monitor.store import Store
 
     if point == "state":  # an impossible state: a delivered batch with no request time
@@ -49,8 +50,7 @@ def inject(point: str) -> None:
         "first_batch": (timing.TimedIterator, "_first"),
         "batch_arrived": (DeviceClock, "batch_arrived"),
         "batch_done": (DeviceClock, "batch_done"),
-        "insert": (Store, "insert_rows"),
-        "add_event": (Store, "add_event"),
+        "ring_put": (RingWriter, "put"),
         "control": (Store, "control_after"),
         "flush_final": (timing.Probe, "flush_final"),
     }[point]

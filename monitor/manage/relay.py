@@ -1,0 +1,222 @@
+"""`monitor run`'s relay: the attached script's steps read from its rings (monitor/ring.py)
+and written to the store from this process, not from a thread inside the user's.
+
+# NOTE [the relay]
+# A thread beside the training loop costs the loop each time it wakes, however little it does:
+# it must take the GIL from a loop that releases it for a moment at each torch call and takes
+# it straight back, and it loses those races for milliseconds to seconds while each release
+# wakes it in vain (NOTE [the writer's wake] in monitor/probe/watchdog.py). Under `monitor run`
+# nothing in the script's process wakes while its loop runs:
+# 1. The probe puts each step into a ring it maps from a file in the relay's folder ($
+#    STARVATION_MONITOR_RELAY, made here, one ring a process: every rank of a torchrun job on
+#    this node): two struct.pack_into calls. Events go as JSON lines to a file beside it.
+# 2. This thread (in `monitor run`'s process) reads every ring each PERIOD_S, converts the
+#    records to the steps table's rows and writes them, many rows a statement. A step whose
+#    CUDA events were outstanding (STEP_PENDING) waits for its device times up to HOLD_S.
+#    A store that cannot be written keeps its rows, up to BOUND, then the oldest are dropped
+#    and counted in one stored note; the script never waits on it.
+# 3. The stall watchdog's thread in the script sleeps on a FIFO. A ring that gained no step
+#    for POKE_S is poked each POKE_S (the loop is waiting or busy elsewhere: the thread finds
+#    the GIL free), and once more when steps resume, so it can say the stall ended.
+# 4. A script killed outright loses nothing: its records are in the file's pages. After the
+#    script ends, stop() reads every ring to its end, writes what is held and removes the
+#    folder (in the system's temporary folder, not /dev/shm: the DataLoader's workers need
+#    that one's room).
+# `watch()` in a script run without `monitor run` has no relay: its watchdog's thread writes.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import tempfile
+import threading
+import time
+from typing import Any
+
+from monitor.records import StepRecord
+from monitor.ring import DEVICE, ENV, REPORT, STEP_PENDING, SUFFIX, RingReader
+from monitor.store import Store
+
+PERIOD_S = 0.25  # between reads of the rings
+POKE_S = 0.5  # a ring with no new step this long: its watchdog is asked to look
+HOLD_S = 2.0  # a step awaiting its device times is written without them after this
+BOUND = 200_000  # rows held while the store cannot be written; older ones dropped
+
+
+def _t(x: float) -> float | None:
+    return None if x != x else x  # NaN: None
+
+
+def _n(x: int) -> int | None:
+    return None if x < 0 else x
+
+
+class _Ring:
+    """One ring's reader and what the relay holds for it."""
+
+    def __init__(self, reader: RingReader) -> None:
+        self.reader = reader
+        self.pending: dict[int, tuple[float, tuple[Any, ...]]] = {}  # step -> (read at, rec)
+        self.device: dict[int, tuple[Any, ...]] = {}  # step -> DEVICE record, before its step
+        self.changed = time.monotonic()  # when it last gained a step
+        self.poked = 0.0
+        self.idle = False  # poked since its last step: poke once more when steps resume
+
+
+class Relay:
+    """Reads the rings of one run's processes into the store, on a thread of its own."""
+
+    def __init__(self, store_path: Any, run_id: int) -> None:
+        self.store_path, self.run_id = store_path, run_id
+        self.folder = tempfile.mkdtemp(prefix="starvation-relay-")
+        self.rings: dict[str, _Ring] = {}
+        self.held: list[tuple[Any, ...]] = []  # rows the store has not taken yet
+        self.events: list[tuple[float, str, str, Any]] = []
+        self.dropped = 0
+        self._said_dropped = 0
+        self.failing: str | None = None  # the store's error while it cannot be written
+        self.errors = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="starvation-relay",
+                                        daemon=True)
+        self.store: Store | None = None
+
+    def env(self) -> dict[str, str]:
+        return {ENV: self.folder}
+
+    def start(self) -> Relay:
+        self._thread.start()
+        return self
+
+    def _loop(self) -> None:
+        self.store = Store(self.store_path)
+        while not self._stop.wait(PERIOD_S):
+            self.cycle()
+
+    def stop(self) -> None:
+        """The script has ended: every ring read to its end, what is held written, the
+        folder removed."""
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(30)
+        if self.store is None:
+            self.store = Store(self.store_path)
+        self.cycle(final=True)
+        for r in self.rings.values():
+            with contextlib.suppress(Exception):
+                r.reader.close()
+        shutil.rmtree(self.folder, ignore_errors=True)
+        self.store.close()
+
+    def cycle(self, final: bool = False) -> None:
+        """One read of every ring; the rows and events written (kept where the store
+        refuses them). Never raises: the relay's errors cannot touch the script."""
+        try:
+            self._open_new()
+            now = time.monotonic()
+            for ring in self.rings.values():
+                self._read(ring, now, final)
+            self._write()
+        except Exception:
+            self.errors += 1
+
+    def _open_new(self) -> None:
+        for entry in os.scandir(self.folder):
+            if entry.name.endswith(SUFFIX) and entry.path not in self.rings:
+                try:
+                    self.rings[entry.path] = _Ring(RingReader(entry.path))
+                except (OSError, ValueError):  # still being made: next cycle
+                    continue
+
+    def _read(self, ring: _Ring, now: float, final: bool) -> None:
+        r = ring.reader
+        recs, lost = r.read()
+        self.dropped += lost
+        self.events += [(ts, kind, label, data) for ts, kind, label, data in r.events()]
+        steps = 0
+        for rec in recs:
+            step = rec[1]
+            if rec[0] == DEVICE:
+                held = ring.pending.pop(step, None)
+                if held is None:
+                    ring.device[step] = rec
+                else:
+                    self.held.append(self._row(r, held[1], rec))
+                continue
+            steps += 1
+            dev = ring.device.pop(step, None)
+            if rec[0] == STEP_PENDING and dev is None:
+                ring.pending[step] = (now, rec)
+            else:
+                self.held.append(self._row(r, rec, dev))
+        late = final or r.closed()
+        for step, (at, rec) in list(ring.pending.items()):
+            if late or now - at >= HOLD_S:
+                del ring.pending[step]
+                self.held.append(self._row(r, rec, None))
+        if len(ring.device) > 4 * 1024:  # device times whose step never came
+            ring.device.clear()
+        self._poke(ring, now, steps, final or r.closed())
+
+    def _poke(self, ring: _Ring, now: float, steps: int, over: bool) -> None:
+        if steps:
+            ring.changed = now
+            if ring.idle:  # steps resumed after a stall looked for: let it say so
+                ring.idle = False
+                ring.reader.poke()
+            return
+        if not over and now - ring.changed >= POKE_S and now - ring.poked >= POKE_S:
+            ring.poked, ring.idle = now, True
+            ring.reader.poke()
+
+    def _row(self, r: RingReader, rec: tuple[Any, ...], dev: tuple[Any, ...] | None
+             ) -> tuple[Any, ...]:
+        """A step record as the steps table's row (StepRecord's columns): device phases
+        where the device clock timed it, else the host's (a row never mixes the two)."""
+        (_, step, epoch, ts, wait, compute, samples, cfg, worker, held, copy,
+         fwd, bwd, opt) = rec
+        idle = span = None
+        if dev is not None:
+            idle, span = _t(dev[3]), dev[4]
+            fwd, bwd, opt = (dev[11], dev[12], dev[13]) if dev[9] == 1 else (
+                float("nan"),) * 3
+        return (self.run_id, step, epoch, r.wall(ts), wait, compute, samples, cfg, _t(copy),
+                r.rank, idle, span, _n(worker), _n(held), _t(fwd), _t(bwd), _t(opt))
+
+    def _write(self) -> None:
+        store = self.store
+        assert store is not None
+        try:
+            while self.events:  # each taken off once written: none written twice
+                ts, kind, label, data = self.events[0]
+                if kind == REPORT:  # a rank's report: its row, and the run's record
+                    store.set_rank(self.run_id, **data["ranks"])
+                    if data.get("run"):
+                        store.update_run(self.run_id, **data["run"])
+                else:
+                    store.add_event(self.run_id, kind, label, data, ts=ts)
+                self.events.pop(0)
+            if self.held:
+                store.insert_rows(StepRecord, self.held)
+                self.held = []
+        except Exception as exc:
+            self.failing = self.failing or str(exc)
+            if len(self.held) > BOUND:
+                self.dropped += len(self.held) - BOUND
+                self.held = self.held[-BOUND:]
+            return
+        for ring in self.rings.values():
+            ring.reader.mark_consumed(ring.reader.tail - len(ring.pending))
+        if self.failing is not None or self.dropped > self._said_dropped:
+            self._note()
+
+    def _note(self) -> None:
+        """Writes resumed, or steps were lost: one stored note that says what."""
+        lost, why = self.dropped - self._said_dropped, self.failing
+        self._said_dropped, self.failing = self.dropped, None
+        text = (f"the store could not be written for a while ({why}); " if why else "") + (
+            f"{lost} steps dropped: the relay could not keep up" if lost else "no step lost")
+        with contextlib.suppress(Exception):
+            assert self.store is not None
+            self.store.add_event(self.run_id, "probe", text, {"dropped": lost})

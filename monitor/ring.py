@@ -1,0 +1,208 @@
+"""The relay ring: how an attached script's steps leave its process under `monitor run`
+without a thread beside the training loop (NOTE [the relay] in monitor/manage/relay.py).
+
+The probe (monitor/probe/timing.py) writes each step as one fixed-size record into a file it
+maps into memory, then bumps the header's count: two `struct.pack_into` calls, no lock, no
+system call, no store, no thread. `monitor run`'s own process maps the same file, reads what
+was added, and writes the rows to the store. A record is 14 slots of 8 bytes; a None is NaN
+(a time) or -1 (a count). The ring wraps: a reader more than CAPACITY records behind loses
+the oldest, counted (the writer never waits). Events (rare: a loader report, a probe note)
+are JSON lines appended to `<ring>.events`; the reader asks the probe's watchdog thread to
+look for a stall by writing a byte to the FIFO `<ring>.poke`, on which that thread sleeps,
+waking for nothing else. Standard library only (the probe imports it: its fence).
+"""
+from __future__ import annotations
+
+import json
+import math
+import mmap
+import os
+import struct
+import time
+from typing import Any
+
+ENV = "STARVATION_MONITOR_RELAY"  # the folder `monitor run` reads the rings from
+CAPACITY = 65_536  # records a ring holds (a 1 ms loop's 65 s): 7 MB, sparse until written
+MAGIC = b"SMRING01"
+# header: magic, capacity, head (records written), consumed (the reader's: written to the
+# store), closed (the writer's last record is in), pid, rank, anchor clock, anchor wall
+HEADER = struct.Struct("<8sqqqqqqdd")
+HEADER_SIZE = 128
+HEAD_AT, CONSUMED_AT, CLOSED_AT = 16, 24, 32
+COUNT = struct.Struct("<q")
+# kind, step, epoch, ts (clock), wait, compute, samples, config_seq, worker, held, copy,
+# forward, backward, optimizer
+RECORD = struct.Struct("<qqqdddqqqqdddd")
+STEP, DEVICE, STEP_PENDING = 0, 1, 2  # a step; a step's device times; a step awaiting them
+NAN = math.nan
+SUFFIX, EVENTS, POKE = ".ring", ".events", ".poke"
+REPORT = "rank report"  # an event line that is a rank's report: {"ranks": set_rank's keywords,
+# "run": update_run's or None} (monitor/probe/recorder.py), written by the relay as such
+
+
+def _t(x: float | None) -> float:
+    return NAN if x is None else x
+
+
+def _n(x: int | None) -> int:
+    return -1 if x is None else x
+
+
+class RingWriter:
+    """The probe's half, in the training process. `put` is the per-step call."""
+
+    def __init__(self, folder: str, rank: int, anchor_clock: float, anchor_wall: float,
+                 capacity: int = CAPACITY) -> None:
+        self.path = os.path.join(folder, f"{os.getpid()}-{rank}{SUFFIX}")
+        self.capacity = capacity
+        size = HEADER_SIZE + capacity * RECORD.size
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            os.ftruncate(fd, size)
+            self.mm = mmap.mmap(fd, size)
+        finally:
+            os.close(fd)
+        self.events_fd = os.open(self.path[:-len(SUFFIX)] + EVENTS,
+                                 os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        poke = self.path[:-len(SUFFIX)] + POKE
+        os.mkfifo(poke, 0o600)
+        # read-write: the open never blocks, and the watchdog's read never sees an end
+        self.poke_fd = os.open(poke, os.O_RDWR)
+        self.head = 0
+        self.mm[:HEADER.size] = HEADER.pack(MAGIC, capacity, 0, 0, 0, os.getpid(), rank,
+                                            anchor_clock, anchor_wall)
+        self.events_lost = 0
+
+    def put(self, kind: int, step: int, epoch: int, ts: float, wait: float, compute: float,
+            samples: int, config_seq: int, worker: int | None, held: int | None,
+            copy: float | None, fwd: float | None, bwd: float | None,
+            opt: float | None) -> None:
+        head = self.head
+        RECORD.pack_into(self.mm, HEADER_SIZE + (head % self.capacity) * RECORD.size, kind,
+                         step, epoch, ts, wait, compute, samples, config_seq,
+                         -1 if worker is None else worker, -1 if held is None else held,
+                         NAN if copy is None else copy, NAN if fwd is None else fwd,
+                         NAN if bwd is None else bwd, NAN if opt is None else opt)
+        self.head = head = head + 1
+        COUNT.pack_into(self.mm, HEAD_AT, head)  # after the record: the reader's signal
+
+    def put_device(self, step: int, idle: float | None, span: float,
+                   phases: tuple[float | None, ...] | None) -> None:
+        """A step's device times, harvested after the step was put (STEP_PENDING)."""
+        fwd, bwd, opt = phases if phases is not None else (None, None, None)
+        self.put(DEVICE, step, 0, _t(idle), span, 0.0, 0, 0, None,
+                 1 if phases is not None else 0, None, fwd, bwd, opt)
+
+    def event(self, ts: float, kind: str, label: str, data: dict[str, Any] | None) -> None:
+        """One event line (one write, no store); one that cannot be written is counted."""
+        try:
+            line = json.dumps([ts, kind, label, data], default=str) + "\n"
+            os.write(self.events_fd, line.encode())
+        except Exception:
+            self.events_lost += 1
+
+    def consumed(self) -> int:
+        return COUNT.unpack_from(self.mm, CONSUMED_AT)[0]
+
+    def wait_consumed(self, timeout: float) -> bool:
+        """Whether the reader has stored every record put so far (an epoch's end, before an
+        autotuner reads it), waiting up to `timeout`."""
+        deadline = time.monotonic() + timeout
+        while self.consumed() < self.head:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.01)
+        return True
+
+    def close(self) -> None:
+        """The last record is in: the reader writes what it holds without waiting more."""
+        try:
+            COUNT.pack_into(self.mm, CLOSED_AT, 1)
+        except ValueError:  # closed already
+            pass
+
+
+class RingReader:
+    """`monitor run`'s half: the records one ring gained since the last read."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        fd = os.open(path, os.O_RDWR)
+        try:
+            size = os.fstat(fd).st_size
+            if size < HEADER_SIZE:
+                raise ValueError(f"{path}: not a ring yet")
+            self.mm = mmap.mmap(fd, size)
+        finally:
+            os.close(fd)
+        magic, cap, _, _, _, pid, rank, a_clock, a_wall = HEADER.unpack_from(self.mm, 0)
+        if magic != MAGIC or size < HEADER_SIZE + cap * RECORD.size:
+            self.mm.close()
+            raise ValueError(f"{path}: not a ring yet")
+        self.capacity, self.pid, self.rank = cap, pid, rank
+        self.anchor_clock, self.anchor_wall = a_clock, a_wall
+        self.tail = 0
+        self._events_at = 0
+        self._partial = b""
+
+    def head(self) -> int:
+        return COUNT.unpack_from(self.mm, HEAD_AT)[0]
+
+    def closed(self) -> bool:
+        return COUNT.unpack_from(self.mm, CLOSED_AT)[0] == 1
+
+    def wall(self, t: float) -> float:
+        return self.anchor_wall + (t - self.anchor_clock)
+
+    def read(self) -> tuple[list[tuple[Any, ...]], int]:
+        """(the records added since the last read, oldest first; how many were lost: the
+        writer lapped the reader)."""
+        head, start, cap = self.head(), self.tail, self.capacity
+        lost = max(0, head - cap - start)
+        start += lost
+        recs = [RECORD.unpack_from(self.mm, HEADER_SIZE + (i % cap) * RECORD.size)
+                for i in range(start, head)]
+        torn = max(0, self.head() - cap - start)  # overwritten while being read
+        if torn:
+            recs, lost = recs[torn:], lost + torn
+        self.tail = head
+        return recs, lost
+
+    def mark_consumed(self, upto: int) -> None:
+        COUNT.pack_into(self.mm, CONSUMED_AT, upto)
+
+    def events(self) -> list[tuple[float, str, str, dict[str, Any] | None]]:
+        """The event lines appended since the last read (a line not yet whole waits)."""
+        try:
+            with open(self.path[:-len(SUFFIX)] + EVENTS, "rb") as f:
+                f.seek(self._events_at)
+                data = f.read()
+        except OSError:
+            return []
+        self._events_at += len(data)
+        *lines, self._partial = (self._partial + data).split(b"\n")
+        out = []
+        for line in lines:
+            try:
+                ts, kind, label, payload = json.loads(line)
+                out.append((float(ts), str(kind), str(label), payload))
+            except (ValueError, TypeError):
+                continue
+        return out
+
+    def poke(self) -> bool:
+        """Wake the probe's watchdog (look for a stall); False when nothing listens."""
+        try:
+            fd = os.open(self.path[:-len(SUFFIX)] + POKE, os.O_WRONLY | os.O_NONBLOCK)
+        except OSError:
+            return False
+        try:
+            os.write(fd, b"!")
+        except OSError:  # the pipe is full: it has a wake waiting already
+            pass
+        finally:
+            os.close(fd)
+        return True
+
+    def close(self) -> None:
+        self.mm.close()

@@ -1,0 +1,181 @@
+"""The relay (NOTE [the relay] in monitor/manage/relay.py): under `monitor run` the script's
+steps leave its process through a ring file and are written by `monitor run`'s own process.
+Every step arrives, in order, after a normal exit, an exception in the loop, SIGTERM and
+SIGKILL; a locked store never holds the loop; the ring's records round-trip; no thread or
+folder is left behind."""
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from monitor.manage.relay import Relay
+from monitor.ring import DEVICE, STEP, STEP_PENDING, RingReader, RingWriter
+from monitor.store import ATTACHED, Store
+from tests.conftest import wait_for
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPT = ROOT / "tests" / "scripts" / "relay_loop.py"
+ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
+
+
+def start(db: Path, n: int, mode: str, folder: Path) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "monitor", "run", "--db", str(db), "--json",
+                             "--", sys.executable, str(SCRIPT), str(n), mode, str(folder)],
+                            cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+
+
+def whole(store: Store, run_id: int, n: int) -> None:
+    """Steps 0..n-1, each once, stamped in order."""
+    steps = store.steps(run_id)
+    assert steps["step"].tolist() == list(range(n)), steps["step"].tolist()[-5:]
+    assert steps["ts"].is_monotonic_increasing
+    assert (steps["samples"] == 1).all() and steps["wait_s"].notna().all()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["normal", "raise"])
+def test_every_step_arrives_in_order_after_an_exit_or_the_loops_own_error(mode, tmp_path,
+                                                                          no_leaks):
+    p = start(tmp_path / "r.db", 400, mode, tmp_path)
+    out, err = p.communicate(timeout=180)
+    assert p.returncode == (0 if mode == "normal" else 1), err[-2000:]
+    run_id = json.loads(out.strip().splitlines()[-1])["run_id"]
+    # the loop's own error reaches the loop at step 200: the steps before it are whole
+    whole(Store(tmp_path / "r.db"), run_id, 400 if mode == "normal" else 200)
+    assert ("the loop's own error" in err) == (mode == "raise")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["SIGTERM to monitor run", "SIGKILL to the script"])
+def test_a_stopped_or_killed_script_loses_no_step(how, tmp_path, no_leaks):
+    db = tmp_path / "r.db"
+    p = start(db, 300, "kill", tmp_path)
+    assert wait_for(lambda: (tmp_path / "looped").exists(), timeout=120), p.stderr
+    store = Store(db)
+    run = store.run(int(store.runs()["id"].iloc[0]))
+    if how.startswith("SIGTERM"):
+        p.send_signal(signal.SIGTERM)  # forwarded to the script's process group
+    else:
+        os.kill(int(run["pid"]), signal.SIGKILL)
+    p.communicate(timeout=120)
+    whole(store, int(run["id"]), 300)
+    assert store.run(int(run["id"]))["status"] != "running"
+
+
+@pytest.mark.slow
+def test_a_locked_store_never_holds_the_loop_and_its_steps_arrive_once_freed(tmp_path,
+                                                                            no_leaks):
+    db = tmp_path / "r.db"
+    p = start(db, 2000, "hold", tmp_path)
+    store = Store(db) if wait_for(db.exists, timeout=90) else None
+    assert store is not None
+    run_id = wait_for(lambda: len(store.runs()) and int(store.runs()["id"].iloc[0]), timeout=90)
+    lock = sqlite3.connect(db, timeout=30, isolation_level=None)
+    lock.execute("BEGIN EXCLUSIVE")  # another writer holds the store through the loop
+    try:
+        (tmp_path / "go").touch()
+        looped = wait_for(lambda: (tmp_path / "looped").exists(), timeout=120)
+        assert looped, "the loop waited on the locked store"
+    finally:
+        lock.execute("COMMIT")
+        lock.close()
+    (tmp_path / "release").touch()
+    out, err = p.communicate(timeout=180)
+    assert p.returncode == 0, err[-2000:]
+    whole(store, run_id, 2000)
+    notes = store.events(run_id, kinds=("probe",))["label"].tolist()
+    assert not any("dropped" in t and "no step lost" not in t for t in notes), notes
+
+
+def test_the_rings_records_round_trip_with_device_times_merged(tmp_path):
+    """A step, a step awaiting its device times and those times (NaN and -1 for None) come
+    out of the relay as the steps table's rows; a step whose times never come is written
+    without them once the script has ended."""
+    store = Store(tmp_path / "s.db")
+    run_id = store.create_run("r", ATTACHED, {})
+    relay = Relay(store.path, run_id)
+    w = RingWriter(relay.folder, 3, anchor_clock=100.0, anchor_wall=1_000.0)
+    w.put(STEP, 0, 0, 101.0, 0.5, 0.25, 8, 0, None, None, None, 0.1, 0.1, None)
+    w.put(STEP_PENDING, 1, 0, 102.0, 0.5, 0.25, 8, 0, 2, 1, 0.01, 0.1, 0.1, 0.05)
+    w.put_device(1, 0.2, 0.3, (0.11, 0.12, None))
+    w.put(STEP_PENDING, 2, 0, 103.0, 0.5, 0.25, 8, 0, 0, 0, None, None, None, None)
+    w.event(1_002.5, "probe", "a note", {"x": 1})
+    relay.stop()  # the script has ended: the step still awaiting its times goes as it is
+    rows = store.steps(run_id)
+    assert rows["step"].tolist() == [0, 1, 2] and (rows["rank"] == 3).all()
+    assert rows["ts"].tolist() == [1_001.0, 1_002.0, 1_003.0]
+    first, second, third = (rows.iloc[i] for i in range(3))
+    assert pd.isna(first["copy_s"]) and pd.isna(first["optimizer_s"])
+    assert pd.isna(first["worker"]) and first["forward_s"] == 0.1
+    assert second["device_idle_s"] == 0.2 and second["device_span_s"] == 0.3
+    assert second["forward_s"] == 0.11 and pd.isna(second["optimizer_s"])  # device time
+    assert second["worker"] == 2 and second["held"] == 1 and second["copy_s"] == 0.01
+    assert pd.isna(third["device_span_s"]) and pd.isna(third["forward_s"])
+    assert store.events(run_id, kinds=("probe",))["label"].tolist() == ["a note"]
+    assert not os.path.exists(relay.folder)
+    assert not [t for t in threading.enumerate() if t.name == "starvation-relay"]
+
+
+def test_a_reader_lapped_by_the_writer_counts_what_it_lost(tmp_path):
+    w = RingWriter(str(tmp_path), 0, 0.0, 0.0, capacity=8)
+    r = RingReader(w.path)
+    for i in range(5):
+        w.put(STEP, i, 0, float(i), 0.0, 0.0, 1, 0, None, None, None, None, None, None)
+    recs, lost = r.read()
+    assert [x[1] for x in recs] == [0, 1, 2, 3, 4] and lost == 0
+    for i in range(5, 25):
+        w.put(STEP, i, 0, float(i), 0.0, 0.0, 1, 0, None, None, None, None, None, None)
+    recs, lost = r.read()
+    assert [x[1] for x in recs] == list(range(17, 25)) and lost == 12
+    w.put_device(24, None, 0.5, None)
+    (rec,), _ = r.read()
+    assert rec[0] == DEVICE and math.isnan(rec[3]) and rec[4] == 0.5 and rec[9] == 0
+
+
+def test_the_relay_keeps_rows_the_store_refuses_and_says_what_it_lost(tmp_path):
+    store = Store(tmp_path / "s.db")
+    run_id = store.create_run("r", ATTACHED, {})
+    relay = Relay(store.path, run_id)
+    relay.store = Store(store.path)
+    w = RingWriter(relay.folder, 0, 0.0, 0.0)
+    for i in range(50):
+        w.put(STEP, i, 0, float(i), 0.0, 0.0, 1, 0, None, None, None, None, None, None)
+    lock = sqlite3.connect(store.path, timeout=30, isolation_level=None)
+    lock.execute("BEGIN EXCLUSIVE")
+    relay.store.db.conn().execute("PRAGMA busy_timeout = 0")
+    relay.cycle()
+    assert relay.failing and len(relay.held) == 50 and w.consumed() == 0
+    lock.execute("COMMIT")
+    relay.cycle()
+    assert not relay.held and w.consumed() == 50
+    assert store.steps(run_id)["step"].tolist() == list(range(50))
+    assert "no step lost" in store.events(run_id, kinds=("probe",))["label"].iloc[-1]
+    relay.stop()
+
+
+def test_an_event_the_ring_refuses_goes_to_the_store(tmp_path, monkeypatch):
+    from monitor.probe.timing import Probe
+
+    store = Store(tmp_path / "s.db")
+    run_id = store.create_run("r", ATTACHED, {})
+    probe = Probe(store, run_id)
+    probe.ring = RingWriter(str(tmp_path), 0, 0.0, 0.0)
+
+    def broken(*a, **k):
+        raise OSError("no room")
+
+    monkeypatch.setattr(probe.ring, "event", broken)
+    probe.event("probe", "still told", None)
+    assert store.events(run_id, kinds=("probe",))["label"].tolist() == ["still told"]
+
