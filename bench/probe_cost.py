@@ -67,9 +67,14 @@ def loop(it) -> float:
     return time.perf_counter() - t
 
 
-def one(mode: str, workers: int, steps: int, epochs: int, ms: float, kind: str = "") -> float:
+GAPS: dict[str, list[tuple[float, float]]] = {}  # case -> (bare, monitored) median gap µs
+
+
+def one(mode: str, workers: int, steps: int, epochs: int, ms: float, kind: str = "",
+        gaps: list[float] | None = None) -> float:
     """Median µs a step of one process's epochs after its first. `kind` "phases": a model's
-    step, the probe's phases on ("probed") or off ("bare": the probe with them off)."""
+    step, the probe's phases on ("probed") or off ("bare": the probe with them off). With
+    a step (ms > 0) the same epochs' median gap between steps goes onto `gaps`."""
     env = {**os.environ, "PYTHONPATH": str(ROOT),
            "STARVATION_MONITOR_DB": str(Path(tempfile.mkdtemp()) / "p.db")}
     extra = []
@@ -88,14 +93,17 @@ def one(mode: str, workers: int, steps: int, epochs: int, ms: float, kind: str =
                        capture_output=True, text=True, timeout=600, env=env)
     line = next(ln for ln in r.stdout.splitlines() if ln.startswith("us_per_step"))
     per_epoch = [float(x) for x in line.split()[1:]]
+    gap = next((ln.split()[1:] for ln in r.stdout.splitlines() if ln.startswith("gap_us")), [])
+    keep = list(range(1, len(per_epoch)))
     if kind == "steady":
-        start, later = 0.0, []
-        for us in per_epoch:
+        start, keep = 0.0, []
+        for i, us in enumerate(per_epoch):
             if start >= STEADY_FROM_S:
-                later.append(us)
+                keep.append(i)
             start += us * steps / 1e6
-        return statistics.median(later)
-    return statistics.median(per_epoch[1:])
+    if gaps is not None and gap:
+        gaps.append(statistics.median(float(gap[i].split("/")[0]) for i in keep))
+    return statistics.median(per_epoch[i] for i in keep)
 
 
 def spread(xs: list[float]) -> str:
@@ -110,8 +118,11 @@ def table(rounds: int, only: str = "") -> None:
     for r in range(rounds):
         for what, mode, nw, steps, epochs, ms, kind in cases:
             pair = ["bare", mode] if r % 2 == 0 else [mode, "bare"]
-            t = {m: one(m, nw, steps, epochs, ms, kind) for m in pair}
+            g: dict[str, list[float]] = {m: [] for m in pair}
+            t = {m: one(m, nw, steps, epochs, ms, kind, g[m]) for m in pair}
             got[what].append((t["bare"], t[mode]))
+            if g["bare"] and g[mode]:
+                GAPS.setdefault(what, []).append((g["bare"][0], g[mode][0]))
             print(f"round {r} {what}: bare {t['bare']:.2f}, monitored {t[mode]:.2f} µs/step",
                   flush=True)
     print("\n| case | bare µs/step | monitored µs/step | probe cost |")
@@ -122,6 +133,11 @@ def table(rounds: int, only: str = "") -> None:
         if _rest[-2] > 0:  # a real step: the cost as throughput lost
             cost = [(y / x - 1) * 100 for x, y in got[what]]
             print(f"| {what} | {spread(b)} | {spread(m)} | {spread(cost)} % of throughput |")
+            if what in GAPS:  # the loop's own time between steps: next() and the probe
+                gb, gm = [x for x, _ in GAPS[what]], [y for _, y in GAPS[what]]
+                d = [y - x for x, y in GAPS[what]]
+                print(f"| {what}: between steps (median) | {spread(gb)} | {spread(gm)} | "
+                      f"{spread(d)} µs/step ({statistics.median(d) / 10:.2f}% of 1 ms) |")
         else:
             cost = [y - x for x, y in got[what]]
             print(f"| {what} | {spread(b)} | {spread(m)} | {spread(cost)} µs/step |")

@@ -4,13 +4,17 @@ installs it) or through `watch()`, each epoch timed; prints `us_per_step A B C .
 
     python bench/probe_loop.py {bare,probed,watch} WORKERS STEPS EPOCHS [STEP_MS] [model]
 
-STEP_MS > 0 spins that long a step (a modelled device step: the 1 ms loop); `model`: each
+STEP_MS > 0 spins that long a step (a modelled device step: the 1 ms loop), and prints
+`gap_us MEDIAN/MEAN ...` too: per epoch, the µs between one step's spin and the next's (the
+DataLoader's next() and the probe's own code: what the probe adds, without the spin's noise);
+`model`: each
 step is a tiny model's forward, backward and optimizer step (what the phase hooks meet;
 STARVATION_MONITOR_PHASES=0 turns them off). Figures only.
 """
 from __future__ import annotations
 
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -59,10 +63,14 @@ def main() -> None:
     model = torch.nn.Linear(4, 4)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     x = torch.ones(2, 4)
-    out = []
+    out, gaps = [], []
+    t_spun = None
     for _ in range(epochs):
         t = time.perf_counter()
+        gap = []
         for _ in epoch_iter():
+            if t_spun is not None:  # the loop's own time between two steps: next(), probe
+                gap.append(time.perf_counter() - t_spun)
             if with_model:
                 model(x).sum().backward()
                 opt.step()
@@ -71,8 +79,14 @@ def main() -> None:
                 end = time.perf_counter() + step_s
                 while time.perf_counter() < end:  # the modelled step: a spin, not a sleep
                     pass
+                t_spun = time.perf_counter()
+        t_spun = None
         out.append((time.perf_counter() - t) / steps * 1e6)
+        gaps.append(gap)
     print("us_per_step " + " ".join(f"{x:.3f}" for x in out), flush=True)
+    if step_s:  # per epoch: the median and the mean µs between a step's end and the next's
+        print("gap_us " + " ".join(f"{statistics.median(g) * 1e6:.3f}/"
+                                   f"{statistics.fmean(g) * 1e6:.3f}" for g in gaps), flush=True)
 
 
 if __name__ == "__main__":

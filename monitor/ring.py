@@ -36,16 +36,30 @@ RECORD = struct.Struct("<qqqdddqqqqdddd")
 STEP, DEVICE, STEP_PENDING = 0, 1, 2  # a step; a step's device times; a step awaiting them
 NAN = math.nan
 SUFFIX, EVENTS, POKE = ".ring", ".events", ".poke"
+ALIVE = "relay.alive"  # a FIFO the relay holds open for writing and never writes: a probe
+# reading it meets its end only when `monitor run`'s process is gone
 REPORT = "rank report"  # an event line that is a rank's report: {"ranks": set_rank's keywords,
 # "run": update_run's or None} (monitor/probe/recorder.py), written by the relay as such
 
 
-def _t(x: float | None) -> float:
-    return NAN if x is None else x
+def _t(x: float) -> float | None:
+    return None if x != x else x  # NaN: None
 
 
-def _n(x: int | None) -> int:
-    return -1 if x is None else x
+def as_step(rec: tuple[Any, ...]) -> tuple[Any, ...]:
+    """A step record as the probe's buffer holds a step (monitor/probe/timing.py): (step,
+    epoch, ts, wait, compute, samples, config_seq, copy, worker, held, forward, backward,
+    optimizer), None where the ring has NaN or -1."""
+    _, step, epoch, ts, wait, compute, samples, cfg, worker, held, copy, fwd, bwd, opt = rec
+    return (step, epoch, ts, wait, compute, samples, cfg, _t(copy),
+            None if worker < 0 else worker, None if held < 0 else held, _t(fwd), _t(bwd),
+            _t(opt))
+
+
+def as_device(rec: tuple[Any, ...]) -> tuple[int, tuple[Any, ...]]:
+    """A DEVICE record as (step, (idle, span, its phases or None)): DeviceClock.harvest's."""
+    phases = (_t(rec[11]), _t(rec[12]), _t(rec[13])) if rec[9] == 1 else None
+    return rec[1], (_t(rec[3]), rec[4], phases)
 
 
 class RingWriter:
@@ -68,6 +82,11 @@ class RingWriter:
         os.mkfifo(poke, 0o600)
         # read-write: the open never blocks, and the watchdog's read never sees an end
         self.poke_fd = os.open(poke, os.O_RDWR)
+        try:  # read-only, no wait: EOF there is the relay's process gone
+            self.alive_fd: int | None = os.open(os.path.join(folder, ALIVE),
+                                                os.O_RDONLY | os.O_NONBLOCK)
+        except OSError:
+            self.alive_fd = None
         self.head = 0
         self.mm[:HEADER.size] = HEADER.pack(MAGIC, capacity, 0, 0, 0, os.getpid(), rank,
                                             anchor_clock, anchor_wall)
@@ -90,7 +109,7 @@ class RingWriter:
                    phases: tuple[float | None, ...] | None) -> None:
         """A step's device times, harvested after the step was put (STEP_PENDING)."""
         fwd, bwd, opt = phases if phases is not None else (None, None, None)
-        self.put(DEVICE, step, 0, _t(idle), span, 0.0, 0, 0, None,
+        self.put(DEVICE, step, 0, NAN if idle is None else idle, span, 0.0, 0, 0, None,
                  1 if phases is not None else 0, None, fwd, bwd, opt)
 
     def event(self, ts: float, kind: str, label: str, data: dict[str, Any] | None) -> None:
@@ -113,6 +132,27 @@ class RingWriter:
                 return False
             time.sleep(0.01)
         return True
+
+    def unconsumed(self) -> list[tuple[Any, ...]]:
+        """The records the reader has not stored (its process is gone), oldest first."""
+        start = max(self.consumed(), self.head - self.capacity)
+        return [RECORD.unpack_from(self.mm, HEADER_SIZE + (i % self.capacity) * RECORD.size)
+                for i in range(start, self.head)]
+
+    def remove(self) -> None:
+        """The ring's files, and the relay's folder if nothing else is in it (its process
+        is gone and will not)."""
+        base = self.path[:-len(SUFFIX)]
+        folder = os.path.dirname(self.path)
+        for f in (self.path, base + EVENTS, base + POKE, os.path.join(folder, ALIVE)):
+            try:
+                os.unlink(f)
+            except OSError:
+                pass
+        try:
+            os.rmdir(folder)
+        except OSError:  # another rank's ring is still there
+            pass
 
     def close(self) -> None:
         """The last record is in: the reader writes what it holds without waiting more."""

@@ -12,6 +12,7 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import tempfile
 import threading
 from pathlib import Path
 
@@ -96,6 +97,29 @@ def test_a_locked_store_never_holds_the_loop_and_its_steps_arrive_once_freed(tmp
     whole(store, run_id, 2000)
     notes = store.events(run_id, kinds=("probe",))["label"].tolist()
     assert not any("dropped" in t and "no step lost" not in t for t in notes), notes
+
+
+@pytest.mark.slow
+def test_a_script_whose_monitor_run_is_killed_writes_its_own_steps(tmp_path):
+    """`monitor run` killed outright (NOTE [the relay], 5): the script goes on, takes back
+    what its ring held unstored and writes its steps itself; its ring's files are removed."""
+    db = tmp_path / "r.db"
+    p = start(db, 300, "orphan", tmp_path)
+    assert wait_for(lambda: (tmp_path / "looped").exists(), timeout=120), p.stderr
+    store = Store(db)
+    run = store.run(int(store.runs()["id"].iloc[0]))
+    relay_dirs = {d for d in Path(tempfile.gettempdir()).glob("starvation-relay-*")
+                  if any(d.glob(f"{run['pid']}-*.ring"))}
+    assert len(relay_dirs) == 1
+    p.kill()  # monitor run only: the script is in a process group of its own
+    (tmp_path / "go").touch()
+    assert wait_for(lambda: (tmp_path / "looped2").exists(), timeout=120)
+    _, err = p.communicate(timeout=120)  # its pipes close when the script exits
+    assert "monitor run's process is gone" in err, err[-2000:]
+    got = wait_for(lambda: len(store.steps(int(run["id"]))) >= 600, timeout=60)
+    assert got, len(store.steps(int(run["id"])))
+    whole(store, int(run["id"]), 600)
+    assert not any(d.exists() for d in relay_dirs)
 
 
 def test_the_rings_records_round_trip_with_device_times_merged(tmp_path):

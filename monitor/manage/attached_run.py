@@ -272,6 +272,7 @@ def run_attached(args: argparse.Namespace) -> int:
     rt.start()
     live_on = terminal.wanted(args.live)
     live_tty = live_on and sys.stderr.isatty()
+    relay.start()
     try:
         # its own process group, so signals reach the script and its DataLoader workers
         # together, and the terminal's Ctrl-C is the script's alone (as run bare)
@@ -282,7 +283,6 @@ def run_attached(args: argparse.Namespace) -> int:
         rt.close()
         print(f"error: could not start {cmd[0]!r}: {exc}", file=sys.stderr)
         return 127
-    relay.start()
     store.update_run(run_id, pid=proc.pid)
     rt.collector.follow(proc.pid, run_id)
     print(f"starvation-monitor: run {run_id} recording to {store.path} (pid {proc.pid})",
@@ -297,7 +297,10 @@ def run_attached(args: argparse.Namespace) -> int:
             view.relay(proc.stdout, sys.stdout)
             view.relay(proc.stderr, sys.stderr)
     rc, asked = _supervise(proc, rt)
-    relay.stop()  # every step the script put, stored, before its end is judged
+    lost = relay.stop()  # every step the script put, stored, before its end is judged
+    if lost:
+        print(f"starvation-monitor: {lost} steps of run {run_id} could not be stored "
+              f"({relay.failing or 'the store refused them'})", file=sys.stderr)
     if view is not None:
         view.stop()
     if tuner is not None:

@@ -22,6 +22,10 @@ and written to the store from this process, not from a thread inside the user's.
 #    script ends, stop() reads every ring to its end, writes what is held and removes the
 #    folder (in the system's temporary folder, not /dev/shm: the DataLoader's workers need
 #    that one's room).
+# 5. `monitor run` killed outright: the watchdog's thread also watches the FIFO relay.alive,
+#    which this process holds open and never writes; at its end (this process gone) the
+#    probe takes back what the ring holds unstored and writes its steps itself from then on,
+#    as `watch()` does without `monitor run` (its watchdog's thread, every 2 s).
 # `watch()` in a script run without `monitor run` has no relay: its watchdog's thread writes.
 """
 from __future__ import annotations
@@ -29,13 +33,25 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import sys
 import tempfile
 import threading
 import time
 from typing import Any
 
+from monitor.probe.writer import transient
 from monitor.records import StepRecord
-from monitor.ring import DEVICE, ENV, REPORT, STEP_PENDING, SUFFIX, RingReader
+from monitor.ring import (
+    ALIVE,
+    DEVICE,
+    ENV,
+    REPORT,
+    STEP_PENDING,
+    SUFFIX,
+    RingReader,
+    as_device,
+    as_step,
+)
 from monitor.store import Store
 
 PERIOD_S = 0.25  # between reads of the rings
@@ -43,13 +59,6 @@ POKE_S = 0.5  # a ring with no new step this long: its watchdog is asked to look
 HOLD_S = 2.0  # a step awaiting its device times is written without them after this
 BOUND = 200_000  # rows held while the store cannot be written; older ones dropped
 
-
-def _t(x: float) -> float | None:
-    return None if x != x else x  # NaN: None
-
-
-def _n(x: int) -> int | None:
-    return None if x < 0 else x
 
 
 class _Ring:
@@ -76,43 +85,58 @@ class Relay:
         self.dropped = 0
         self._said_dropped = 0
         self.failing: str | None = None  # the store's error while it cannot be written
+        self.stopped: str | None = None  # why it gave up (a store that cannot be written)
         self.errors = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="starvation-relay",
                                         daemon=True)
         self.store: Store | None = None
+        self._alive: int | None = None
 
     def env(self) -> dict[str, str]:
         return {ENV: self.folder}
 
     def start(self) -> Relay:
+        """Before the script starts: the FIFO its probes watch for this process's end
+        (NOTE [the relay], 5), held open for as long as the relay reads."""
+        path = os.path.join(self.folder, ALIVE)
+        os.mkfifo(path, 0o600)
+        self._alive = os.open(path, os.O_RDWR)  # never written; not inherited (PEP 446)
         self._thread.start()
         return self
 
     def _loop(self) -> None:
-        self.store = Store(self.store_path)
         while not self._stop.wait(PERIOD_S):
             self.cycle()
 
-    def stop(self) -> None:
+    def stop(self) -> int:
         """The script has ended: every ring read to its end, what is held written, the
-        folder removed."""
+        folder removed. Returns how many steps could not be stored (the store refused them
+        to the end: `monitor run` says so)."""
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(30)
-        if self.store is None:
-            self.store = Store(self.store_path)
-        self.cycle(final=True)
-        for r in self.rings.values():
-            with contextlib.suppress(Exception):
-                r.reader.close()
-        shutil.rmtree(self.folder, ignore_errors=True)
-        self.store.close()
+        try:
+            self.cycle(final=True)
+        finally:
+            for r in self.rings.values():
+                with contextlib.suppress(Exception):
+                    r.reader.close()
+            shutil.rmtree(self.folder, ignore_errors=True)
+            if self.store is not None:
+                self.store.close()
+            if self._alive is not None:
+                os.close(self._alive)
+        return len(self.held) + self.dropped - self._said_dropped
 
     def cycle(self, final: bool = False) -> None:
         """One read of every ring; the rows and events written (kept where the store
         refuses them). Never raises: the relay's errors cannot touch the script."""
+        if self.stopped is not None:
+            return
         try:
+            if self.store is None:
+                self.store = Store(self.store_path)
             self._open_new()
             now = time.monotonic()
             for ring in self.rings.values():
@@ -173,16 +197,15 @@ class Relay:
     def _row(self, r: RingReader, rec: tuple[Any, ...], dev: tuple[Any, ...] | None
              ) -> tuple[Any, ...]:
         """A step record as the steps table's row (StepRecord's columns): device phases
-        where the device clock timed it, else the host's (a row never mixes the two)."""
-        (_, step, epoch, ts, wait, compute, samples, cfg, worker, held, copy,
-         fwd, bwd, opt) = rec
+        where the device clock timed it, else the host's (a row never mixes the two; as
+        monitor/probe/writer.py's _row_of)."""
+        step, epoch, ts, wait, compute, samples, cfg, copy, worker, held, *host = as_step(rec)
         idle = span = None
         if dev is not None:
-            idle, span = _t(dev[3]), dev[4]
-            fwd, bwd, opt = (dev[11], dev[12], dev[13]) if dev[9] == 1 else (
-                float("nan"),) * 3
-        return (self.run_id, step, epoch, r.wall(ts), wait, compute, samples, cfg, _t(copy),
-                r.rank, idle, span, _n(worker), _n(held), _t(fwd), _t(bwd), _t(opt))
+            idle, span, phases = as_device(dev)[1]
+            host = list(phases or (None, None, None))
+        return (self.run_id, step, epoch, r.wall(ts), wait, compute, samples, cfg, copy,
+                r.rank, idle, span, worker, held, *host)
 
     def _write(self) -> None:
         store = self.store
@@ -202,6 +225,9 @@ class Relay:
                 self.held = []
         except Exception as exc:
             self.failing = self.failing or str(exc)
+            if not transient(exc):  # deleted, replaced, corrupt: it will not pass
+                self._give_up(exc)
+                return
             if len(self.held) > BOUND:
                 self.dropped += len(self.held) - BOUND
                 self.held = self.held[-BOUND:]
@@ -210,6 +236,15 @@ class Relay:
             ring.reader.mark_consumed(ring.reader.tail - len(ring.pending))
         if self.failing is not None or self.dropped > self._said_dropped:
             self._note()
+
+    def _give_up(self, exc: Exception) -> None:
+        """The store cannot be written for good: said once, as the probe says it (the
+        training goes on); nothing more is held or written."""
+        if self.stopped is None:
+            self.stopped = str(exc)
+            print(f"starvation-monitor: recording stopped: {exc}. Your training goes on; its "
+                  "steps are no longer recorded.", file=sys.stderr, flush=True)
+        self.held, self.events = [], []
 
     def _note(self) -> None:
         """Writes resumed, or steps were lost: one stored note that says what."""

@@ -12,6 +12,7 @@ monitor/manage/runtime.py says who stops what).
 from __future__ import annotations
 
 import os
+import select
 import statistics
 import sys
 import threading
@@ -31,6 +32,7 @@ TORCH_DATA = os.path.join("torch", "utils", "data")
 # wakes it in vain: a 1 ms step's DataLoader next() took 17-19 µs instead of 10-11 while it
 # waited (bench/probe_wake.py). So it wakes every `interval` while the run is young (the
 # page's first verdict needs its first steps at once), then every `steady` seconds.
+FLUSH_ALONE_S = 2.0  # the writer's period once `monitor run`'s process is gone (the relay's)
 YOUNG_S = 15.0  # seconds of a run written every `interval`; later every `steady`
 
 
@@ -206,19 +208,45 @@ class Watchdog:
         return self.interval
 
     def _loop(self) -> None:
-        while not self._stop.wait(0 if self.poke_fd is not None else self.period()):
-            if self.poke_fd is not None:
-                try:
-                    os.read(self.poke_fd, 64)  # asleep, the GIL released, until poked
-                except OSError:
-                    break
-                if self._stop.is_set():
-                    break
+        if self.poke_fd is not None and not self._relayed():
+            return self.probe.store.close()
+        while not self._stop.wait(self.period()):
             try:
                 self.check()
             except Exception:  # a store that cannot be written is the writer's to report
                 self.errors += 1
         self.probe.store.close()
+
+    def _relayed(self) -> bool:
+        """Under the relay: asleep, the GIL released, until `monitor run` pokes (a ring
+        that stopped gaining steps) or stop(). False when stopped; True when `monitor run`'s
+        process is gone: the probe then writes its own steps (NOTE [the relay], 5) and this
+        thread wakes on its timer from then on."""
+        ring = self.probe.ring
+        fds = [self.poke_fd] + ([ring.alive_fd] if ring.alive_fd is not None else [])
+        while True:
+            try:
+                ready = select.select(fds, [], [])[0]
+            except OSError:
+                return False
+            if self._stop.is_set():
+                return False
+            if ring.alive_fd in ready and not os.read(ring.alive_fd, 64):
+                self.poke_fd = None
+                try:
+                    self.probe.unrelay()
+                    self.steady = self.interval = self.probe.flush_interval = FLUSH_ALONE_S
+                    if self.on_stall is not None:
+                        self.on_stall("monitor run's process is gone: this process writes its "
+                                      "own steps from now on")
+                except Exception:
+                    self.errors += 1
+                return True
+            try:
+                os.read(self.poke_fd, 64)
+                self.check()
+            except Exception:  # a store that cannot be written is the writer's to report
+                self.errors += 1
 
     def limit(self) -> float:
         p = self.probe

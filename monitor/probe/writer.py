@@ -15,8 +15,8 @@ from typing import Any
 
 from monitor.probe.device_clock import HOLD_S
 from monitor.records import StepRecord, columns
+from monitor.ring import DEVICE, RingWriter, as_device, as_step
 from monitor.ring import ENV as RELAY_ENV
-from monitor.ring import RingWriter
 
 NO_DEVICE = (None, None, None)  # a step with no device times, or no phase marked on it
 RELAY_WAIT_S = 2.0  # the longest flush() waits for `monitor run` to store the ring's steps
@@ -43,7 +43,8 @@ def relay_ring(probe: Any, say: Callable[[str], None]) -> RingWriter | None:
         return None
 
 
-def _transient(exc: BaseException) -> bool:
+
+def transient(exc: BaseException) -> bool:
     """A write failure that can pass by itself: another writer's lock, a full disk."""
     msg = str(exc).lower()
     return "locked" in msg or "busy" in msg or "is full" in msg
@@ -124,7 +125,7 @@ class StepWriter:
             except Exception as exc:
                 if self.on_error is None:
                     raise
-                if _transient(exc):
+                if transient(exc):
                     return  # kept, in order, for the next flush
                 self.stopped = True
                 self.discard()
@@ -141,7 +142,7 @@ class StepWriter:
             now = self.clock()
             self._failing_since = self._failing_since or now
             self.last_write_error = str(exc)
-            if _transient(exc) and not final and now - self._failing_since < WRITE_GIVE_UP_S:
+            if transient(exc) and not final and now - self._failing_since < WRITE_GIVE_UP_S:
                 keep = rows + self._unwritten  # in order, for the next write
                 bound = self._buffer.maxlen or len(keep)
                 if len(keep) > bound:
@@ -170,6 +171,22 @@ class StepWriter:
                                                               "rank": self.rank})
         except Exception:
             pass
+
+    def unrelay(self) -> None:
+        """`monitor run`'s process is gone (NOTE [the relay], 5): what the ring holds
+        unstored goes back into the buffer, ahead of what the loop appends from now on, and
+        this probe writes its own steps (the watchdog's thread). A step put while this runs
+        may be lost."""
+        ring, self.ring = self.ring, None
+        steps: list[tuple[Any, ...]] = []
+        for rec in ring.unconsumed():
+            if rec[0] == DEVICE:
+                step, times = as_device(rec)
+                self._device_s[step] = times
+            else:
+                steps.append(as_step(rec))
+        self._buffer.extendleft(reversed(steps))
+        ring.remove()
 
     def flush_if_due(self) -> None:
         """Write what the loop buffered (the watchdog, every flush_interval)."""
