@@ -13,6 +13,7 @@ STARVATION_MONITOR_PHASES=0 turns them off). Figures only.
 """
 from __future__ import annotations
 
+import itertools
 import os
 import statistics
 import sys
@@ -63,12 +64,13 @@ def main() -> None:
     model = torch.nn.Linear(4, 4)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     x = torch.ones(2, 4)
-    out, gaps = [], []
+    out, gaps, medians = [], [], []
     t_spun = None
     for _ in range(epochs):
         t = time.perf_counter()
-        gap = []
+        gap, tops = [], []
         for _ in epoch_iter():
+            tops.append(time.perf_counter())
             if t_spun is not None:  # the loop's own time between two steps: next(), probe
                 gap.append(time.perf_counter() - t_spun)
             if with_model:
@@ -83,7 +85,11 @@ def main() -> None:
         t_spun = None
         out.append((time.perf_counter() - t) / steps * 1e6)
         gaps.append(gap)
+        medians.append(statistics.median(b - a for a, b in itertools.pairwise(tops)) * 1e6)
     print("us_per_step " + " ".join(f"{x:.3f}" for x in out), flush=True)
+    # per epoch, the median step (one iteration's top to the next's): robust to the box's
+    # stalls, which land on a few steps and move the mean
+    print("median_step_us " + " ".join(f"{x:.3f}" for x in medians), flush=True)
     if step_s:  # per epoch: the median and the mean µs between a step's end and the next's
         print("gap_us " + " ".join(f"{statistics.median(g) * 1e6:.3f}/"
                                    f"{statistics.fmean(g) * 1e6:.3f}" for g in gaps), flush=True)

@@ -63,11 +63,13 @@ def test_lightning_ddp_launcher_records_each_rank_and_requests_reach_one(tmp_pat
     NODE_RANK, not RANK. Two ranks, each its own 4 epochs x 6 steps; a request for rank 1
     changes rank 1's loader only."""
     db = tmp_path / "ddp.db"
+    go = tmp_path / "go"
     p = start(db, sys.executable, "lightning_fit.py", "--epochs", "4", "--samples", "384",
-              "--devices", "2", "--work", "5", "--no-val")
+              "--devices", "2", "--work", "5", "--no-val", "--hold-after-epoch0", str(go))
     store = Store(db) if wait_for(db.exists, timeout=60) else None
     assert wait_for(lambda: len(store.ranks(1)) == 2, timeout=120), p.stderr
     cid = store.request_control(1, "config", {"num_workers": 1, "rank": 1})
+    go.touch()  # the ranks wait after epoch 0: the request is there before epoch 1 starts
     out, err, d = finish(p)
     steps = store.steps(d["run_id"])
     per_rank = steps.groupby("rank").size().to_dict()

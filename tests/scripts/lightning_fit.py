@@ -4,6 +4,7 @@ sample (--work), so workers help on an idle core. Prints each training epoch's s
 from __future__ import annotations
 
 import argparse
+import os
 import time
 
 import lightning as L
@@ -45,6 +46,9 @@ class Model(L.LightningModule):
 
 
 class EpochRate(L.Callback):
+    def __init__(self, hold: str | None = None) -> None:
+        self.hold = hold  # a file each rank waits for after epoch 0 (a test's request first)
+
     def on_train_epoch_start(self, trainer, module) -> None:
         self.t0, self.n = time.perf_counter(), 0
 
@@ -55,6 +59,10 @@ class EpochRate(L.Callback):
         rate = self.n / (time.perf_counter() - self.t0)
         print(f"rank {trainer.global_rank} epoch {trainer.current_epoch}: {self.n} samples, "
               f"{rate:.1f} samples/s", flush=True)
+        if self.hold and trainer.current_epoch == 0:
+            deadline = time.monotonic() + 120
+            while not os.path.exists(self.hold) and time.monotonic() < deadline:
+                time.sleep(0.02)  # sleep-ok: polling for the test's signal, with a deadline
 
 
 def main() -> None:
@@ -68,6 +76,8 @@ def main() -> None:
     p.add_argument("--work", type=int, default=20)
     p.add_argument("--devices", type=int, default=1)
     p.add_argument("--no-val", action="store_true")
+    p.add_argument("--hold-after-epoch0", default=None, metavar="FILE",
+                   help="each rank waits for FILE to exist after its first epoch")
     a = p.parse_args()
     torch.set_num_threads(1)
     train = DataLoader(Images(a.samples, a.work), batch_size=a.batch_size, shuffle=True,
@@ -78,7 +88,7 @@ def main() -> None:
     trainer = L.Trainer(max_epochs=a.epochs, accelerator="cpu", devices=a.devices,
                         strategy="ddp" if a.devices > 1 else "auto", logger=False,
                         enable_checkpointing=False, enable_progress_bar=False,
-                        enable_model_summary=False, callbacks=[EpochRate()])
+                        enable_model_summary=False, callbacks=[EpochRate(a.hold_after_epoch0)])
     trainer.fit(Model(), train, val)
 
 
