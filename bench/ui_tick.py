@@ -27,6 +27,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -141,6 +142,13 @@ def soak(seconds: float, tabs: int) -> None:
                                "--server.headless", "true"], cwd=ROOT, env=env,
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     proc = psutil.Process(server.pid)
+    deadline = time.monotonic() + 120  # listening first (a busy box starts it slowly)
+    while time.monotonic() < deadline:
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/_stcore/health", timeout=2)
+            break
+        except OSError:
+            time.sleep(0.3)  # sleep-ok: polling the server's health, with a deadline
     try:
         with sync_playwright() as p:
             b = p.chromium.launch(executable_path="/usr/bin/chromium", args=[
