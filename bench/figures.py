@@ -3,7 +3,7 @@ the probe's cost a step and the 1 ms loop (bench/probe_cost.py --table, interlea
 the first verdict after a run's first steps in `run --live`, the dashboard server's CPU with
 one tab and with two, and a 24 h run's whole-run view (bench/ui_tick.py --soak, its server
 measured with psutil, the tabs real Chromium), then the 24 h view opened in Chromium
-(bench/page_open.py).
+(bench/page_open.py) and the page's first verdict on a job (bench/first_verdict_page.py).
 
     python bench/figures.py [--rounds 4] [--busy]
 
@@ -79,6 +79,7 @@ def main() -> None:
         tick = run("bench/ui_tick.py", "--hours", "24", "--repeat", "2", "--soak", "15",
                    "--tabs", "2")
         opened = run("bench/page_open.py", "--hours", "24", "--repeat", "3", "--busy", "0")
+        on_page = run("bench/first_verdict_page.py", "--tries", "3")
     finally:
         if busy is not None:
             busy.kill()
@@ -97,6 +98,8 @@ def main() -> None:
         print(f"| probe, {cells[0]} | {goal} | {cells[3]} |")
     med = f"{statistics.median(fv):.2f} s ({min(fv):.2f}–{max(fv):.2f})" if fv else "?"
     print(f"| first verdict after the first steps, run --live | <= 2 s | {med} |")
+    page = grab(r"first verdict on the page: ([\d.]+ s \([\d.–]+\))", on_page)
+    print(f"| first verdict after the first steps, the page (Chromium) | <= 2 s | {page} |")
     one = grab(r"server CPU with 1 tab\(s\): ([\d.]+%)", tick)
     extra = grab(r"each extra tab: ([\d.]+%)", tick)
     view = grab(r"median settled ([\d.]+ s)", opened)
