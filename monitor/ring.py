@@ -120,6 +120,17 @@ class RingWriter:
         except Exception:
             self.events_lost += 1
 
+    def relay_gone(self) -> bool:
+        """Whether `monitor run`'s process has ended (its end of relay.alive is closed)."""
+        if self.alive_fd is None:
+            return False
+        try:
+            return not os.read(self.alive_fd, 64)  # non-blocking: b"" is the end
+        except BlockingIOError:  # open, nothing written: it lives
+            return False
+        except OSError:
+            return False
+
     def consumed(self) -> int:
         return COUNT.unpack_from(self.mm, CONSUMED_AT)[0]
 

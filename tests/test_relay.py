@@ -122,6 +122,35 @@ def test_a_script_whose_monitor_run_is_killed_writes_its_own_steps(tmp_path):
     assert not any(d.exists() for d in relay_dirs)
 
 
+def test_a_ring_that_stops_gaining_steps_is_poked_ever_less_often_then_once_on_resuming():
+    """The script's watchdog wakes only when poked: after POKE_S without a step, then at
+    doubling intervals up to POKE_MAX_S (an evaluation loop that is not timed pays a wake
+    every 2 s at most), and once when steps come again (the stall it saw can end)."""
+    from monitor.manage.relay import POKE_MAX_S, POKE_S, _Ring
+
+    at: list[float] = []
+    now = 0.0
+
+    class Reader:  # the FIFO's writer: when it was poked
+        def poke(self) -> bool:
+            at.append(now)
+            return True
+
+    ring, relay = _Ring(Reader()), Relay.__new__(Relay)  # (_poke reads no relay state)
+    ring.changed = 0.0
+    for i in range(1, 41):  # 10 s without a step, read every 0.25 s
+        now = i * 0.25
+        relay._poke(ring, now, 0, False)
+    assert at[:4] == [POKE_S, 1.0, 2.0, 4.0]
+    gaps = [b - a for a, b in zip(at, at[1:], strict=False)]
+    assert max(gaps) == POKE_MAX_S and gaps[-1] == POKE_MAX_S
+    now = 10.25
+    relay._poke(ring, now, 3, False)  # steps again: one poke, and the schedule starts over
+    assert at[-1] == 10.25 and not ring.idle and ring.every == POKE_S
+    relay._poke(ring, 10.5, 2, False)
+    assert at[-1] == 10.25
+
+
 def test_the_rings_records_round_trip_with_device_times_merged(tmp_path):
     """A step, a step awaiting its device times and those times (NaN and -1 for None) come
     out of the relay as the steps table's rows; a step whose times never come is written

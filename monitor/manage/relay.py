@@ -16,8 +16,9 @@ and written to the store from this process, not from a thread inside the user's.
 #    A store that cannot be written keeps its rows, up to BOUND, then the oldest are dropped
 #    and counted in one stored note; the script never waits on it.
 # 3. The stall watchdog's thread in the script sleeps on a FIFO. A ring that gained no step
-#    for POKE_S is poked each POKE_S (the loop is waiting or busy elsewhere: the thread finds
-#    the GIL free), and once more when steps resume, so it can say the stall ended.
+#    for POKE_S is poked, then again after 0.5, 1, 2, 2, ... s (POKE_MAX_S) while it gains none
+#    (the loop is waiting, or in a phase not timed), and once more when steps resume, so the
+#    watchdog can say a stall ended.
 # 4. A script killed outright loses nothing: its records are in the file's pages. After the
 #    script ends, stop() reads every ring to its end, writes what is held and removes the
 #    folder (in the system's temporary folder, not /dev/shm: the DataLoader's workers need
@@ -56,6 +57,8 @@ from monitor.store import Store
 
 PERIOD_S = 0.25  # between reads of the rings
 POKE_S = 0.5  # a ring with no new step this long: its watchdog is asked to look
+POKE_MAX_S = 2.0  # ... then again after twice as long each time, up to this (an untimed
+# phase, an evaluation loop, wakes the script's thread no more often than this)
 HOLD_S = 2.0  # a step awaiting its device times is written without them after this
 BOUND = 200_000  # rows held while the store cannot be written; older ones dropped
 
@@ -70,6 +73,7 @@ class _Ring:
         self.device: dict[int, tuple[Any, ...]] = {}  # step -> DEVICE record, before its step
         self.changed = time.monotonic()  # when it last gained a step
         self.poked = 0.0
+        self.every = POKE_S  # the wait before the next poke while it gains no step
         self.idle = False  # poked since its last step: poke once more when steps resume
 
 
@@ -185,12 +189,14 @@ class Relay:
 
     def _poke(self, ring: _Ring, now: float, steps: int, over: bool) -> None:
         if steps:
-            ring.changed = now
+            ring.changed, ring.every = now, POKE_S
             if ring.idle:  # steps resumed after a stall looked for: let it say so
                 ring.idle = False
                 ring.reader.poke()
             return
-        if not over and now - ring.changed >= POKE_S and now - ring.poked >= POKE_S:
+        if not over and now - ring.changed >= POKE_S and now - ring.poked >= ring.every:
+            if ring.idle:  # the last poke found it idle too: wait longer for the next
+                ring.every = min(POKE_MAX_S, ring.every * 2)
             ring.poked, ring.idle = now, True
             ring.reader.poke()
 

@@ -39,7 +39,7 @@ from monitor.probe.loaders import (
 )
 from monitor.probe.loops import TRAIN
 from monitor.probe.timing import Probe, TimedIterator
-from monitor.probe.watchdog import Watchdog
+from monitor.probe.watchdog import RELAY_GONE, Watchdog
 from monitor.probe.writer import relay_ring
 from monitor.ring import REPORT
 from monitor.store import Store
@@ -110,6 +110,9 @@ class Recorder:
             self.fault(exc, "at exit")
         try:
             self.watchdog.stop()
+            ring = self.probe.ring  # `monitor run` gone, and its end not seen yet: here
+            if ring is not None and ring.relay_gone() and self.probe.unrelay():
+                self._say(RELAY_GONE)
             self.probe.flush_final()
         except Exception as exc:
             self.closing = True  # no writer after this one: its note is written now

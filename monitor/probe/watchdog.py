@@ -32,6 +32,7 @@ TORCH_DATA = os.path.join("torch", "utils", "data")
 # wakes it in vain: a 1 ms step's DataLoader next() took 17-19 µs instead of 10-11 while it
 # waited (bench/probe_wake.py). So it wakes every `interval` while the run is young (the
 # page's first verdict needs its first steps at once), then every `steady` seconds.
+RELAY_GONE = "monitor run's process is gone: this process writes its own steps from now on"
 FLUSH_ALONE_S = 2.0  # the writer's period once `monitor run`'s process is gone (the relay's)
 YOUNG_S = 15.0  # seconds of a run written every `interval`; later every `steady`
 
@@ -229,19 +230,17 @@ class Watchdog:
                 ready = select.select(fds, [], [])[0]
             except OSError:
                 return False
-            if self._stop.is_set():
-                return False
             if ring.alive_fd in ready and not os.read(ring.alive_fd, 64):
                 self.poke_fd = None
                 try:
-                    self.probe.unrelay()
                     self.steady = self.interval = self.probe.flush_interval = FLUSH_ALONE_S
-                    if self.on_stall is not None:
-                        self.on_stall("monitor run's process is gone: this process writes its "
-                                      "own steps from now on")
+                    if self.probe.unrelay() and self.on_stall is not None:
+                        self.on_stall(RELAY_GONE)
                 except Exception:
                     self.errors += 1
                 return True
+            if self._stop.is_set():
+                return False
             try:
                 os.read(self.poke_fd, 64)
                 self.check()

@@ -172,12 +172,15 @@ class StepWriter:
         except Exception:
             pass
 
-    def unrelay(self) -> None:
+    def unrelay(self) -> bool:
         """`monitor run`'s process is gone (NOTE [the relay], 5): what the ring holds
         unstored goes back into the buffer, ahead of what the loop appends from now on, and
         this probe writes its own steps (the watchdog's thread). A step put while this runs
-        may be lost."""
-        ring, self.ring = self.ring, None
+        may be lost. False when another thread did it first."""
+        with self._lock:  # the watchdog's thread, or the training thread at exit
+            ring, self.ring = self.ring, None
+        if ring is None:
+            return False
         steps: list[tuple[Any, ...]] = []
         for rec in ring.unconsumed():
             if rec[0] == DEVICE:
@@ -187,6 +190,7 @@ class StepWriter:
                 steps.append(as_step(rec))
         self._buffer.extendleft(reversed(steps))
         ring.remove()
+        return True
 
     def flush_if_due(self) -> None:
         """Write what the loop buffered (the watchdog, every flush_interval)."""
