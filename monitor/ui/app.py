@@ -9,7 +9,7 @@ import streamlit as st
 from monitor.assess.devices import workload_gpu
 from monitor.assess.recent import steady_verdict
 from monitor.config import LIVE_SETTINGS
-from monitor.diagnosis import SIMULATED
+from monitor.diagnosis import NO_DATA, SIMULATED
 from monitor.store import ATTACHED, RUNNING
 from monitor.ui import cadence, panels
 from monitor.ui import view as views
@@ -23,6 +23,7 @@ from monitor.ui.text import plain
 
 st.set_page_config(page_title="Starvation Monitor", page_icon="📉", layout="wide")
 WATCH_REFRESH_S = 2.0  # a watched job's page: see watched()
+WATCH_FIRST_S = 0.5  # ... until it shows a first verdict (bench/first_verdict_page.py)
 
 rt = get_runtime()
 manager = rt.manager
@@ -182,6 +183,14 @@ def live_region(watching: bool = False) -> None:
             # of the region was drawn: a widget a fragment run skips loses its state (the
             # Auto-tune switch turned itself off when this ran before it)
             st.rerun()
+    if watching and running and st.session_state.get("_live_fragment"):
+        # a young watched job with no verdict yet is read every WATCH_FIRST_S: its first
+        # verdict shows within a second of its first steps; then every WATCH_REFRESH_S
+        young = time.time() - float(view.run.get("started_at") or 0.0) < cadence.FRESH_S
+        want = WATCH_FIRST_S if young and a.diagnosis.verdict == NO_DATA else WATCH_REFRESH_S
+        if want != st.session_state.setdefault("_watch_every", WATCH_FIRST_S):
+            st.session_state["_watch_every"] = want
+            st.rerun()  # the watched fragment takes its new period (as the live one above)
     if st.session_state.get("_synced") not in (None, manager.config):
         st.rerun()  # the settings moved elsewhere (Auto-tune, another tab): the sidebar follows
     if manager.config.step_time_ms is None and st.session_state.get("_step_synced") not in (
@@ -198,11 +207,12 @@ def live() -> None:
     live_region()
 
 
-@st.fragment(run_every=WATCH_REFRESH_S)
+@st.fragment(run_every=st.session_state.get("_watch_every", WATCH_FIRST_S))
 def watched() -> None:
     """A running job this dashboard did not start (an attached script, a workload another
     dashboard started): refreshes every WATCH_REFRESH_S, so that the browser's redraws take
-    less of the cores the job runs on (bench/page_cost.py)."""
+    less of the cores the job runs on (bench/page_cost.py); every WATCH_FIRST_S while it is
+    young and has no verdict yet."""
     st.session_state["_live_fragment"] = True
     live_region(watching=True)
 
