@@ -2,12 +2,16 @@
 subclasses (torchdata's StatefulDataLoader, timm's MultiEpochsDataLoader, which holds one
 iterator for every epoch), and loaders built around DataLoaders (webdataset's WebLoader,
 Lightning's CombinedLoader): the DataLoader whose settings they run on, their batch size,
-their settings as the store keeps them, and why a requested change cannot reach one.
+their settings as the store keeps them, why a requested change cannot reach one, and the
+change applied (change_loader).
 Standard library only; torch is read from sys.modules (the probe's fence)."""
 from __future__ import annotations
 
 import sys
 from typing import Any
+
+from monitor import control
+from monitor.config import ConfigError, LoaderConfig
 
 FIXED_SETTINGS = ("batch_size", "drop_last", "sampler", "batch_sampler", "dataset",
                   "collate_fn", "shuffle")
@@ -112,3 +116,40 @@ def worker_procs(loader: Any, it: Any) -> list[Any]:
                or getattr(own, "_workers", []))
     return [w for w in workers or [] if getattr(w, "pid", None)]
 
+
+def change_loader(loader: Any, payload: dict[str, Any]
+                  ) -> tuple[str | None, dict[str, Any], dict[str, Any], Any]:
+    """A requested change applied to the loader before its next iterator is built, validated
+    and normalised by LoaderConfig like any other setting: (None when applied, else the
+    control result that refuses it or says there was nothing to change; the settings before;
+    after; who asked)."""
+    why = not_retunable(loader)
+    if why is not None:
+        return control.refused(why), {}, {}, None
+    loader = base_loader(loader)  # a WebLoader's settings are its DataLoader's
+    before = loader_settings(loader)
+    payload, source, _ = control.split(payload)  # source: who asked, for the marker
+    fixed = [k for k in FIXED_SETTINGS if k in payload and payload[k] != before.get(k)]
+    if fixed:
+        return control.refused(f"{', '.join(fixed)} cannot change after the DataLoader is "
+                               "built; change it in the script"), before, before, source
+    try:
+        wanted = LoaderConfig.live_request(before, **payload)
+    except (ConfigError, TypeError) as exc:
+        return control.refused(exc), before, before, source
+    change = {k: v for k, v in wanted.items() if v != before.get(k)}
+    if "in_order" in change and not hasattr(loader, "in_order"):
+        return control.refused("in_order needs torch 2.6 or later (this DataLoader has none); "
+                               "a higher prefetch_factor also frees a held queue"), before, \
+            before, source
+    if not change:
+        return control.ok("nothing to change"), before, before, source
+    old_iter = getattr(loader, "_iterator", None)
+    if old_iter is not None:  # persistent workers of the old settings
+        getattr(old_iter, "_shutdown_workers", lambda: None)()
+        object.__setattr__(loader, "_iterator", None)
+    for k, v in change.items():
+        # DataLoader forbids setting persistent_workers after __init__ to protect a live
+        # persistent iterator; that iterator was shut down just above.
+        object.__setattr__(loader, k, v)
+    return None, before, loader_settings(loader), source

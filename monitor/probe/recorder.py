@@ -19,7 +19,7 @@ import time
 from typing import Any
 
 from monitor import control
-from monitor.config import ATTACHED_PREFIX, ConfigError, LoaderConfig, describe_change
+from monitor.config import ATTACHED_PREFIX, describe_change
 from monitor.probe import phases, workers
 from monitor.probe.epoch_plan import why_not_resumable
 from monitor.probe.identity import (
@@ -29,9 +29,9 @@ from monitor.probe.identity import (
     where,
 )
 from monitor.probe.loaders import (
-    FIXED_SETTINGS,
     base_loader,
     batch_size,
+    change_loader,
     describe_loader,
     loader_settings,
     not_retunable,
@@ -418,35 +418,9 @@ class Recorder:
     def apply(self, loader: Any, payload: dict[str, Any], at_step: int | None = None) -> str:
         """Apply a requested change to the loader before its next iterator is built; the
         request is validated and normalised by LoaderConfig like any other setting."""
-        why = not_retunable(loader)
-        if why is not None:
-            return control.refused(why)
-        loader = base_loader(loader)  # a WebLoader's settings are its DataLoader's
-        before = loader_settings(loader)
-        payload, source, _ = control.split(payload)  # source: who asked, for the marker
-        fixed = [k for k in FIXED_SETTINGS if k in payload and payload[k] != before.get(k)]
-        if fixed:
-            return control.refused(f"{', '.join(fixed)} cannot change after the DataLoader "
-                                   "is built; change it in the script")
-        try:
-            wanted = LoaderConfig.live_request(before, **payload)
-        except (ConfigError, TypeError) as exc:
-            return control.refused(exc)
-        change = {k: v for k, v in wanted.items() if v != before.get(k)}
-        if "in_order" in change and not hasattr(loader, "in_order"):
-            return control.refused("in_order needs torch 2.6 or later (this DataLoader has "
-                                   "none); a higher prefetch_factor also frees a held queue")
-        if not change:
-            return control.ok("nothing to change")
-        old_iter = getattr(loader, "_iterator", None)
-        if old_iter is not None:  # persistent workers of the old settings
-            getattr(old_iter, "_shutdown_workers", lambda: None)()
-            object.__setattr__(loader, "_iterator", None)
-        for k, v in change.items():
-            # DataLoader forbids setting persistent_workers after __init__ to protect a live
-            # persistent iterator; that iterator was shut down just above.
-            object.__setattr__(loader, k, v)
-        after = loader_settings(loader)
+        refused, before, after, source = change_loader(loader, payload)
+        if refused is not None:
+            return refused
         self.probe.config_seq += 1
         label = control.change_label(describe_change(before, after) or "settings", source)
         where = f"epoch {self.epoch}" + (f", step {at_step}" if at_step else "")
