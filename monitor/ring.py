@@ -90,7 +90,6 @@ class RingWriter:
         self.head = 0
         self.mm[:HEADER.size] = HEADER.pack(MAGIC, capacity, 0, 0, 0, os.getpid(), rank,
                                             anchor_clock, anchor_wall)
-        self.events_lost = 0
 
     def put(self, kind: int, step: int, epoch: int, ts: float, wait: float, compute: float,
             samples: int, config_seq: int, worker: int | None, held: int | None,
@@ -113,12 +112,10 @@ class RingWriter:
                  1 if phases is not None else 0, None, fwd, bwd, opt)
 
     def event(self, ts: float, kind: str, label: str, data: dict[str, Any] | None) -> None:
-        """One event line (one write, no store); one that cannot be written is counted."""
-        try:
-            line = json.dumps([ts, kind, label, data], default=str) + "\n"
-            os.write(self.events_fd, line.encode())
-        except Exception:
-            self.events_lost += 1
+        """One event line (one write, no store); OSError when it cannot be written (the
+        probe then hands it to the store)."""
+        line = json.dumps([ts, kind, label, data], default=str) + "\n"
+        os.write(self.events_fd, line.encode())
 
     def relay_gone(self) -> bool:
         """Whether `monitor run`'s process has ended (its end of relay.alive is closed)."""

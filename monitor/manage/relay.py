@@ -161,7 +161,7 @@ class Relay:
         r = ring.reader
         recs, lost = r.read()
         self.dropped += lost
-        self.events += [(ts, kind, label, data) for ts, kind, label, data in r.events()]
+        self.events += r.events()
         steps = 0
         for rec in recs:
             step = rec[1]

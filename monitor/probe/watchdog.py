@@ -210,7 +210,8 @@ class Watchdog:
 
     def _loop(self) -> None:
         if self.poke_fd is not None and not self._relayed():
-            return self.probe.store.close()
+            self.probe.store.close()
+            return
         while not self._stop.wait(self.period()):
             try:
                 self.check()

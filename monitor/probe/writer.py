@@ -43,7 +43,6 @@ def relay_ring(probe: Any, say: Callable[[str], None]) -> RingWriter | None:
         return None
 
 
-
 def transient(exc: BaseException) -> bool:
     """A write failure that can pass by itself: another writer's lock, a full disk."""
     msg = str(exc).lower()
@@ -111,8 +110,11 @@ class StepWriter:
         if self.ring is not None:
             try:
                 self.ring.event(self.wall(self.clock()), kind, label, data)
-            except Exception:  # the ring's own fault: this one event goes to the store
-                self.store.add_event(self.run_id, kind, label, data)
+            except Exception:  # the ring's file refused it: this one event goes to the store
+                try:
+                    self.store.add_event(self.run_id, kind, label, data)
+                except Exception:  # neither can take it (a full disk): the event is lost
+                    pass
             return
         self._events.append((self.wall(self.clock()), kind, label, data))
 
