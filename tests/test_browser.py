@@ -265,7 +265,6 @@ def test_compare_tab_in_a_real_page(server):
     assert not errors, errors
 
 
-@pytest.mark.server_env(STARVATION_MONITOR_AUTOTUNE_WINDOW_S="4")
 def switch_on(page, on, within_s: float = 150.0) -> None:
     """Click the Auto-tune switch until the page says the tuner is on. A busy host's rerun
     can replace the switch under a click, or draw the page again with the switch off before
@@ -286,10 +285,15 @@ def switch_on(page, on, within_s: float = 150.0) -> None:
             if time.monotonic() > end:
                 warnings = page.locator("[data-testid='stAlert']").all_inner_texts()
                 said = page.get_by_text(re.compile(r"^Auto-tune")).all_inner_texts()
+                SHOTS.mkdir(parents=True, exist_ok=True)
+                page.screenshot(path=str(SHOTS / "autotune-not-on.png"), full_page=True)
+                body = " ".join(page.locator("body").inner_text(timeout=10_000).split())
                 raise AssertionError(f"Auto-tune not on after {within_s:.0f} s; the page "
-                                     f"says {said}; its alerts: {warnings}") from None
+                                     f"says {said}; its alerts: {warnings}; its text: "
+                                     f"{body[:1500]}") from None
 
 
+@pytest.mark.server_env(STARVATION_MONITOR_AUTOTUNE_WINDOW_S="4")
 def test_auto_tune_moves_show_as_markers_in_a_real_page(server):
     """The Auto-tune switch in a real page: the monitor moves the starving workload's loader
     by itself, and the move is drawn on the charts as a labelled autotune marker."""

@@ -112,6 +112,9 @@ def test_a_script_whose_monitor_run_is_killed_writes_its_own_steps(tmp_path):
                   if any(d.glob(f"{run['pid']}-*.ring"))}
     assert len(relay_dirs) == 1
     p.kill()  # monitor run only: the script is in a process group of its own
+    # reaped: its files closed (a dying process unmaps its memory first: on a busy box the
+    # script could end its second epoch before relay.alive ends: NOTE [the relay], 5)
+    assert wait_for(lambda: p.poll() is not None, timeout=60)
     (tmp_path / "go").touch()
     assert wait_for(lambda: (tmp_path / "looped2").exists(), timeout=120)
     _, err = p.communicate(timeout=120)  # its pipes close when the script exits

@@ -26,7 +26,10 @@ and written to the store from this process, not from a thread inside the user's.
 # 5. `monitor run` killed outright: the watchdog's thread also watches the FIFO relay.alive,
 #    which this process holds open and never writes; at its end (this process gone) the
 #    probe takes back what the ring holds unstored and writes its steps itself from then on,
-#    as `watch()` does without `monitor run` (its watchdog's thread, every 2 s).
+#    as `watch()` does without `monitor run` (its watchdog's thread, every 2 s). The end is
+#    seen when the dying process closes its files, after it has unmapped its memory (tens of
+#    ms for a process holding torch): a script that exits inside that moment leaves its
+#    last steps in a ring nobody reads.
 # `watch()` in a script run without `monitor run` has no relay: its watchdog's thread writes.
 """
 from __future__ import annotations
