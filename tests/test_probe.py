@@ -190,3 +190,25 @@ def test_the_writer_wakes_often_while_the_run_is_young_then_seldom(store):
     clock.t = YOUNG_S
     assert dog.period() == 2.0 and probe.flush_interval == 2.0
     assert Watchdog(probe, interval=0.5).period() == 0.5  # no steady period: as it was
+
+
+def test_a_worker_killed_outside_the_loader_is_named_at_exit():
+    """torch raises a worker's death from its SIGCHLD handler wherever the loop is (a forward,
+    a sleep), so the loader's error path never sees it: at exit the workers' exit codes say
+    which a signal ended. A worker stopped (SIGTERM: the loader's own shutdown) is not one."""
+    import multiprocessing
+    import signal
+
+    from monitor.probe import workers
+
+    ctx = multiprocessing.get_context("fork")
+    killed, stopped = ctx.Process(target=signal.pause), ctx.Process(target=signal.pause)
+    killed.start()
+    stopped.start()
+    killed.kill()
+    stopped.terminate()
+    killed.join(30)
+    stopped.join(30)
+    assert workers.killed_note([killed, stopped]) == \
+        f"DataLoader worker (pid {killed.pid}) is killed by signal: Killed."
+    assert workers.killed_note([stopped]) == ""

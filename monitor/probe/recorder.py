@@ -68,6 +68,7 @@ class Recorder:
         self.batch_filled = False
         self.timed_loader: Any = None  # the loader followed (its batch size, at exit)
         self.worker_procs: list[Any] = []  # the timed epoch's workers (note_workers)
+        self.loader_failed = False  # a loader error was recorded
         self.epoch = -1
         self.last_control = 0
         self.loader_id: int | None = None  # the loader timed (the training loader)
@@ -108,7 +109,9 @@ class Recorder:
                 self._fill_batch_size(self.timed_loader)
         except Exception as exc:  # at exit too: a sentence, never a traceback
             self.fault(exc, "at exit")
-        try:
+        try:  # a worker's death raised outside the loader (torch's SIGCHLD handler)
+            if not self.loader_failed and (text := workers.killed_note(self.worker_procs)):
+                self._loader_error(RuntimeError(text))
             self.watchdog.stop()
             ring = self.probe.ring  # `monitor run` gone, and its end not seen yet: here
             if ring is not None and ring.relay_gone() and self.probe.unrelay():
@@ -146,6 +149,7 @@ class Recorder:
 
     def _loader_error(self, exc: BaseException) -> None:
         """The loader raised into the loop (its own error, passed on untouched)."""
+        self.loader_failed = True
         text = workers.error_text(exc)
         if "killed by signal" not in text and (how := workers.exit_note(self.worker_procs, exc)):
             text = f"{text}; {how}"

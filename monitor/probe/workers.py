@@ -232,6 +232,22 @@ def exit_note(procs: Any, exc: BaseException | None = None) -> str:
     return " ".join(out)
 
 
+def killed_note(procs: Any) -> str:
+    """At exit: the workers a signal ended, other than a stop (SIGTERM, SIGINT), in torch's
+    words ('DataLoader worker (pid 123) is killed by signal: Killed.'); '' if none. torch
+    raises such a death from its SIGCHLD handler wherever the loop is (its forward, a sleep),
+    not from the loader, so the loader's error path never sees it."""
+    dead = []
+    for w in procs or ():
+        try:
+            code = w.exitcode
+        except Exception:  # not a process this one started
+            continue
+        if isinstance(code, int) and code < 0 and -code not in (signal.SIGTERM, signal.SIGINT):
+            dead.append(w)
+    return exit_note(dead) if dead else ""
+
+
 def _ended(procs: list[Any]) -> bool:
     """Whether any of the worker processes has an exit code (no process objects: True)."""
     codes = []
