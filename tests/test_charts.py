@@ -215,3 +215,16 @@ def test_the_live_page_refreshes_fast_while_young_or_just_changed_then_slower():
     assert live_period(run, ev, 1100.0 + FRESH_S - 1) == FRESH_REFRESH_S  # a change
     assert live_period(run, ev, 1150.0 + 1) == STEADY_REFRESH_S  # not a settings change
     assert STEADY_REFRESH_S > FRESH_REFRESH_S
+
+
+def test_the_phase_chart_draws_the_timed_steps_and_says_how_many_were_timed():
+    """NOTE [phase sampling]: one step in ten has phases here; the chart draws those and its
+    title says so; where every step is timed the title says nothing of it."""
+    steps = steps_frame([0.002] * 100, [0.010] * 100)
+    for col, v in (("forward_s", 0.002), ("backward_s", 0.005), ("optimizer_s", 0.001)):
+        steps[col] = [v if i % 10 == 0 else None for i in range(100)]
+    fig = charts.phases_figure(steps)
+    assert fig.layout.title.text.endswith("; 1 step in 10 timed)"), fig.layout.title.text
+    assert {len(t.x) for t in fig.data} == {10}
+    every = steps.assign(forward_s=0.002, backward_s=0.005, optimizer_s=0.001)
+    assert charts.phases_figure(every).layout.title.text == "Where each step goes (host time)"

@@ -316,8 +316,11 @@ def test_the_probe_stores_device_phases_from_the_real_phase_hooks(store):
     finally:
         ph.remove()
     steps = store.steps(run)
-    timed = steps.dropna(subset=["device_span_s"])
-    assert len(timed) >= 28, steps
+    # the steps the device clock timed, and of them those the phases timed (one step in each
+    # SAMPLE_S or so of the loop: NOTE [phase sampling]; these steps are 31 ms apart)
+    assert len(steps.dropna(subset=["device_span_s"])) >= 28, steps
+    timed = steps.dropna(subset=["device_span_s", "forward_s"])
+    assert len(timed) >= 10, steps
     for col, want in (("forward_s", 0.005), ("backward_s", 0.010), ("optimizer_s", 0.003)):
         assert timed[col].tolist() == pytest.approx([want] * len(timed)), (col, timed[col])
     sh = step_phases.shares(timed)

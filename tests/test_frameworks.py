@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from monitor.probe.phases import DISCOVER_STEPS
 from monitor.store import Store
 from tests.conftest import wait_for
 
@@ -51,9 +52,12 @@ def test_lightning_times_the_training_loader_and_every_step(tmp_path, no_leaks):
     assert d["config"]["batch_size"] == 32
     labels = probe_events(store, d["run_id"])
     assert any("timing the training loader (Lightning's fit loop)" in x for x in labels)
-    # the step's phases, through torch's own hooks inside Lightning's closure
-    assert steps["forward_s"].notna().all() and steps["backward_s"].notna().all()
-    assert steps["optimizer_s"].notna().all() and d["phases"]["forward"] > 0
+    # the step's phases, through torch's own hooks inside Lightning's closure, on the steps
+    # timed (one in each SAMPLE_S or so: NOTE [phase sampling])
+    timed = steps[steps["forward_s"].notna()]
+    assert len(timed) >= DISCOVER_STEPS, steps["forward_s"].tolist()
+    assert timed[["backward_s", "optimizer_s"]].notna().all().all(), timed
+    assert d["phases"]["forward"] > 0
     assert any(x.startswith("not timed:") and "batch 64" in x and "evaluation loop" in x
                for x in labels), labels
 
@@ -102,7 +106,9 @@ def test_hf_trainer_batch_size_and_a_retune_reach_the_base_loader(tmp_path, no_l
     assert len(steps) == 12 * 10, steps.groupby("epoch").size().to_dict()
     # the Trainer's phases: accelerate's backward and its wrapped optimizer reach the hooks
     # (its loader fetches a batch ahead: the first timed step ends before the first forward)
-    assert steps[["forward_s", "backward_s", "optimizer_s"]].iloc[1:].notna().all().all()
+    timed = steps.iloc[1:][steps["forward_s"].iloc[1:].notna()]  # (NOTE [phase sampling])
+    assert len(timed) >= DISCOVER_STEPS, steps["forward_s"].tolist()
+    assert timed[["backward_s", "optimizer_s"]].notna().all().all(), timed
     assert (store.control_result(cid)[1] or "").startswith("ok: applied at epoch")
     epochs = store.events(d["run_id"], kinds=("epoch",))
     pids = [json.loads(x)["worker_pids"] for x in epochs["data"]]

@@ -21,10 +21,14 @@ HOST, DEVICE, BOTH = "host time", "device time, CUDA events", "host and device t
 
 
 def per_step(steps: pd.DataFrame) -> pd.DataFrame | None:
-    """Each step's phases in seconds (PHASES' columns; None: no phase was measured)."""
-    have = [c for c in ("forward_s", "backward_s") if c in steps.columns]
-    if steps.empty or not have or not any(steps[c].notna().any() for c in have):
+    """Each timed step's phases in seconds (PHASES' columns; None: no phase was measured).
+    The probe times one step in each 40 ms or so of a fast loop (NOTE [phase sampling] in
+    monitor/probe/phases.py): the others have no phase and are left out."""
+    have = [c for c in ("forward_s", "backward_s", "optimizer_s") if c in steps.columns]
+    timed = steps[have].notna().any(axis=1) if have and not steps.empty else None
+    if timed is None or not timed.any():
         return None
+    steps = steps[timed]
     out = pd.DataFrame({"data_wait": steps["wait_s"].astype(float)}, index=steps.index)
     measured = 0.0
     for name, col in COLUMNS.items():

@@ -21,6 +21,25 @@ device_clock.py: its harvest turns them into the step's phases, never a synchron
 kernels a call queues run later, so host time would say little there. Elsewhere (the CPU, the
 simulated accelerator) the phases are host time, and the reader labels them so.
 
+Sampled (NOTE [phase sampling]): past discovery, one step in each SAMPLE_S or so of loop is
+timed; on the others the roots' wrapper returns at its first test, backward and the optimizer
+step are torch's own, and the step stores no phases (None: not measured). A step of 1.5
+SAMPLE_S (60 ms) or more is timed every time.
+
+# NOTE [phase sampling]
+# Timed, the phases cost a step 9 to 10 µs of Python (six clock reads, the bookkeeping, the
+# device marks: bench/phases_cost.py); a 1 ms step paid near 1%. So past discovery take()
+# decides at each step's end whether the next is timed (`armed`): the first step to start
+# SAMPLE_S after the last timed one (times a random 0.5 to 1.5: a loop with a period, gradient
+# accumulation, is not read at one point of its cycle). A step not timed runs torch's own
+# backward and optimizer step (ours are swapped in for a timed step: a module attribute and two
+# hook handles, each swap costing the next step 2 to 6 µs), and pays the root's wrapper with
+# one test, and take(). The roots' wrapper stays: a class's __call__ replaced made CPython drop
+# the code it had specialised on the class (8 µs the next step), and dynamo guards on what it
+# traced (a swapped __call__ would recompile the model). The flag is read after the compile
+# check, so dynamo never traces it. A window's shares are its timed steps' (monitor/assess/
+# phases.py).
+
 Every hook body is guarded: an error in one removes them all and says why once (NOTE
 [fail-safe probe] in monitor/probe/patch.py); the training is untouched. Standard library
 and torch only (the probe's fence).
@@ -28,6 +47,7 @@ and torch only (the probe's fence).
 from __future__ import annotations
 
 import os
+import random
 import sys
 import threading
 import time
@@ -40,7 +60,11 @@ from monitor.probe.device_clock import BACKWARD, FORWARD, OPTIMIZER
 
 ENV = "STARVATION_MONITOR_PHASES"  # "0": phases off (`monitor run --no-phases`)
 DISCOVER_STEPS = 3  # steps the global module hooks run before the roots get their own
-NOTE_AFTER = 20  # steps with backward and no optimizer hook before "not a torch optimizer"
+NOTE_AFTER = 20  # timed steps with backward and no optimizer hook: "not a torch optimizer"
+NOTE_AFTER_SAMPLED = 200  # ... where steps were sampled (a 1-in-16 accumulation's optimizer
+# step missed by 200 random timed steps: 2.5e-6)
+SAMPLE_S = 0.04  # past discovery, one step timed per this much loop (NOTE [phase sampling])
+NOT_TIMED = (None, None, None)
 # torch.compile warns at each compiled module's call while any global module hook exists
 # (ours, for the discovery steps alone): hidden while ours are the reason
 COMPILE_WARNING = r"Using `torch.compile\(module\)` when there are global hooks"
@@ -89,12 +113,17 @@ class Phases:
         self._patched: list[tuple[type, Any]] = []  # (root class, its own __call__ or None)
         self._root_ids: frozenset[int] = frozenset()
         self._orig_backward: Any = None
+        self._backward: Any = None  # ours (_backward_of), while installed
+        self._global_opt: list[Any] = []  # the optimizer hooks' handles (on timed steps)
         self._filter: Any = None  # our entry in warnings.filters, while discovering
         # dynamo traced a module call while our global hooks were on: its guards hold their
         # count, so removing them would recompile the user's model; they stay (the compiled
         # code does not call them, and the eager roots are few)
         self.saw_compile = False
-        self.steps = 0
+        self.steps = self.timed = 0
+        self.armed = True  # this step is timed (NOTE [phase sampling])
+        self.sampling = False  # past discovery: one step in SAMPLE_S or so timed
+        self._next_at = 0.0  # (this clock) the first step to start after it is timed
         self.failed: str | None = None
         self.note: str | None = None  # said once: the optimizer is not a torch one, ...
         self.on_roots: Callable[[list[str]], None] | None = None  # the roots, once found
@@ -110,22 +139,42 @@ class Phases:
             _compiling = getattr(getattr(torch, "compiler", None), "is_compiling", None) \
                 or _not_compiling
             mod = sys.modules["torch.nn.modules.module"]  # both loaded with torch
-            opt = sys.modules["torch.optim.optimizer"]
             warnings.filterwarnings("ignore", message=COMPILE_WARNING, category=UserWarning)
             self._filter = warnings.filters[0]
             self._global = [mod.register_module_forward_pre_hook(self._pre_any),
                             mod.register_module_forward_hook(self._post_any, always_call=True)]
-            self._global_opt = [opt.register_optimizer_step_pre_hook(self._opt_pre),
-                                opt.register_optimizer_step_post_hook(self._opt_post)]
+            self._global_opt = self._hook_optimizers()
             self._orig_backward = torch.autograd.backward
-            torch.autograd.backward = self._backward_of(self._orig_backward)
+            self._backward = torch.autograd.backward = self._backward_of(self._orig_backward)
         except Exception as exc:  # an older or odd torch: no phases, said once
             self._fail(f"{type(exc).__name__}: {exc}")
             return False
         return True
 
+    def _hook_optimizers(self) -> list[Any]:
+        opt = sys.modules["torch.optim.optimizer"]
+        return [opt.register_optimizer_step_pre_hook(self._opt_pre),
+                opt.register_optimizer_step_post_hook(self._opt_post)]
+
+    def _swap(self, on: bool) -> None:
+        """Between two steps, past discovery: the backward and optimizer step as torch's own
+        for a step not timed, ours for a timed one (NOTE [phase sampling]). A backward that
+        another wrapper replaced after ours is left as it is."""
+        try:
+            ag = sys.modules["torch"].autograd
+            if ag.backward is (self._orig_backward if on else self._backward):
+                ag.backward = self._backward if on else self._orig_backward
+            if on and not self._global_opt:
+                self._global_opt = self._hook_optimizers()
+            elif not on:
+                for h in self._global_opt:
+                    h.remove()
+                self._global_opt = []
+        except Exception as exc:
+            self._fail(f"{type(exc).__name__}: {exc}")
+
     def remove(self) -> None:
-        for h in [*self._global, *getattr(self, "_global_opt", [])]:
+        for h in [*self._global, *self._global_opt]:
             try:
                 h.remove()
             except Exception:
@@ -166,19 +215,37 @@ class Phases:
                 pass
 
     # -- the step ------------------------------------------------------------------------
-    def take(self) -> tuple[float | None, float | None, float | None]:
+    def take(self, now: float) -> tuple[float | None, float | None, float | None]:
         """This step's (forward, backward, optimizer) seconds; None for a phase never seen
-        in this run (not measured, rather than zero)."""
+        in this run, and for a step not timed (not measured, rather than zero). `now`: this
+        clock at the step's end (NOTE [phase sampling] decides about the next)."""
+        self.steps += 1
+        if self.sampling:
+            if now < self._next_at:
+                if not self.armed:
+                    return NOT_TIMED
+                self.armed = False
+                self._swap(False)
+            else:
+                self._next_at = now + SAMPLE_S * (0.5 + random.random())
+                if not self.armed:
+                    self.armed = True
+                    self._swap(True)
+                    return NOT_TIMED
         out = (self.fwd if self.seen_fwd else None, self.bwd if self.seen_bwd else None,
                self.opt if self.seen_opt else None)
         self.fwd = self.bwd = self.opt = 0.0
         self._depth = 0  # a forward that raised never closed: the next step starts clean
-        self.steps += 1
-        if self.steps == DISCOVER_STEPS and self._global and not self.saw_compile:
-            self._time_roots()
-        if self.steps == NOTE_AFTER and self.seen_bwd and not self.seen_opt:
+        self._opt_open = False
+        self.timed += 1
+        if self.timed == (NOTE_AFTER if self.timed == self.steps else NOTE_AFTER_SAMPLED) \
+                and self.seen_bwd and not self.seen_opt:
             self.note = ("the optimizer step is not a torch.optim.Optimizer's (no step hook "
                          "ran): its time is counted in other")
+        if self.steps == DISCOVER_STEPS:
+            if self._global and not self.saw_compile:
+                self._time_roots()
+            self.sampling = self.failed is None
         return out
 
     def _time_roots(self) -> None:
@@ -208,6 +275,8 @@ class Phases:
         if _compiling():
             self.saw_compile = True  # dynamo replays this once its graph runs
             return
+        if not self.armed:
+            return
         try:
             if threading.get_ident() != self.thread:
                 return  # another thread's, or a forked DataLoader worker's transforms
@@ -220,7 +289,7 @@ class Phases:
             self._fail(f"{type(exc).__name__}: {exc}")
 
     def _post_any(self, module: Any, args: Any, out: Any) -> None:
-        if _compiling():
+        if _compiling() or not self.armed:
             return
         try:
             if threading.get_ident() != self.thread or self._depth == 0:
@@ -242,7 +311,8 @@ class Phases:
 
     def _opt_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         try:
-            if _compiling() or self._opt_open or threading.get_ident() != self.thread:
+            if _compiling() or not self.armed or self._opt_open or \
+                    threading.get_ident() != self.thread:
                 return
             self._opt_open = True
             self._t_opt, self._inner_at_opt = self.clock(), self.fwd + self.bwd
@@ -254,7 +324,8 @@ class Phases:
 
     def _opt_post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         try:
-            if _compiling() or not self._opt_open or threading.get_ident() != self.thread:
+            if _compiling() or not self.armed or not self._opt_open or \
+                    threading.get_ident() != self.thread:
                 return
             self._opt_open = False
             inner = self.fwd + self.bwd - self._inner_at_opt  # a closure's own passes
@@ -275,7 +346,7 @@ class Phases:
         def __call__(module: Any, *args: Any, **kwargs: Any) -> Any:
             # the compile check first: dynamo traces no line of ours after it (a thread id
             # read in traced code broke the graph)
-            if _compiling() or id(module) not in phases._root_ids \
+            if _compiling() or not phases.armed or id(module) not in phases._root_ids \
                     or get_ident() != phases.thread:
                 return orig(module, *args, **kwargs)
             outer = phases._depth == 0  # (a root inside a root's forward: the outer times)
@@ -307,7 +378,8 @@ class Phases:
         clock, get_ident = self.clock, threading.get_ident
 
         def backward(*args: Any, **kwargs: Any) -> Any:
-            if _compiling() or get_ident() != phases.thread or phases.failed is not None:
+            if _compiling() or not phases.armed or get_ident() != phases.thread or \
+                    phases.failed is not None:
                 return orig(*args, **kwargs)
             t = clock()
             dev = phases.device

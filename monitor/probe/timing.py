@@ -172,14 +172,14 @@ class Probe(StepWriter):
             ring.put(STEP_PENDING if self.device.active else STEP, step, epoch, t_got,
                      t_got - t_req, t_next - t_got, samples, self.config_seq,
                      self.batch_worker, self.batch_held, self.copy_s,
-                     *(ph.take() if ph is not None else NO_PHASES))
+                     *(ph.take(t_next) if ph is not None else NO_PHASES))
         else:
             buf = self._buffer
             if len(buf) == buf.maxlen:
                 self.dropped += 1  # the deque drops its oldest on this append
             buf.append((step, epoch, t_got, t_got - t_req, t_next - t_got, samples,
                         self.config_seq, self.copy_s, self.batch_worker, self.batch_held,
-                        *(ph.take() if ph is not None else NO_PHASES)))
+                        *(ph.take(t_next) if ph is not None else NO_PHASES)))
         if self.device.active:
             self._device_times()
         self.recent_steps.append(t_next - t_req)

@@ -211,7 +211,10 @@ def phases_figure(steps: pd.DataFrame, events: pd.DataFrame | None = None,
     data = [line(x, y_list(s[p], 1000), phases.LABELS[p], stackgroup="phases",
                  line={"color": PHASE_COLORS[p], "width": 0.5})
             for p in reversed(phases.PHASES) if p != "copy" or (s[p] > 0).any()]
-    lay = layout(f"Where each step goes ({phases.source(steps)})", "ms per step", 340, x_range)
+    sampled = f"; 1 step in {len(steps) / len(ph):.0f} timed" if len(ph) * 1.5 < len(steps) \
+        else ""  # (NOTE [phase sampling])
+    lay = layout(f"Where each step goes ({phases.source(steps)}{sampled})", "ms per step", 340,
+                 x_range)
     lay["yaxis"]["rangemode"] = "tozero"
     return figure(data, markers(events, lay))
 
