@@ -41,7 +41,8 @@ def loop(ph: Phases, model: torch.nn.Module, opt: torch.optim.Optimizer, n: int,
     for i in range(n):
         # the roots' class times once discovery has found them, and stays; backward and the
         # optimizer step are ours on a timed step alone
-        assert installed(ph, model) == (ph.steps >= DISCOVER_STEPS, ph.armed, ph.armed)
+        on = ph.armed or not ph.swaps  # (nothing is swapped once the script compiles)
+        assert installed(ph, model) == (ph.steps >= DISCOVER_STEPS, on, on)
         model(x).sum().backward()
         if (i + 1) % accumulate == 0:
             opt.step()
@@ -116,6 +117,20 @@ def test_a_step_not_timed_reads_no_clock_of_ours():
         ph.remove()
     timed = sum(1 for t in got if t[0] is not None)
     assert timed < 100 and len(reads) == 6 * timed, (timed, len(reads))
+
+
+def test_once_the_script_asks_to_compile_nothing_is_swapped_again(setup):
+    """Dynamo guards on what it traces (a compiled optimizer step: its hooks): from the
+    moment a backend is registered, backward and the optimizer hooks stay ours, and the
+    steps are still sampled by the flag alone."""
+    ph, model, opt = setup
+    loop(ph, model, opt, 50, 0.001)
+    assert ph.sampling and ph.swaps
+    torch.compile(lambda x: x + 1, backend="eager")  # registered, never called
+    got = loop(ph, model, opt, 400, 0.001, start=1.0)
+    assert not ph.swaps and installed(ph, model) == (True, True, True)
+    timed = sum(1 for t in got if t[0] is not None)
+    assert 0 < timed < 100, timed
 
 
 def test_a_windows_shares_are_its_timed_steps_alone():

@@ -35,10 +35,12 @@ SAMPLE_S (60 ms) or more is timed every time.
 # backward and optimizer step (ours are swapped in for a timed step: a module attribute and two
 # hook handles, each swap costing the next step 2 to 6 µs), and pays the root's wrapper with
 # one test, and take(). The roots' wrapper stays: a class's __call__ replaced made CPython drop
-# the code it had specialised on the class (8 µs the next step), and dynamo guards on what it
-# traced (a swapped __call__ would recompile the model). The flag is read after the compile
-# check, so dynamo never traces it. A window's shares are its timed steps' (monitor/assess/
-# phases.py).
+# the code it had specialised on the class (8 µs the next step). Dynamo guards on what it
+# traces (the optimizer's hooks, in a compiled optimizer step): once the script asks torch to
+# compile anything (compiles()), nothing is swapped again, ours stay in and every wrapper and
+# hook tests the flag (a compiled `opt.step` was retraced at each swap: 7 graph breaks for 1).
+# The flag is read after the compile check, so dynamo never traces it. A window's shares are
+# its timed steps' (monitor/assess/phases.py).
 
 Every hook body is guarded: an error in one removes them all and says why once (NOTE
 [fail-safe probe] in monitor/probe/patch.py); the training is untouched. Standard library
@@ -124,6 +126,9 @@ class Phases:
         self.armed = True  # this step is timed (NOTE [phase sampling])
         self.sampling = False  # past discovery: one step in SAMPLE_S or so timed
         self._next_at = 0.0  # (this clock) the first step to start after it is timed
+        self.swaps = True  # backward and the optimizer hooks swapped in for a timed step only
+        self._backends: Any = None  # dynamo's registered backends (compiles()), once loaded
+        self._n_backends = 0
         self.failed: str | None = None
         self.note: str | None = None  # said once: the optimizer is not a torch one, ...
         self.on_roots: Callable[[list[str]], None] | None = None  # the roots, once found
@@ -221,16 +226,23 @@ class Phases:
         clock at the step's end (NOTE [phase sampling] decides about the next)."""
         self.steps += 1
         if self.sampling:
+            b = self._backends  # (compiles()'s own first test, inline: once a step)
+            if self.swaps and (b is None or len(b) != self._n_backends) and self.compiles():
+                self.swaps = False  # installed for good from here (NOTE [phase sampling])
+                if not self.armed:
+                    self._swap(True)
             if now < self._next_at:
                 if not self.armed:
                     return NOT_TIMED
                 self.armed = False
-                self._swap(False)
+                if self.swaps:
+                    self._swap(False)
             else:
                 self._next_at = now + SAMPLE_S * (0.5 + random.random())
                 if not self.armed:
                     self.armed = True
-                    self._swap(True)
+                    if self.swaps:
+                        self._swap(True)
                     return NOT_TIMED
         out = (self.fwd if self.seen_fwd else None, self.bwd if self.seen_bwd else None,
                self.opt if self.seen_opt else None)
@@ -246,7 +258,25 @@ class Phases:
             if self._global and not self.saw_compile:
                 self._time_roots()
             self.sampling = self.failed is None
+            self.swaps = not self.saw_compile
         return out
+
+    def compiles(self) -> bool:
+        """Whether the script has asked torch to compile: a backend registered with dynamo
+        (its eval_frame.cached_backends; None there is a `disable` context's). True where
+        that cannot be read (a torch that keeps it elsewhere: nothing is swapped)."""
+        b = self._backends
+        if b is None:
+            ef = sys.modules.get("torch._dynamo.eval_frame")
+            if ef is None:
+                return False  # dynamo not loaded: nothing compiled
+            b = self._backends = getattr(ef, "cached_backends", None)
+            if not isinstance(b, dict):
+                return True
+        if len(b) == self._n_backends:
+            return False
+        self._n_backends = len(b)
+        return any(callable(v) for v in list(b.values()))
 
     def _time_roots(self) -> None:
         """Discovery is over: the roots' classes time the roots (_timed_call), the global
