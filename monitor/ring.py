@@ -123,9 +123,7 @@ class RingWriter:
             return False
         try:
             return not os.read(self.alive_fd, 64)  # non-blocking: b"" is the end
-        except BlockingIOError:  # open, nothing written: it lives
-            return False
-        except OSError:
+        except OSError:  # BlockingIOError: open, nothing written: it lives
             return False
 
     def consumed(self) -> int:
