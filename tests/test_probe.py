@@ -212,3 +212,30 @@ def test_a_worker_killed_outside_the_loader_is_named_at_exit():
     assert workers.killed_note([killed, stopped]) == \
         f"DataLoader worker (pid {killed.pid}) is killed by signal: Killed."
     assert workers.killed_note([stopped]) == ""
+
+
+def test_a_death_raised_by_torchs_handler_inside_the_wait_for_its_exit_code_is_named():
+    """A killed worker's batch cut off mid-send raises a reset connection in the loop before
+    the worker is reaped; the probe then waits for its exit code, and torch's SIGCHLD handler
+    raises the death inside that wait (a cgroup's OOM kill, seen in the suite): the note is
+    still torch's words, and nothing of the probe's own raises."""
+    import multiprocessing
+    import signal
+    import threading
+
+    from monitor.probe import workers
+
+    def torch_like(signum, frame):  # torch's _error_if_any_worker_fails, in short
+        raise RuntimeError("DataLoader worker is killed by signal: Killed.")
+
+    ctx = multiprocessing.get_context("fork")
+    w = ctx.Process(target=signal.pause)
+    w.start()
+    before = signal.signal(signal.SIGCHLD, torch_like)
+    try:
+        threading.Timer(0.2, w.kill).start()
+        note = workers.exit_note([w], ConnectionResetError(104, "Connection reset by peer"))
+    finally:
+        signal.signal(signal.SIGCHLD, before)
+        w.join(30)
+    assert note == f"DataLoader worker (pid {w.pid}) is killed by signal: Killed."

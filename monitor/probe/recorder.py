@@ -148,12 +148,13 @@ class Recorder:
                     f"{max(ready_s):.2f} s", {"epoch": self.epoch, "ready_s": ready_s})
 
     def _loader_error(self, exc: BaseException) -> None:
-        """The loader raised into the loop (its own error, passed on untouched)."""
-        self.loader_failed = True
+        """The loader raised into the loop (its own error, passed on untouched). Failed
+        only once its event is written: a failure before that leaves the death to close()."""
         text = workers.error_text(exc)
         if "killed by signal" not in text and (how := workers.exit_note(self.worker_procs, exc)):
             text = f"{text}; {how}"
         self._event("loader error", text, {"error": text, "at_step": self.probe.step})
+        self.loader_failed = True
         workers.remove_dead_segments(w.pid for w in self.worker_procs)  # (after the event)
 
     # -- the probe's own failures (NOTE [fail-safe probe] in monitor/probe/patch.py) -----

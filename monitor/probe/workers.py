@@ -214,7 +214,10 @@ def exit_note(procs: Any, exc: BaseException | None = None) -> str:
     if isinstance(exc, DEATH_ERRORS) or "exited unexpectedly" in str(exc or ""):
         deadline = time.monotonic() + DEATH_WAIT_S
         while not _ended(procs) and time.monotonic() < deadline:
-            time.sleep(0.05)
+            try:
+                time.sleep(0.05)
+            except Exception:  # torch's SIGCHLD handler raising the death inside the wait:
+                break  # the worker has ended (its exit code read below)
     out = []
     for w in procs:
         try:
