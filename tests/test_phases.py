@@ -18,6 +18,17 @@ SCRIPT = ROOT / "tests" / "scripts" / "phases.py"
 pytestmark = pytest.mark.slow
 # ms: large beside the per-call overheads of autograd and a busy box's wake-ups
 COSTS = {"forward": 20.0, "backward": 40.0, "optimizer": 10.0}
+
+
+def measured(r: subprocess.CompletedProcess) -> dict[str, float]:
+    """What each phase took by the script's own clock (ms a step): a busy box wakes the
+    sleeps late (a forward of 20 ms read 24.3 beside two busy cores), the probe must read
+    what happened. Each is at least its nominal cost (a sleep is never short)."""
+    line = next(ln for ln in r.stdout.splitlines() if ln.startswith("measured ms: "))
+    took = {k: float(v) for k, v in (kv.split("=") for kv in line.split()[2:])}
+    for name, ms in COSTS.items():
+        assert took[name] >= ms, (name, took)
+    return took
 ARGS = ("--forward-ms", "20", "--backward-ms", "40", "--optimizer-ms", "10",
         "--other-ms", "5", "--epochs", "2")
 
@@ -37,10 +48,10 @@ def test_the_phases_of_each_step_match_their_known_costs(tmp_path, no_leaks):
     r, d = monitored(db, *ARGS)
     ph = d["phases"]
     assert ph is not None and ph["source"] == "host time", d
-    per = ph["seconds_per_step"]
-    for name, ms in COSTS.items():
-        assert per[name] * 1000 == pytest.approx(ms, rel=0.2), (name, per)
-    assert per["other"] * 1000 == pytest.approx(5.0, abs=3.0), per
+    per, took = ph["seconds_per_step"], measured(r)
+    for name in COSTS:
+        assert per[name] * 1000 == pytest.approx(took[name], rel=0.2), (name, per, took)
+    assert per["other"] * 1000 == pytest.approx(took["other"], abs=3.0), (per, took)
     assert sum(ph[p] for p in ("data_wait", "copy", "forward", "backward", "optimizer",
                                "other")) == pytest.approx(1.0)
     assert d["verdict"] == "healthy"
@@ -60,7 +71,8 @@ def test_a_nested_model_is_timed_at_its_root_alone(tmp_path, no_leaks):
     db = tmp_path / "n.db"
     r, d = monitored(db, *ARGS, "--nested", "50")
     per = d["phases"]["seconds_per_step"]
-    assert per["forward"] * 1000 == pytest.approx(COSTS["forward"], rel=0.2), per
+    took = measured(r)["forward"]
+    assert per["forward"] * 1000 == pytest.approx(took, rel=0.2), (per, took)
     labels = Store(db).events(d["run_id"], kinds=("probe",))["label"].tolist()
     assert any(x.startswith("step phases: the forward pass timed at Model (") for x in labels)
     assert not any("Layer" in x for x in labels), labels
@@ -77,7 +89,8 @@ def test_a_model_saved_whole_and_deep_copied_carries_nothing_of_the_probe(tmp_pa
     assert "saved whole: Model, 0 hooks" in r.stdout, r.stdout
     assert b"monitor" not in saved.read_bytes()
     per = d["phases"]["seconds_per_step"]
-    assert per["forward"] * 1000 == pytest.approx(COSTS["forward"], rel=0.2), per
+    took = measured(r)["forward"]
+    assert per["forward"] * 1000 == pytest.approx(took, rel=0.2), (per, took)
 
 
 def test_an_optimizer_that_is_not_a_torch_one_is_other_and_said(tmp_path, no_leaks):
@@ -85,8 +98,9 @@ def test_an_optimizer_that_is_not_a_torch_one_is_other_and_said(tmp_path, no_lea
                           capture_output=True, text=True, timeout=120)
     db = tmp_path / "o.db"
     r, d = monitored(db, *ARGS, "--plain-optimizer")
-    assert [x for x in r.stdout.splitlines() if not x.startswith("{")] == \
-        bare.stdout.splitlines()
+    own = ("{", "measured ms: ")  # monitor run's JSON; the script's own clock's figures
+    assert [x for x in r.stdout.splitlines() if not x.startswith(own)] == \
+        [x for x in bare.stdout.splitlines() if not x.startswith(own)]
     per = d["phases"]["seconds_per_step"]
     assert per["optimizer"] == 0.0 and per["other"] * 1000 >= 10.0, per  # its 10 ms: other
     assert "not a torch.optim.Optimizer's" in r.stderr

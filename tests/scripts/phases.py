@@ -76,10 +76,16 @@ def main():
     opt = SlowSGD(model.parameters(), a.optimizer_ms / 1000)
     loader = DataLoader(TensorDataset(torch.ones(160, 4)), batch_size=8)
     total = 0.0
+    took = {"forward": 0.0, "backward": 0.0, "optimizer": 0.0, "other": 0.0}
+    steps = 0
     for _ in range(a.epochs):
         for (x,) in loader:
-            loss = model(x).sum()
+            t0 = time.perf_counter()
+            out = model(x)
+            t1 = time.perf_counter()
+            loss = out.sum()
             loss.backward()
+            t2 = time.perf_counter()
             if a.plain_optimizer:  # a hand-written update: no torch optimizer step hook
                 spin(a.optimizer_ms / 1000)
                 with torch.no_grad():
@@ -89,8 +95,13 @@ def main():
             else:
                 opt.step()
                 opt.zero_grad()
+            t3 = time.perf_counter()
             spin(a.other_ms / 1000)
             total += float(loss)
+            t4 = time.perf_counter()
+            steps += 1
+            for k, dt in zip(took, (t1 - t0, t2 - t1, t3 - t2, t4 - t3), strict=True):
+                took[k] += dt
         if a.save:
             torch.save(model, a.save)
             copy.deepcopy(model)
@@ -98,6 +109,10 @@ def main():
         m = torch.load(a.save, weights_only=False)
         hooks = len(m._forward_hooks) + len(m._forward_pre_hooks)
         print(f"saved whole: {type(m).__name__}, {hooks} hooks", flush=True)
+    # what each phase took here, by this script's own clock: on a busy box a sleep wakes
+    # late, and the probe's figures are checked against these, not the nominal costs
+    mean = " ".join(f"{k}={v / max(steps, 1) * 1000:.3f}" for k, v in took.items())
+    print(f"measured ms: {mean}")
     print(f"done {total:.1f}")
 
 
