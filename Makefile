@@ -35,14 +35,16 @@ run: $(VENV)/.runtime
 		$(if $(or $(WORKLOAD),$(METRICS_PORT)),--) $(if $(WORKLOAD),--workload $(WORKLOAD)) \
 		$(if $(METRICS_PORT),--metrics-port $(METRICS_PORT))
 
-# Three pytest workers on 2 cores: the suite is CPU-bound (children starting: python,
-# torch) and beside another busy process a third worker's runnable processes take a larger
-# share of the cores. Measured with a busy core, pairs run one after the other: 495 s with
-# two workers, 453 s with three (an earlier pair: 517 and 493); the machine's idle time went
-# from 25 s to 2 s. The timing-sensitive tests check the measured evidence, neighbours
-# included. Browser tests share one worker (loadgroup: conftest.py); before they did, three
-# workers were slower (673 s against 642 s) with two Chromiums side by side.
-TEST_WORKERS ?= 3
+# Four pytest workers on 2 cores: the suite is CPU-bound (children starting: python,
+# torch; an `import torch` is 1.6 s of CPU here, ~230 of them a suite) and its tests also
+# wait (for a hang to be named, a page to show), so with three workers a quiet box sat 20%
+# idle (910 CPU-s in 569 s); beside other busy processes more runnable workers take a larger
+# share of the cores. Fresh clone, one core kept busy, back to back: 587 s with four, 682 s
+# with three (earlier: 453 s with three against 495 with two). The timing-sensitive tests
+# check the measured evidence, neighbours included. Browser tests share one worker
+# (loadgroup: conftest.py); before they did, three workers were slower (673 s against
+# 642 s) with two Chromiums side by side.
+TEST_WORKERS ?= 4
 
 test: $(VENV)/.dev
 	$(PY) -m ruff check .
