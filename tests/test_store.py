@@ -146,3 +146,39 @@ def test_the_run_before_another_is_the_store_s_to_say(store):
     store.db.conn().execute("DELETE FROM runs WHERE id = ?", (ids[1],))
     assert store.previous_run(ids[2]) == ids[0]
     assert store.previous_run(ids[2] + 10) == ids[2]
+
+
+def _open_when_told(path, go, results) -> None:
+    go.wait()
+    try:
+        Store(path)
+        results.put("ok")
+    except Exception as exc:  # what the test reports
+        results.put(repr(exc))
+
+
+def test_processes_opening_one_new_store_at_once_all_open_it(tmp_path):
+    """`monitor run` creating its store while the page (or a second `monitor run`) opens
+    it: SQLite answered the latecomers "database is locked" or "disk I/O error" during the
+    other's switch to WAL (a suite's fault test met it), and the one that failed then
+    deleted the file the others had just made. Four processes, released at once, 60 times:
+    every one opens the store, and the file is there afterwards."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("fork")
+    failed = []
+    for i in range(60):
+        (tmp_path / f"s{i}").mkdir()
+        path = tmp_path / f"s{i}" / "monitor.db"
+        go, results = ctx.Event(), ctx.Queue()
+        procs = [ctx.Process(target=_open_when_told, args=(path, go, results))
+                 for _ in range(4)]
+        for p in procs:
+            p.start()
+        go.set()
+        got = [results.get(timeout=60) for _ in procs]
+        for p in procs:
+            p.join(30)
+        failed += [g for g in got if g != "ok"]
+        assert path.exists(), (i, got)
+    assert not failed, failed

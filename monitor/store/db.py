@@ -7,6 +7,7 @@ import contextlib
 import os
 import sqlite3
 import threading
+import time
 from collections.abc import Iterable
 from dataclasses import fields
 from pathlib import Path
@@ -19,6 +20,11 @@ from monitor.records import RECORD_TABLES, sql_type
 from monitor.store.errors import StoreError, explain
 from monitor.store.schema import SCHEMA
 
+# SQLite's answers to a connection that meets another process bringing the same new file
+# up (Db._init_schema_shared), and how long they are tried again
+TRANSIENT = ("database is locked", "disk I/O error")
+INIT_RETRY_S = 3.0
+
 
 class Db:
     """The file, its per-thread connections and its schema."""
@@ -29,14 +35,19 @@ class Db:
         self.path = path
         self._local = threading.local()
         made = [p for p in (path.parent, *path.parent.parents) if not p.exists()]
-        existed = path.exists()
+        created = False
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            self._init_schema()
+            try:  # made here, or by another process (`monitor run` and the page at once)
+                os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+                created = True
+            except FileExistsError:
+                pass
+            self._init_schema_shared()
             self._inode = os.stat(path).st_ino
         except (sqlite3.Error, OSError, RuntimeError) as exc:
             self.close()
-            if not existed:  # nothing created: not the file, not its folders
+            if created:  # what this process made, and only that: never another's store
                 for suffix in ("", "-wal", "-shm", "-journal"):
                     with contextlib.suppress(OSError):
                         Path(f"{path}{suffix}").unlink(missing_ok=True)
@@ -92,6 +103,22 @@ class Db:
         """The file's size on disk with its write-ahead log."""
         return sum(p.stat().st_size for p in (self.path, self.path.with_name(
             self.path.name + "-wal")) if p.exists())
+
+    def _init_schema_shared(self) -> None:
+        """The schema, while other processes may be opening the same new file: SQLite
+        answers a connection that meets another's switch to WAL "database is locked" or
+        "disk I/O error" (3 processes opening one new file at once: 2 of 3 failed in 6 of
+        100 tries), so those are tried again on a fresh connection for up to
+        INIT_RETRY_S; any other error, or one that lasts, is the store's."""
+        deadline = time.monotonic() + INIT_RETRY_S
+        while True:
+            try:
+                return self._init_schema()
+            except sqlite3.OperationalError as exc:
+                if str(exc) not in TRANSIENT or time.monotonic() > deadline:
+                    raise
+                self.close()
+                time.sleep(0.02)  # sleep-ok: a back-off before the next try, not a wait
 
     def _init_schema(self) -> None:
         conn = self.conn()
