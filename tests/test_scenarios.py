@@ -35,7 +35,10 @@ from monitor.thresholds import (
     STORAGE_READ_KB,
 )
 
-pytestmark = pytest.mark.slow
+# one worker runs the cells (`--dist loadgroup`), so one `lab` serves them all: spread over
+# four workers each built its own (a fork server importing torch, a calibration) and the
+# cells' busy processes ran side by side with each other's
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("scenarios")]
 
 ANY_LOAD = {"starving", "cpu-bound"}  # starving@0 when the cores are shared
 SCENARIOS = [  # name, settings, memory budget, busy cores, verdicts accepted
