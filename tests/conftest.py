@@ -11,6 +11,7 @@ import threading
 import time
 import types
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -120,6 +121,72 @@ def no_leaks():
     leaked = {e for e in shm_entries() - shm_before
               if (m := SHM_PID.match(e)) and int(m.group(1)) in ours}
     assert not leaked, f"/dev/shm segments leaked: {leaked}"
+
+
+CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--no-first-run"]
+
+
+class _Browser:
+    """The Chromium (and Playwright's driver) shared by consecutive browser tests."""
+    playwright: Any = None
+    browser: Any = None
+
+
+@contextlib.contextmanager
+def shared_browser():
+    """A headless Chromium, launched once for a run of consecutive browser tests (they run
+    one after another on one xdist worker: their group) and stopped after the last of them
+    (`pytest_runtest_teardown`): a launch and Playwright's driver cost ~2.5 CPU-s, 13 times
+    a suite. Each test's pages are its own: a page opened from the browser has a context of
+    its own, and every context the block opened is closed at its end. A browser that died
+    is launched again. (While Playwright's sync API runs, asyncio counts a loop as running
+    in this thread, so it must not outlive the browser tests.)"""
+    b = _Browser.browser
+    if b is None or not b.is_connected():
+        stop_browser()
+        from playwright.sync_api import sync_playwright
+
+        pw = sync_playwright().start()
+        try:
+            b = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        except BaseException:
+            pw.stop()
+            raise
+        _Browser.playwright, _Browser.browser = pw, b
+    before = {id(c) for c in b.contexts}
+    try:
+        yield b
+    finally:
+        for ctx in b.contexts:
+            if id(ctx) not in before:
+                with contextlib.suppress(Exception):
+                    ctx.close()
+
+
+def stop_browser() -> None:
+    b, pw = _Browser.browser, _Browser.playwright
+    _Browser.browser = _Browser.playwright = None
+    if b is not None:
+        with contextlib.suppress(Exception):
+            b.close()
+    if pw is not None:
+        with contextlib.suppress(Exception):
+            pw.stop()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    """The shared browser stops once the next test is not a browser test (or none)."""
+    yield
+    if _Browser.playwright is not None and (
+            nextitem is None or nextitem.get_closest_marker("browser") is None):
+        stop_browser()
+
+
+def pytest_sessionfinish(session, exitstatus):
+    stop_browser()
 
 
 @pytest.fixture

@@ -19,10 +19,9 @@ import psutil
 import pytest
 
 from monitor.diagnosis import NO_DATA, VERDICTS
-from tests.conftest import wait_for
+from tests.conftest import CHROMIUM, shared_browser, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
-CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
 ARTIFACTS = ROOT / "artifacts"
 # UPDATE_SCREENSHOTS=1 writes the docs' pictures (docs/img/) instead of artifacts/
 SHOTS = ROOT / "docs" / "img" if os.environ.get("UPDATE_SCREENSHOTS") else ARTIFACTS
@@ -122,10 +121,9 @@ def _banner(page) -> str:
 
 
 def _sawtooth_then_flat(url: str) -> tuple[str, str]:
-    from playwright.sync_api import expect, sync_playwright
+    from playwright.sync_api import expect
 
-    with sync_playwright() as p:
-        browser = launch(p)
+    with shared_browser() as browser:
         page = browser.new_page(viewport={"width": 1500, "height": 1000})
         errors = console_errors(page)
         page.goto(url)
@@ -177,7 +175,6 @@ def _sawtooth_then_flat(url: str) -> tuple[str, str]:
             timeout=60_000)
         page.screenshot(path=str(SHOTS / "flat-after.png"))
         after = _banner(page)
-        browser.close()
     assert not errors, errors
     return before, after
 
@@ -191,17 +188,10 @@ def _check_markers(db) -> None:
     assert any(label.startswith("num_workers 0→") for label in labels), labels
 
 
-def launch(p):
-    return p.chromium.launch(
-        executable_path=CHROMIUM,
-        args=["--no-sandbox", "--disable-gpu", "--disable-background-networking",
-              "--disable-component-update", "--no-first-run"])
-
-
 @pytest.mark.server_env(STARVATION_MONITOR_AUTOSTART="0")
 def test_rank_chart_shows_every_rank_of_a_job(server):
     """A two-rank job's data wait on one chart, and the straggler verdict, in a real page."""
-    from playwright.sync_api import expect, sync_playwright
+    from playwright.sync_api import expect
 
     from monitor.records import StepRecord
     from monitor.store import Store
@@ -223,8 +213,7 @@ def test_rank_chart_shows_every_rank_of_a_job(server):
     store.db.conn().execute("UPDATE runs SET started_at = ? WHERE id = ?", (now - 2, run))
     store.finish_run(run, "finished")  # its steady state is what the page then shows
     ARTIFACTS.mkdir(exist_ok=True)
-    with sync_playwright() as p:
-        browser = launch(p)
+    with shared_browser() as browser:
         page = browser.new_page(viewport={"width": 1500, "height": 1400})
         page.goto(url)
         expect(page.get_by_text("Data wait per step, by rank").first).to_be_visible(
@@ -235,13 +224,12 @@ def test_rank_chart_shows_every_rank_of_a_job(server):
             expect(page.locator("svg text.legendtext").filter(has_text=r).first).to_be_attached(
                 timeout=15_000)
         page.screenshot(path=str(ARTIFACTS / "ranks.png"), full_page=True)
-        browser.close()
 
 
 @pytest.mark.server_env(STARVATION_MONITOR_AUTOSTART="0")
 def test_compare_tab_in_a_real_page(server):
     """Two runs side by side, one click from the Live tab; no console errors."""
-    from playwright.sync_api import expect, sync_playwright
+    from playwright.sync_api import expect
 
     from monitor.store import Store
     from tests.test_assess import CONFIG, stored_run
@@ -250,8 +238,7 @@ def test_compare_tab_in_a_real_page(server):
     store = Store(db)
     stored_run(store)  # starving at num_workers=0
     stored_run(store, config=CONFIG.replace(num_workers=2).to_dict(), wait_s=0.002)  # fed
-    with sync_playwright() as p:
-        browser = launch(p)
+    with shared_browser() as browser:
         page = browser.new_page(viewport={"width": 1500, "height": 1400})
         errors = console_errors(page)
         page.goto(url)
@@ -261,7 +248,6 @@ def test_compare_tab_in_a_real_page(server):
         expect(page.get_by_text("Throughput, aligned at each run's start").first
                ).to_be_visible(timeout=30_000)
         page.screenshot(path=str(SHOTS / "compare.png"), full_page=True)
-        browser.close()
     assert not errors, errors
 
 
@@ -297,11 +283,10 @@ def switch_on(page, on, within_s: float = 150.0) -> None:
 def test_auto_tune_moves_show_as_markers_in_a_real_page(server):
     """The Auto-tune switch in a real page: the monitor moves the starving workload's loader
     by itself, and the move is drawn on the charts as a labelled autotune marker."""
-    from playwright.sync_api import expect, sync_playwright
+    from playwright.sync_api import expect
 
     url, db, _ = server
-    with sync_playwright() as p:
-        browser = launch(p)
+    with shared_browser() as browser:
         page = browser.new_page(viewport={"width": 1500, "height": 1000})
         errors = console_errors(page)
         page.goto(url)
@@ -323,5 +308,4 @@ def test_auto_tune_moves_show_as_markers_in_a_real_page(server):
         else:
             SHOTS.mkdir(parents=True, exist_ok=True)
             page.screenshot(path=str(SHOTS / "autotune.png"))
-        browser.close()
     assert not errors, errors

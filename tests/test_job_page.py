@@ -174,9 +174,10 @@ def test_an_unreachable_prometheus_is_one_sentence():
 
 @pytest.mark.browser
 def test_the_job_tab_in_a_real_page_names_the_straggler_and_a_node_that_joins(tmp_path):
-    from playwright.sync_api import expect, sync_playwright
+    from playwright.sync_api import expect
 
-    from tests.test_browser import CHROMIUM, console_errors, launch, serve_dashboard
+    from tests.conftest import shared_browser
+    from tests.test_browser import CHROMIUM, console_errors, serve_dashboard
 
     if not Path(CHROMIUM).exists() and not shutil.which("chromium"):
         pytest.skip("chromium is not installed (apt-get install -y chromium)")
@@ -189,8 +190,7 @@ def test_the_job_tab_in_a_real_page_names_the_straggler_and_a_node_that_joins(tm
         cmd = [sys.executable, "-m", "monitor", "dashboard", "--watch", "--port", "{port}",
                "--prometheus", base, "--db", str(tmp_path / "monitor.db")]
         with serve_dashboard(tmp_path, {"STREAMLIT_SERVER_HEADLESS": "true"}, cmd) as (
-                url, _db, _proc), sync_playwright() as pw:
-            browser = launch(pw)
+                url, _db, _proc), shared_browser() as browser:
             page = browser.new_page(viewport={"width": 1500, "height": 1400})
             errors = console_errors(page)
             page.goto(url)
@@ -215,7 +215,6 @@ def test_the_job_tab_in_a_real_page_names_the_straggler_and_a_node_that_joins(tm
             expect(page.get_by_text("Input straggler: rank 1 on node 1 (host-1)").first
                    ).to_be_visible(timeout=10_000)
             page.screenshot(path=str(tmp_path / "job.png"), full_page=True)
-            browser.close()
     finally:
         p.terminate()
         p.wait(30)

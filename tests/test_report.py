@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 
 from monitor.store import Store
+from tests.conftest import shared_browser
 from tests.test_assess import CONFIG, stored_run
-from tests.test_browser import CHROMIUM, console_errors, launch
+from tests.test_browser import CHROMIUM, console_errors
 
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
@@ -44,28 +45,22 @@ def test_report_opens_offline_with_charts_verdict_and_compare(tmp_path):
     out = tmp_path / "share" / "report.html"
     r = cli("report", "latest", "--db", db, "--html", str(out))
     assert r.returncode == 0 and r.stdout.strip() == str(out), r.stderr
-    from playwright.sync_api import sync_playwright
-
     outside: list[str] = []
-    with sync_playwright() as p:
-        browser = launch(p)
-        try:
-            ctx = browser.new_context()
-            ctx.route("**/*", lambda route: route.continue_()
-                      if route.request.url.startswith("file:")
-                      else (outside.append(route.request.url), route.abort()))
-            page = ctx.new_page()
-            errors = console_errors(page)
-            page.goto(out.as_uri())
-            page.wait_for_function(
-                "document.querySelectorAll('.js-plotly-plot .main-svg').length >= 4",
-                timeout=30_000)
-            charts = page.eval_on_selector_all(".js-plotly-plot", "els => els.map(e => e.id)")
-            text = page.inner_text("body")
-            bold = page.eval_on_selector_all("h1 b", "els => els.length")
-            banner = page.inner_text(".verdict")
-        finally:
-            browser.close()
+    with shared_browser() as browser:
+        ctx = browser.new_context()
+        ctx.route("**/*", lambda route: route.continue_()
+                  if route.request.url.startswith("file:")
+                  else (outside.append(route.request.url), route.abort()))
+        page = ctx.new_page()
+        errors = console_errors(page)
+        page.goto(out.as_uri())
+        page.wait_for_function(
+            "document.querySelectorAll('.js-plotly-plot .main-svg').length >= 4",
+            timeout=30_000)
+        charts = page.eval_on_selector_all(".js-plotly-plot", "els => els.map(e => e.id)")
+        text = page.inner_text("body")
+        bold = page.eval_on_selector_all("h1 b", "els => els.length")
+        banner = page.inner_text(".verdict")
     assert charts == ["chart_util", "chart_thr", "chart_wait", "chart_host"]
     assert outside == [] and errors == [], (outside, errors)
     assert "<b>mine</b> & [link](http://x)" in text and bold == 0  # shown as text

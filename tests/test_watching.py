@@ -13,8 +13,8 @@ import psutil
 import pytest
 
 from monitor.store import Store
-from tests.conftest import wait_for
-from tests.test_browser import VERDICT_BANNER, launch, server  # noqa: F401  (the served dashboard)
+from tests.conftest import shared_browser, wait_for
+from tests.test_browser import VERDICT_BANNER, server  # noqa: F401  (the served dashboard)
 
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
@@ -33,7 +33,7 @@ def attach(db: Path, seconds: float, name: str, stop: Path | None = None) -> sub
 def test_the_page_watches_a_live_job_and_follows_a_new_one(server):  # noqa: F811
     """(The server fixture checks that closing the page leaves no process behind; the jobs
     are ended here.)"""
-    from playwright.sync_api import expect, sync_playwright
+    from playwright.sync_api import expect
 
     url, db, proc = server
     first = attach(db, 40, "job-a")
@@ -41,8 +41,7 @@ def test_the_page_watches_a_live_job_and_follows_a_new_one(server):  # noqa: F81
     assert wait_for(lambda: len(store.steps(1)) >= 20, timeout=90)
     second = None
     try:
-        with sync_playwright() as p:
-            browser = launch(p)
+        with shared_browser() as browser:
             page = browser.new_page(viewport={"width": 1500, "height": 1000})
             page.goto(url)
             expect(page.get_by_text("live: run 1 · job-a · running").first).to_be_visible(
@@ -97,7 +96,6 @@ def test_the_page_watches_a_live_job_and_follows_a_new_one(server):  # noqa: F81
             print(f"run 2's first verdict {shown - first_step:.1f} s after its first step: "
                   f"{said[:80]}")
             assert shown - first_step <= 7.0, (shown - first_step, said)
-            browser.close()
     finally:
         for job in (first, second):
             if job is not None:
@@ -109,7 +107,7 @@ def test_the_page_watches_a_live_job_and_follows_a_new_one(server):  # noqa: F81
 def test_the_run_selector_says_finished_once_the_watched_job_ends(server):  # noqa: F811
     """The selector's label follows the run's status: 'running' while the job runs, then
     'finished' once it ends, with no reload (it kept saying 'running')."""
-    from playwright.sync_api import expect, sync_playwright
+    from playwright.sync_api import expect
 
     url, db, _proc = server
     stop = db.parent / "end-the-job"  # ends it once the page has shown it running (a busy
@@ -117,8 +115,7 @@ def test_the_run_selector_says_finished_once_the_watched_job_ends(server):  # no
     store = Store(db) if wait_for(db.exists, timeout=60) else None
     try:
         assert wait_for(lambda: len(store.steps(1)) >= 5, timeout=90)
-        with sync_playwright() as p:
-            browser = launch(p)
+        with shared_browser() as browser:
             page = browser.new_page(viewport={"width": 1500, "height": 1000})
             page.goto(url)
             picked = page.locator('[data-testid="stSelectbox"]').filter(has_text="Run")
@@ -129,7 +126,6 @@ def test_the_run_selector_says_finished_once_the_watched_job_ends(server):  # no
             assert wait_for(lambda: store.run(1)["status"] == "finished", timeout=30)
             expect(picked).to_match_aria_snapshot(
                 '- combobox "Run": /run 1 · short-job · finished/', timeout=15_000)
-            browser.close()
     finally:
         if job.poll() is None:
             job.terminate()
@@ -139,7 +135,7 @@ def test_the_run_selector_says_finished_once_the_watched_job_ends(server):  # no
 def _page_of_a_job(served, script: str, args: list[str], steps: int, check) -> None:
     """Attach `script` (tests/scripts/) to the served store, open the page once it has
     `steps` steps, and run `check(page, expect)` against it; the job is ended after."""
-    from playwright.sync_api import expect, sync_playwright
+    from playwright.sync_api import expect
 
     url, db, _proc = served
     job = subprocess.Popen(
@@ -149,12 +145,10 @@ def _page_of_a_job(served, script: str, args: list[str], steps: int, check) -> N
     store = Store(db) if wait_for(db.exists, timeout=60) else None
     try:
         assert wait_for(lambda: len(store.steps(1)) >= steps, timeout=90)
-        with sync_playwright() as p:
-            browser = launch(p)
+        with shared_browser() as browser:
             page = browser.new_page(viewport={"width": 1500, "height": 1000})
             page.goto(url)
             check(page, expect)
-            browser.close()
     finally:
         job.terminate()
         job.wait(60)

@@ -11,7 +11,8 @@ import psutil
 import pytest
 
 from monitor.sampling.procfs import schedstat
-from tests.test_browser import CHROMIUM, server  # noqa: F401  (the served dashboard)
+from tests.conftest import shared_browser
+from tests.test_browser import server  # noqa: F401  (the served dashboard)
 
 pytestmark = [pytest.mark.faults, pytest.mark.browser, pytest.mark.slow]
 SECONDS = 8.0  # 32 passes at 4 Hz: a gap or a slow rate shows within it
@@ -25,16 +26,12 @@ def runq_s(pid: int) -> float:
 
 
 def test_three_tabs_share_one_workload_and_sampling_holds_its_rate(server):  # noqa: F811
-    from playwright.sync_api import expect, sync_playwright
+    from playwright.sync_api import expect
 
     from monitor.store import Store
 
     url, db, proc = server
-    with sync_playwright() as p:
-        browser = p.chromium.launch(
-            executable_path=CHROMIUM,
-            args=["--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                  "--disable-component-update", "--no-first-run"])
+    with shared_browser() as browser:
         tabs = [browser.new_page(viewport={"width": 1500, "height": 1000}) for _ in range(3)]
         for t in tabs:
             t.goto(url)
@@ -53,7 +50,6 @@ def test_three_tabs_share_one_workload_and_sampling_holds_its_rate(server):  # n
         runs = store.runs()
         forked = [g for k in kids if "workloads.forkserver" in " ".join(k.cmdline())
                   for g in k.children()]
-        browser.close()
     assert len(runs) == 1, runs  # the three tabs share one workload
     # a workload is spawned (`workloads.runner`) or forked by the dashboard's fork server
     assert sum("workloads.runner" in c for c in cmds) + len(forked) == 1, (cmds, forked)
