@@ -24,7 +24,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from monitor.store import Store  # noqa: E402
-from tests.test_browser import VERDICT_BANNER, launch, serve_dashboard  # noqa: E402
+from tests.conftest import launch  # noqa: E402
+from tests.test_browser import VERDICT_BANNER, serve_dashboard  # noqa: E402
 
 
 def one_try() -> float | None:

@@ -128,6 +128,11 @@ CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networki
                  "--disable-component-update", "--no-first-run"]
 
 
+def launch(playwright):
+    """Chromium as the suite and the benches launch it (`playwright` started by the caller)."""
+    return playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+
+
 class _Browser:
     """The Chromium (and Playwright's driver) shared by consecutive browser tests."""
     playwright: Any = None
@@ -150,7 +155,7 @@ def shared_browser():
 
         pw = sync_playwright().start()
         try:
-            b = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+            b = launch(pw)
         except BaseException:
             pw.stop()
             raise

@@ -295,3 +295,19 @@ def test_the_design_the_code_cites_is_in_the_repository():
     text = design.read_text()
     for heading in ("## Processes and data flow", "## Layout", "## Definitions"):
         assert heading in text
+
+
+def test_every_name_a_bench_script_takes_from_the_tests_is_there():
+    """The bench scripts reuse test helpers (a served dashboard, Chromium's launch); a helper
+    moved or renamed in tests/ breaks a bench that no test runs (bench/first_verdict_page.py
+    lost `launch` once). Each `from tests.X import names` in bench/ is resolved here."""
+    import importlib
+
+    missing = []
+    for script in sorted((ROOT / "bench").glob("*.py")):
+        for node in ast.walk(ast.parse(script.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("tests."):
+                module = importlib.import_module(node.module)
+                missing += [f"{script.name}: {node.module}.{a.name}" for a in node.names
+                            if not hasattr(module, a.name)]
+    assert not missing, missing
