@@ -10,6 +10,20 @@ the oldest, counted (the writer never waits). Events (rare: a loader report, a p
 are JSON lines appended to `<ring>.events`; the reader asks the probe's watchdog thread to
 look for a stall by writing a byte to the FIFO `<ring>.poke`, on which that thread sleeps,
 waking for nothing else. Standard library only (the probe imports it: its fence).
+
+# NOTE [the ring's pages]
+# A ring that is a file on a disk's filesystem (the temporary folder is one, often) costs the
+# loop a page fault each time a step's record reaches a page the loop has not written since
+# the kernel last wrote the page back: ~40 a second in a 1 ms loop (a 4 KiB page holds 36
+# records), and each one tens of µs on a virtual machine, which was a third of what the
+# probe cost that loop (docs/benchmarks.md). A sparse file is worse: a full disk makes the
+# next page a SIGBUS that kills the training process. So the ring is made in memory
+# (memfd_create), its pages all made when it is (MAP_POPULATE), and its descriptor sent to
+# the relay's datagram socket: a message in the socket's queue holds the ring even if the
+# script is killed before the relay reads it. Not /dev/shm: the DataLoader's workers need
+# its room, and the product measures it. Where that cannot be (no memfd, no socket, Python
+# before 3.9), the ring is a file with its blocks reserved up front (posix_fallocate: a full
+# disk is an error when the ring is made, and the probe writes from its own thread).
 """
 from __future__ import annotations
 
@@ -17,6 +31,7 @@ import json
 import math
 import mmap
 import os
+import socket
 import struct
 import time
 from typing import Any
@@ -36,6 +51,8 @@ RECORD = struct.Struct("<qqqdddqqqqdddd")
 STEP, DEVICE, STEP_PENDING = 0, 1, 2  # a step; a step's device times; a step awaiting them
 NAN = math.nan
 SUFFIX, EVENTS, POKE = ".ring", ".events", ".poke"
+SOCKET = "relay.sock"  # the relay's datagram socket: rings in memory arrive there
+POPULATE = getattr(mmap, "MAP_POPULATE", 0)  # Linux, Python 3.10+: every page made at once
 ALIVE = "relay.alive"  # a FIFO the relay holds open for writing and never writes: a probe
 # reading it meets its end only when `monitor run`'s process is gone
 REPORT = "rank report"  # an event line that is a rank's report: {"ranks": set_rank's keywords,
@@ -67,15 +84,13 @@ class RingWriter:
 
     def __init__(self, folder: str, rank: int, anchor_clock: float, anchor_wall: float,
                  capacity: int = CAPACITY) -> None:
+        # the ring's name: a file of that name only where it cannot be in memory (_shared)
         self.path = os.path.join(folder, f"{os.getpid()}-{rank}{SUFFIX}")
         self.capacity = capacity
         size = HEADER_SIZE + capacity * RECORD.size
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
-        try:
-            os.ftruncate(fd, size)
-            self.mm = mmap.mmap(fd, size)
-        finally:
-            os.close(fd)
+        header = HEADER.pack(MAGIC, capacity, 0, 0, 0, os.getpid(), rank, anchor_clock,
+                             anchor_wall)
+        self.mm = self._shared(folder, size, header) or self._file(size, header)
         self.events_fd = os.open(self.path[:-len(SUFFIX)] + EVENTS,
                                  os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         poke = self.path[:-len(SUFFIX)] + POKE
@@ -88,8 +103,47 @@ class RingWriter:
         except OSError:
             self.alive_fd = None
         self.head = 0
-        self.mm[:HEADER.size] = HEADER.pack(MAGIC, capacity, 0, 0, 0, os.getpid(), rank,
-                                            anchor_clock, anchor_wall)
+
+    def _shared(self, folder: str, size: int, header: bytes) -> mmap.mmap | None:
+        """The ring in memory (a memfd, its pages made up front) handed to the relay through
+        its socket (NOTE [the ring's pages]); None where this system or relay has no way
+        to (the ring is then a file)."""
+        sock = os.path.join(folder, SOCKET)
+        if not (hasattr(os, "memfd_create") and hasattr(socket, "send_fds")
+                and os.path.exists(sock)):
+            return None
+        mm = None
+        fd = os.memfd_create("starvation-ring", os.MFD_CLOEXEC)
+        try:
+            os.ftruncate(fd, size)
+            mm = mmap.mmap(fd, size, flags=mmap.MAP_SHARED | POPULATE)
+            mm[:HEADER.size] = header
+            with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
+                s.setblocking(False)  # a relay whose queue is full: the file instead
+                s.connect(sock)  # (send_fds takes no address)
+                socket.send_fds(s, [os.path.basename(self.path).encode()], [fd])
+            return mm
+        except OSError:
+            if mm is not None:
+                mm.close()
+            return None
+        finally:
+            os.close(fd)
+
+    def _file(self, size: int, header: bytes) -> mmap.mmap:
+        """The ring as a file in the relay's folder, its blocks reserved (a full disk is an
+        error here, never a SIGBUS in the loop at a later page)."""
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            os.posix_fallocate(fd, 0, size)
+            mm = mmap.mmap(fd, size, flags=mmap.MAP_SHARED | POPULATE)
+        except BaseException:
+            os.close(fd)
+            os.unlink(self.path)
+            raise
+        os.close(fd)
+        mm[:HEADER.size] = header  # last: the reader takes the file once it has the magic
+        return mm
 
     def put(self, kind: int, step: int, epoch: int, ts: float, wait: float, compute: float,
             samples: int, config_seq: int, worker: int | None, held: int | None,
@@ -150,7 +204,8 @@ class RingWriter:
         is gone and will not)."""
         base = self.path[:-len(SUFFIX)]
         folder = os.path.dirname(self.path)
-        for f in (self.path, base + EVENTS, base + POKE, os.path.join(folder, ALIVE)):
+        for f in (self.path, base + EVENTS, base + POKE, os.path.join(folder, ALIVE),
+                  os.path.join(folder, SOCKET)):
             try:
                 os.unlink(f)
             except OSError:
@@ -171,9 +226,11 @@ class RingWriter:
 class RingReader:
     """`monitor run`'s half: the records one ring gained since the last read."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, fd: int | None = None) -> None:
+        """The ring named `path`: the file there, or `fd` (a memfd from the relay's socket,
+        closed here)."""
         self.path = path
-        fd = os.open(path, os.O_RDWR)
+        fd = os.open(path, os.O_RDWR) if fd is None else fd
         try:
             size = os.fstat(fd).st_size
             if size < HEADER_SIZE:

@@ -1,5 +1,6 @@
 """The relay (NOTE [the relay] in monitor/manage/relay.py): under `monitor run` the script's
-steps leave its process through a ring file and are written by `monitor run`'s own process.
+steps leave its process through a ring (memory handed to `monitor run`'s socket, or a file)
+and are written by `monitor run`'s own process.
 Every step arrives, in order, after a normal exit, an exception in the loop, SIGTERM and
 SIGKILL; a locked store never holds the loop; the ring's records round-trip; no thread or
 folder is left behind."""
@@ -8,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import signal
 import sqlite3
 import subprocess
@@ -20,7 +22,7 @@ import pandas as pd
 import pytest
 
 from monitor.manage.relay import Relay
-from monitor.ring import DEVICE, STEP, STEP_PENDING, RingReader, RingWriter
+from monitor.ring import DEVICE, STEP, STEP_PENDING, SUFFIX, RingReader, RingWriter
 from monitor.store import ATTACHED, Store
 from tests.conftest import wait_for
 
@@ -109,7 +111,7 @@ def test_a_script_whose_monitor_run_is_killed_writes_its_own_steps(tmp_path):
     store = Store(db)
     run = store.run(int(store.runs()["id"].iloc[0]))
     relay_dirs = {d for d in Path(tempfile.gettempdir()).glob("starvation-relay-*")
-                  if any(d.glob(f"{run['pid']}-*.ring"))}
+                  if any(d.glob(f"{run['pid']}-*.events"))}
     assert len(relay_dirs) == 1
     p.kill()  # monitor run only: the script is in a process group of its own
     # reaped: its files closed (a dying process unmaps its memory first: on a busy box the
@@ -235,3 +237,89 @@ def test_an_event_the_ring_refuses_goes_to_the_store(tmp_path, monkeypatch):
     probe.event("probe", "still told", None)
     assert store.events(run_id, kinds=("probe",))["label"].tolist() == ["still told"]
 
+
+
+WRITE_AND_DIE = """
+import os, signal, sys
+from monitor.ring import STEP, RingWriter
+w = RingWriter(sys.argv[1], 0, 0.0, 0.0)
+for i in range(500):
+    w.put(STEP, i, 0, float(i), 0.0, 0.0, 1, 0, None, None, None, None, None, None)
+print(os.path.exists(w.path), flush=True)  # a ring file beside the events?
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+@pytest.mark.skipif(not hasattr(os, "memfd_create"), reason="no memfd on this system")
+def test_a_ring_in_memory_reaches_the_relay_even_from_a_script_killed_before_it_read(
+        tmp_path):
+    """NOTE [the ring's pages]: under a started relay the ring is memory, no file; its
+    descriptor waits in the relay's socket, so a script SIGKILLed before the relay's first
+    read still has every step stored."""
+    store = Store(tmp_path / "s.db")
+    run_id = store.create_run("r", ATTACHED, {})
+    relay = Relay(store.path, run_id)
+    relay._stop.set()  # its thread ends at once: the only read is stop()'s, after the death
+    relay.start()
+    r = subprocess.run([sys.executable, "-c", WRITE_AND_DIE, relay.folder], env=ENV,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == -signal.SIGKILL and r.stdout.strip() == "False", r.stderr
+    assert not [n for n in os.listdir(relay.folder) if n.endswith(SUFFIX)]
+    assert relay.stop() == 0
+    assert store.steps(run_id)["step"].tolist() == list(range(500))
+    assert not os.path.exists(relay.folder)
+
+
+FILE_TOO_BIG = """
+import os, resource, signal, sys
+from monitor.ring import RingWriter
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, 1 << 20))
+try:
+    RingWriter(sys.argv[1], 0, 0.0, 0.0)
+except OSError as exc:
+    print("refused:", exc.strerror, sorted(os.listdir(sys.argv[1])))
+"""
+
+
+def test_a_ring_file_the_filesystem_cannot_hold_is_refused_when_made(tmp_path):
+    """Without the relay's socket the ring is a file, its blocks reserved when it is made: a
+    filesystem that cannot hold it (here a 1 MB file size limit) refuses it then, and leaves
+    no file, rather than a later page killing the loop with SIGBUS (the probe then writes
+    from its own thread: monitor/probe/writer.py relay_ring)."""
+    r = subprocess.run([sys.executable, "-c", FILE_TOO_BIG, str(tmp_path)], env=ENV,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.startswith("refused: "), (r.stdout, r.stderr)
+    assert r.stdout.rstrip().endswith("[]")
+
+
+FILL = """
+import sys
+from monitor.ring import STEP, RingWriter
+try:
+    w = RingWriter(sys.argv[1], 0, 0.0, 0.0)
+except OSError as exc:
+    print("refused:", exc.strerror)
+    sys.exit(0)
+for i in range(20_000):  # 2.2 MB of records: past the 1 MB the filesystem has
+    w.put(STEP, i, 0, float(i), 0.0, 0.0, 1, 0, None, None, None, None, None, None)
+print("wrote all")
+"""
+
+
+def test_a_full_filesystem_under_the_ring_never_kills_the_loop(tmp_path):
+    """The ring as a file on a filesystem with less room than the ring (a 1 MB tmpfs in a
+    mount namespace): refused when made. A sparse file, as the ring was until this test,
+    took the loop down with SIGBUS at the first page past the room (exit -7)."""
+    if os.geteuid() != 0 or not shutil.which("unshare"):
+        pytest.skip("needs root and unshare to mount a small filesystem")
+    small, script = tmp_path / "small", tmp_path / "fill.py"
+    small.mkdir()
+    script.write_text(FILL)
+    r = subprocess.run(["unshare", "-m", "sh", "-c", f"mount -t tmpfs -o size=1m tmpfs {small}"
+                        f" && exec {sys.executable} {script} {small}"], env=ENV,
+                       capture_output=True, text=True, timeout=120)
+    if r.returncode != 0 and "mount" in r.stderr:
+        pytest.skip(f"no mount namespace here: {r.stderr.strip()}")
+    assert r.returncode == 0 and r.stdout.strip() == "refused: No space left on device", \
+        (r.returncode, r.stdout, r.stderr)

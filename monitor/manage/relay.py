@@ -7,9 +7,11 @@ and written to the store from this process, not from a thread inside the user's.
 # it straight back, and it loses those races for milliseconds to seconds while each release
 # wakes it in vain (NOTE [the writer's wake] in monitor/probe/watchdog.py). Under `monitor run`
 # nothing in the script's process wakes while its loop runs:
-# 1. The probe puts each step into a ring it maps from a file in the relay's folder ($
-#    STARVATION_MONITOR_RELAY, made here, one ring a process: every rank of a torchrun job on
-#    this node): two struct.pack_into calls. Events go as JSON lines to a file beside it.
+# 1. The probe puts each step into a ring it maps, one ring a process (every rank of a
+#    torchrun job on this node), named in the relay's folder ($STARVATION_MONITOR_RELAY, made
+#    here): two struct.pack_into calls. The ring is memory whose descriptor the probe sends
+#    to this process's socket there, or else a file there (NOTE [the ring's pages] in
+#    monitor/ring.py). Events go as JSON lines to a file in the folder.
 # 2. This thread (in `monitor run`'s process) reads every ring each PERIOD_S, converts the
 #    records to the steps table's rows and writes them, many rows a statement. A step whose
 #    CUDA events were outstanding (STEP_PENDING) waits for its device times up to HOLD_S.
@@ -19,7 +21,7 @@ and written to the store from this process, not from a thread inside the user's.
 #    for POKE_S is poked, then again after 0.5, 1, 2, 2, ... s (POKE_MAX_S) while it gains none
 #    (the loop is waiting, or in a phase not timed), and once more when steps resume, so the
 #    watchdog can say a stall ended.
-# 4. A script killed outright loses nothing: its records are in the file's pages. After the
+# 4. A script killed outright loses nothing: its records are in the ring's pages. After the
 #    script ends, stop() reads every ring to its end, writes what is held and removes the
 #    folder (in the system's temporary folder, not /dev/shm: the DataLoader's workers need
 #    that one's room).
@@ -37,6 +39,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import socket
 import sys
 import tempfile
 import threading
@@ -50,6 +53,7 @@ from monitor.ring import (
     DEVICE,
     ENV,
     REPORT,
+    SOCKET,
     STEP_PENDING,
     SUFFIX,
     RingReader,
@@ -99,6 +103,7 @@ class Relay:
                                         daemon=True)
         self.store: Store | None = None
         self._alive: int | None = None
+        self._sock: socket.socket | None = None  # where rings in memory arrive
 
     def env(self) -> dict[str, str]:
         return {ENV: self.folder}
@@ -109,6 +114,14 @@ class Relay:
         path = os.path.join(self.folder, ALIVE)
         os.mkfifo(path, 0o600)
         self._alive = os.open(path, os.O_RDWR)  # never written; not inherited (PEP 446)
+        if hasattr(socket, "recv_fds"):  # else (or a path too long to bind) rings are files
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+            try:
+                sock.bind(os.path.join(self.folder, SOCKET))
+                sock.setblocking(False)
+                self._sock = sock
+            except OSError:
+                sock.close()
         self._thread.start()
         return self
 
@@ -134,6 +147,8 @@ class Relay:
                 self.store.close()
             if self._alive is not None:
                 os.close(self._alive)
+            if self._sock is not None:
+                self._sock.close()
         return len(self.held) + self.dropped - self._said_dropped
 
     def cycle(self, final: bool = False) -> None:
@@ -153,12 +168,32 @@ class Relay:
             self.errors += 1
 
     def _open_new(self) -> None:
+        self._receive()
         for entry in os.scandir(self.folder):
             if entry.name.endswith(SUFFIX) and entry.path not in self.rings:
                 try:
                     self.rings[entry.path] = _Ring(RingReader(entry.path))
                 except (OSError, ValueError):  # still being made: next cycle
                     continue
+
+    def _receive(self) -> None:
+        """The rings in memory whose descriptors wait in the socket (NOTE [the ring's pages]
+        in monitor/ring.py), each under its name in the folder."""
+        while self._sock is not None:
+            try:
+                name, fds, _, _ = socket.recv_fds(self._sock, 256, 4)
+            except OSError:  # BlockingIOError: none waits
+                return
+            for extra in fds[1:]:
+                os.close(extra)
+            if not fds:
+                continue
+            path = os.path.join(self.folder, os.path.basename(name.decode(errors="replace")))
+            if not path.endswith(SUFFIX) or path in self.rings:  # not a new ring's name
+                os.close(fds[0])
+                continue
+            with contextlib.suppress(OSError, ValueError):  # RingReader closes the fd
+                self.rings[path] = _Ring(RingReader(path, fd=fds[0]))
 
     def _read(self, ring: _Ring, now: float, final: bool) -> None:
         r = ring.reader
