@@ -76,6 +76,10 @@ def test_batch_len_shapes():
     assert batch_len({"x": T()}) == 7
     assert batch_len([1, 2, 3]) == 1  # a batch whose first item is a scalar
     assert batch_len(object()) == 1
+    # the fast paths (a tuple or list led by a tensor, an int) agree with the general one
+    assert batch_len([T(), T()]) == 7 and batch_len(5) == 1 and batch_len(True) == 1
+    assert batch_len(([(T(), 1)], 0, 0)) == 7  # Lightning's CombinedLoader: looked into
+    assert batch_len(()) == 0
 
 
 def test_a_locked_store_never_blocks_the_watched_steps(tmp_path):

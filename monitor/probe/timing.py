@@ -46,7 +46,16 @@ def _tensorish(x: Any) -> bool:
 def batch_len(batch: Any) -> int:
     """Samples in a batch: the leading dimension of its first tensor-like item. A first
     item that is a list of batches (Lightning's CombinedLoader yields `([(x, y), (x2, y2)],
-    index, loader_index)`) is looked into; a list of plain values counts by its length."""
+    index, loader_index)`) is looked into; a list of plain values counts by its length.
+    Once a step: the common kinds first, without a failed attribute lookup (an exception
+    made and dropped inside getattr)."""
+    kind = type(batch)
+    if kind is tuple or kind is list:  # (inputs, targets): its first item's leading dim
+        shape = getattr(batch[0], "shape", None) if batch else None
+        if shape is not None and len(shape) > 0:
+            return int(shape[0])
+    elif kind is int:  # one plain sample (batch_size=None)
+        return 1
     shape = getattr(batch, "shape", None)
     if shape is not None and len(shape) > 0:  # a tensor: the common case, first
         return int(shape[0])
@@ -168,18 +177,19 @@ class Probe(StepWriter):
         if self.first_samples is None:
             self.first_samples = samples
         step, ph, ring = self.step, self.phases, self.ring
+        # unpacked here: a call with *args builds a tuple and takes CPython's slow call path
+        fwd, bwd, opt = ph.take(t_next) if ph is not None else NO_PHASES
         if ring is not None:  # under `monitor run`: into the relay's ring (monitor/ring.py)
             ring.put(STEP_PENDING if self.device.active else STEP, step, epoch, t_got,
                      t_got - t_req, t_next - t_got, samples, self.config_seq,
-                     self.batch_worker, self.batch_held, self.copy_s,
-                     *(ph.take(t_next) if ph is not None else NO_PHASES))
+                     self.batch_worker, self.batch_held, self.copy_s, fwd, bwd, opt)
         else:
             buf = self._buffer
             if len(buf) == buf.maxlen:
                 self.dropped += 1  # the deque drops its oldest on this append
             buf.append((step, epoch, t_got, t_got - t_req, t_next - t_got, samples,
                         self.config_seq, self.copy_s, self.batch_worker, self.batch_held,
-                        *(ph.take(t_next) if ph is not None else NO_PHASES)))
+                        fwd, bwd, opt))
         if self.device.active:
             self._device_times()
         self.recent_steps.append(t_next - t_req)
