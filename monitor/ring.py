@@ -1,15 +1,16 @@
 """The relay ring: how an attached script's steps leave its process under `monitor run`
 without a thread beside the training loop (NOTE [the relay] in monitor/manage/relay.py).
 
-The probe (monitor/probe/timing.py) writes each step as one fixed-size record into a file it
-maps into memory, then bumps the header's count: two `struct.pack_into` calls, no lock, no
-system call, no store, no thread. `monitor run`'s own process maps the same file, reads what
-was added, and writes the rows to the store. A record is 14 slots of 8 bytes; a None is NaN
-(a time) or -1 (a count). The ring wraps: a reader more than CAPACITY records behind loses
-the oldest, counted (the writer never waits). Events (rare: a loader report, a probe note)
-are JSON lines appended to `<ring>.events`; the reader asks the probe's watchdog thread to
-look for a stall by writing a byte to the FIFO `<ring>.poke`, on which that thread sleeps,
-waking for nothing else. Standard library only (the probe imports it: its fence).
+The probe (monitor/probe/timing.py) writes each step as one fixed-size record into the
+memory it maps, then bumps the header's count: two `struct.pack_into` calls, no lock, no
+system call, no store, no thread. `monitor run`'s own process maps the same memory (NOTE
+[the ring's pages]), reads what was added, and writes the rows to the store. A record is
+14 slots of 8 bytes; a None is NaN (a time) or -1 (a count). The ring wraps: a reader more
+than CAPACITY records behind loses the oldest, counted (the writer never waits). Events
+(rare: a loader report, a probe note) are JSON lines appended to `<ring>.events`; the reader
+asks the probe's watchdog thread to look for a stall by writing a byte to the FIFO
+`<ring>.poke`, on which that thread sleeps, waking for nothing else. Standard library only
+(the probe imports it: its fence).
 
 # NOTE [the ring's pages]
 # A ring that is a file on a disk's filesystem (the temporary folder is one, often) costs the
@@ -113,7 +114,10 @@ class RingWriter:
                 and os.path.exists(sock)):
             return None
         mm = None
-        fd = os.memfd_create("starvation-ring", os.MFD_CLOEXEC)
+        try:
+            fd = os.memfd_create("starvation-ring", os.MFD_CLOEXEC)
+        except OSError:  # the open-files limit: the file will say so, or be made
+            return None
         try:
             os.ftruncate(fd, size)
             mm = mmap.mmap(fd, size, flags=mmap.MAP_SHARED | POPULATE)

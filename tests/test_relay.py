@@ -323,3 +323,25 @@ def test_a_full_filesystem_under_the_ring_never_kills_the_loop(tmp_path):
         pytest.skip(f"no mount namespace here: {r.stderr.strip()}")
     assert r.returncode == 0 and r.stdout.strip() == "refused: No space left on device", \
         (r.returncode, r.stdout, r.stderr)
+
+
+def test_a_ring_that_cannot_be_memory_is_a_file_the_relay_reads(tmp_path, monkeypatch):
+    """No memfd to be had (here the open-files limit, as memfd_create meets it): the ring is
+    a file in the relay's folder, and its steps are stored all the same."""
+    import monitor.ring as ring
+
+    def no_fd(*a, **k):
+        raise OSError(24, "Too many open files")
+
+    store = Store(tmp_path / "s.db")
+    run_id = store.create_run("r", ATTACHED, {})
+    relay = Relay(store.path, run_id)
+    relay._stop.set()  # one read, stop()'s
+    relay.start()
+    monkeypatch.setattr(ring.os, "memfd_create", no_fd, raising=False)
+    w = RingWriter(relay.folder, 0, 0.0, 0.0)
+    assert os.path.exists(w.path)
+    for i in range(40):
+        w.put(STEP, i, 0, float(i), 0.0, 0.0, 1, 0, None, None, None, None, None, None)
+    assert relay.stop() == 0
+    assert store.steps(run_id)["step"].tolist() == list(range(40))
