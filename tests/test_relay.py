@@ -238,7 +238,6 @@ def test_an_event_the_ring_refuses_goes_to_the_store(tmp_path, monkeypatch):
     assert store.events(run_id, kinds=("probe",))["label"].tolist() == ["still told"]
 
 
-
 WRITE_AND_DIE = """
 import os, signal, sys
 from monitor.ring import STEP, RingWriter
