@@ -30,10 +30,11 @@ $(VENV)/.dev: requirements-dev.txt $(VENV)/.runtime
 	$(PIP) -r requirements-dev.txt
 	touch $@
 
+# The same command a pip-installed user runs: Streamlit's settings (no usage statistics,
+# loopback) come on its command line, not from this checkout's .streamlit/.
 run: $(VENV)/.runtime
-	$(PY) -m streamlit run app.py --server.address 127.0.0.1 --server.port $(PORT) \
-		$(if $(or $(WORKLOAD),$(METRICS_PORT)),--) $(if $(WORKLOAD),--workload $(WORKLOAD)) \
-		$(if $(METRICS_PORT),--metrics-port $(METRICS_PORT))
+	$(PY) -m monitor dashboard --address 127.0.0.1 --port $(PORT) \
+		$(if $(WORKLOAD),--workload $(WORKLOAD)) $(if $(METRICS_PORT),--metrics-port $(METRICS_PORT))
 
 # Four pytest workers on 2 cores: the suite is CPU-bound (children starting: python,
 # torch; an `import torch` is 1.6 s of CPU here, ~230 of them a suite) and its tests also
@@ -47,6 +48,7 @@ run: $(VENV)/.runtime
 TEST_WORKERS ?= 4
 
 test: $(VENV)/.dev
+	bash .ci/test-deps
 	$(PY) -m ruff check .
 	PYTHONDONTWRITEBYTECODE= $(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup
 

@@ -124,6 +124,18 @@ def no_leaks():
 
 
 CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
+
+
+def require(tool: str | None, package: str) -> str:
+    """`tool`'s path (None: not installed). Without it a test is skipped with the command
+    that installs it, and fails where CI is set: `make test` installs Debian's chromium and
+    prometheus (.ci/test-deps), so a missing one there is a broken set-up, not a skip."""
+    if tool is not None and (os.sep not in tool or os.path.exists(tool)):
+        return tool
+    why = f"{package} is not installed: run `bash .ci/test-deps` (apt-get install -y {package})"
+    if os.environ.get("CI"):
+        pytest.fail(why)
+    pytest.skip(why)
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--no-first-run"]
 

@@ -19,7 +19,7 @@ import psutil
 import pytest
 
 from monitor.diagnosis import NO_DATA, VERDICTS
-from tests.conftest import CHROMIUM, shared_browser, wait_for
+from tests.conftest import CHROMIUM, require, shared_browser, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 ARTIFACTS = ROOT / "artifacts"
@@ -47,10 +47,10 @@ def free_port() -> int:
 
 @contextlib.contextmanager
 def serve_dashboard(tmp_path: Path, env_extra: dict[str, str] | None = None,
-                    command: list[str] | None = None):
+                    command: list[str] | None = None, cwd: Path = ROOT):
     """A served dashboard on a free port: `streamlit run app.py`, or `command` (given the
-    port as {port}); yields (url, db, process). Closing it must leave no process and no
-    exception box in its log."""
+    port as {port}) started in `cwd`; yields (url, db, process). Closing it must leave no
+    process and no exception box in its log."""
     port = free_port()
     db = tmp_path / "monitor.db"
     env = {**os.environ, "STARVATION_MONITOR_DB": str(db), "STARVATION_MONITOR_SIMULATE": "1",
@@ -59,7 +59,7 @@ def serve_dashboard(tmp_path: Path, env_extra: dict[str, str] | None = None,
         sys.executable, "-m", "streamlit", "run", "app.py", "--server.port", str(port),
         "--server.address", "127.0.0.1", "--server.headless", "true"]
     log = open(tmp_path / "server.log", "w")
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
 
     def healthy() -> bool:
@@ -91,8 +91,7 @@ def serve_dashboard(tmp_path: Path, env_extra: dict[str, str] | None = None,
 @pytest.fixture
 def server(tmp_path, request):
     """A served dashboard; `@pytest.mark.server_env(NAME=value)` adds to its environment."""
-    if not Path(CHROMIUM).exists() and not shutil.which("chromium"):
-        pytest.skip("chromium is not installed (apt-get install -y chromium)")
+    require(CHROMIUM if Path(CHROMIUM).exists() else shutil.which("chromium"), "chromium")
     extra = request.node.get_closest_marker("server_env")
     with serve_dashboard(tmp_path, extra.kwargs if extra else None) as served:
         yield served

@@ -26,7 +26,7 @@ from monitor.export import promql
 from monitor.probe.recorder import FLUSH_S
 from monitor.records import GpuDevice
 from monitor.store import Store
-from tests.conftest import wait_for
+from tests.conftest import require, wait_for
 from tests.test_export import free_port, prom_query, start_prometheus
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -94,9 +94,7 @@ def panel_queries() -> dict[int, list[str]]:
 
 
 def test_two_node_job_in_prometheus(tmp_path, no_leaks):
-    prom = shutil.which("prometheus")
-    if prom is None:
-        pytest.skip("prometheus is not installed (apt-get install -y prometheus)")
+    prom = require(shutil.which("prometheus"), "prometheus")
     ports, pport, master = [free_port(), free_port()], free_port(), free_port()
     dcgm = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Dcgm)
     threading.Thread(target=dcgm.serve_forever, daemon=True).start()

@@ -24,7 +24,7 @@ from monitor.export.files import export_run, export_zip, import_run, run_frames,
 from monitor.export.prometheus import HOST_GAUGES, StoreCollector
 from monitor.records import GpuDevice, GpuUtilSample
 from monitor.store import Store
-from tests.conftest import wait_for
+from tests.conftest import require, wait_for
 from tests.test_assess import context, stored_run
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -283,9 +283,7 @@ def start_prometheus(prom: str, tmp_path: Path, port: int,
 def test_real_prometheus_rate_matches_the_store(store, no_leaks, runtime, tmp_path):
     """A real Prometheus scrapes /metrics of a running workload; PromQL's data-wait share
     over a window equals the store's figure for the same window within 5%."""
-    prom = shutil.which("prometheus")
-    if prom is None:
-        pytest.skip("prometheus is not installed (apt-get install -y prometheus)")
+    prom = require(shutil.which("prometheus"), "prometheus")
     from monitor.config import LoaderConfig
 
     port, pport = free_port(), free_port()

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from monitor.export import promread
-from tests.conftest import wait_for
+from tests.conftest import require, wait_for
 from tests.fake_nodes import SAMPLES_PER_STEP, STEPS_PER_S, FakeNode, FakeRank
 from tests.test_export import free_port, start_prometheus
 
@@ -21,8 +21,7 @@ PROM = shutil.which("prometheus")
 
 
 def prometheus(tmp_path, ports: list[int]):
-    if PROM is None:
-        pytest.skip("prometheus is not installed (apt-get install -y prometheus)")
+    require(PROM, "prometheus")
     targets = ", ".join(f"'127.0.0.1:{p}'" for p in ports)
     return start_prometheus(
         PROM, tmp_path, free_port(), "global: {scrape_interval: 1s}\nscrape_configs:\n"
@@ -179,8 +178,7 @@ def test_the_job_tab_in_a_real_page_names_the_straggler_and_a_node_that_joins(tm
     from tests.conftest import shared_browser
     from tests.test_browser import CHROMIUM, console_errors, serve_dashboard
 
-    if not Path(CHROMIUM).exists() and not shutil.which("chromium"):
-        pytest.skip("chromium is not installed (apt-get install -y chromium)")
+    require(CHROMIUM if Path(CHROMIUM).exists() else shutil.which("chromium"), "chromium")
     nodes = job_of(3, 1, slow={1})
     nodes[2].joined = False
     servers = [n.serve() for n in nodes]

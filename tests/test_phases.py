@@ -55,8 +55,10 @@ def test_the_phases_of_each_step_match_their_known_costs(tmp_path, no_leaks):
     assert sum(ph[p] for p in ("data_wait", "copy", "forward", "backward", "optimizer",
                                "other")) == pytest.approx(1.0)
     assert d["verdict"] == "healthy"
-    assert "The step is 5" in d["verdict_text"] and "% backward (forward " in \
-        d["verdict_text"], d["verdict_text"]
+    # the sentence says the probe's own figures (the backward's share moves with the box's
+    # load: 45% beside busy neighbours, 5x% quiet), not a fixed number
+    assert f"The step is {ph['backward']:.0%} backward (forward {ph['forward']:.0%}" in \
+        d["verdict_text"], (d["verdict_text"], ph)
     steps = Store(db).steps(d["run_id"])
     assert steps["forward_s"].notna().all() and steps["optimizer_s"].notna().all()
     labels = Store(db).events(d["run_id"], kinds=("probe",))["label"].tolist()

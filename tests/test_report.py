@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from monitor.store import Store
-from tests.conftest import shared_browser
+from tests.conftest import require, shared_browser
 from tests.test_assess import CONFIG, stored_run
 from tests.test_browser import CHROMIUM, console_errors
 
@@ -25,8 +25,7 @@ def cli(*args: str) -> subprocess.CompletedProcess:
 
 
 def test_report_opens_offline_with_charts_verdict_and_compare(tmp_path):
-    if not Path(CHROMIUM).exists():
-        pytest.skip("chromium is not installed (apt-get install -y chromium)")
+    require(CHROMIUM if Path(CHROMIUM).exists() else None, "chromium")
     db = str(tmp_path / "t.db")
     store = Store(db)
     # two stored runs (a starving sawtooth, 20 s each; the second at 2 workers, moved once)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.conftest import ROOT, require
 
 PROMTOOL = shutil.which("promtool")
 STEP_S = 15  # the scrape interval of the synthetic series
@@ -109,19 +109,18 @@ CASES = {
 }
 
 
-@pytest.mark.skipif(PROMTOOL is None, reason="needs promtool (Debian's prometheus package)")
 @pytest.mark.parametrize("name", list(CASES))
 def test_the_rules_name_exactly_the_slow_ranks_at_scale(tmp_path, name):
     spec = {"rule_files": [str(ROOT / "deploy" / "prometheus" / "rules.yml")],
             "evaluation_interval": f"{STEP_S}s", "tests": [case(CASES[name])]}
     path = tmp_path / "cases.yml"
     path.write_text(json.dumps(spec))  # JSON is YAML
-    r = subprocess.run([PROMTOOL, "test", "rules", str(path)], capture_output=True,
+    promtool = require(PROMTOOL, "prometheus")
+    r = subprocess.run([promtool, "test", "rules", str(path)], capture_output=True,
                        text=True, timeout=300)
     assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
 
 
-@pytest.mark.skipif(PROMTOOL is None, reason="needs promtool (Debian's prometheus package)")
 def test_a_wrong_expectation_fails_promtool(tmp_path):
     """The check can fail: a fast rank expected as a straggler is refused."""
     jobs = [Job("a", 4, 2, slow=(3,))]
@@ -132,6 +131,7 @@ def test_a_wrong_expectation_fails_promtool(tmp_path):
             "evaluation_interval": f"{STEP_S}s", "tests": [test]}
     path = tmp_path / "cases.yml"
     path.write_text(json.dumps(spec))
-    r = subprocess.run([PROMTOOL, "test", "rules", str(path)], capture_output=True,
+    promtool = require(PROMTOOL, "prometheus")
+    r = subprocess.run([promtool, "test", "rules", str(path)], capture_output=True,
                        text=True, timeout=120)
     assert r.returncode != 0 and "starvation:input_straggler" in r.stdout + r.stderr

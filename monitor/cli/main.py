@@ -281,7 +281,9 @@ def _files(args: argparse.Namespace) -> int:
 
 
 def _dashboard(args: argparse.Namespace) -> int:
-    """`streamlit run` on the page inside the package, bound to --address (127.0.0.1): this
+    """`streamlit run` on the page inside the package, bound to --address (127.0.0.1), with
+    Streamlit's settings on its command line (spawn.STREAMLIT_SETTINGS: nothing sent out,
+    whatever folder it is started from): this
     process becomes it (exec), so a SIGTERM or Ctrl-C reaches the server itself and closing
     it leaves no server behind (a child would outlive a killed parent)."""
     from monitor.manage import spawn
@@ -299,9 +301,7 @@ def _dashboard(args: argparse.Namespace) -> int:
         ["--metrics-port", str(args.metrics_port)] if args.metrics_port else []) + (
         ["--prometheus", args.prometheus] if args.prometheus else [])
     page = spawn.PACKAGE / "ui" / "_serve" / "dashboard.py"
-    cmd = [*spawn.module_command("streamlit", "run", str(page), "--server.address",
-                                 args.address, "--server.port", str(args.port)),
-           *(["--", *extra] if extra else [])]
+    cmd = spawn.streamlit_command(page, args.address, args.port, extra)
     sys.stdout.flush()
     sys.stderr.flush()
     os.execve(cmd[0], cmd, env)

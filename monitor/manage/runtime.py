@@ -30,7 +30,9 @@ cite it.
   7. The CLI turns SIGTERM into KeyboardInterrupt so 6 runs from its `finally`; exit 130.
   8. Attached runs (`monitor run`): the script is not ours to stop. Signals sent to the
      wrapper are forwarded to the script; the wrapper waits for it and ends the run with the
-     script's status; the probe in the script flushes at exit (atexit).
+     script's status; the probe in the script flushes at exit (atexit). The script and its
+     DataLoader workers die with the wrapper (NOTE [bound to monitor run] in
+     monitor/probe/lifeline.py): a SIGKILL of the wrapper or its group leaves no orphan.
 """
 from __future__ import annotations
 

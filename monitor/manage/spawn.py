@@ -27,6 +27,8 @@ from typing import Any
 
 import psutil
 
+from monitor.probe import lifeline
+
 ROOT = Path(__file__).resolve().parents[2]  # the folder that holds monitor/ and workloads/
 PACKAGE = ROOT / "monitor"
 INJECT = PACKAGE / "probe" / "_inject"
@@ -48,6 +50,34 @@ def child_env(**extra: str) -> dict[str, str]:
 def module_command(module: str, *args: str) -> list[str]:
     """`this-python -m module args...`."""
     return [sys.executable, "-m", module, *args]
+
+
+# Streamlit's settings for every page this project serves, given on its command line (a
+# file in the checkout's .streamlit/ is not there for a pip-installed dashboard, nor when it
+# is started from another folder): nothing sent out (usage statistics, the toolbar's Deploy
+# button), no browser opened, no file watcher, no gc.collect() after every rerun (with the
+# live region refreshing each second it took half the server's CPU: py-spy, 52% in
+# ScriptRunner._on_script_finished).
+STREAMLIT_SETTINGS = {
+    "browser.gatherUsageStats": "false",
+    "server.headless": "true",
+    "client.toolbarMode": "minimal",
+    "global.developmentMode": "false",
+    "server.fileWatcherType": "none",
+    "server.runOnSave": "false",
+    "runner.postScriptGC": "false",
+    "theme.base": "light",
+}
+
+
+def streamlit_command(page: str | Path, address: str, port: int,
+                      extra: Sequence[str] = ()) -> list[str]:
+    """`streamlit run PAGE` bound to address:port with STREAMLIT_SETTINGS; `extra` goes to
+    the page's own arguments."""
+    flags = [f"--{k}={v}" for k, v in STREAMLIT_SETTINGS.items()]
+    return [*module_command("streamlit", "run", str(page), "--server.address", address,
+                            "--server.port", str(port), f"--browser.serverAddress={address}",
+                            *flags), *(["--", *extra] if extra else [])]
 
 
 def start(module: str, *args: str, env: dict[str, str] | None = None,
@@ -97,15 +127,17 @@ def script_env(extra: dict[str, str]) -> dict[str, str]:
 
 def start_script(cmd: Sequence[str], env: dict[str, str],
                  piped: bool = False) -> subprocess.Popen:
-    """A user's command, in a process group of its own (its workers die with it); `piped`:
-    its stdout and stderr come to us, unbuffered (the terminal live view relays them)."""
+    """A user's command, in a process group of its own (its workers die with it), killed by
+    the kernel when this process dies (NOTE [bound to monitor run] in
+    monitor/probe/lifeline.py: call this from the main thread); `piped`: its stdout and
+    stderr come to us, unbuffered (the terminal live view relays them)."""
     with contextlib.suppress(Exception):
         sys.stdout.flush()
+    bound = {"process_group": 0, "preexec_fn": lifeline.preexec()}
     if piped:
         return subprocess.Popen(list(cmd), env={**env, "PYTHONUNBUFFERED": "1"},
-                                process_group=0, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE)
-    return subprocess.Popen(list(cmd), env=env, process_group=0)
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, **bound)
+    return subprocess.Popen(list(cmd), env=env, **bound)
 
 
 class Forked:

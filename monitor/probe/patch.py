@@ -15,6 +15,7 @@ imported here: the user's environment needs torch and sqlite3, nothing else.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import importlib.abc
 import importlib.machinery
 import os
@@ -26,10 +27,12 @@ from typing import Any
 from monitor.config import ATTACHED_PREFIX
 from monitor.probe.epoch_plan import MidEpoch, every_steps
 from monitor.probe.identity import job_key, rank_identity
+from monitor.probe.lifeline import bind_to_parent
 from monitor.probe.loaders import is_dataloader
 from monitor.probe.loops import EVAL, loop_role, on_training_thread
 from monitor.probe.recorder import Recorder
 from monitor.probe.timing import TimedIterator
+from monitor.ring import ENV as RELAY_ENV
 from monitor.store import ATTACHED, ENV_VAR, FINISHED, Store
 
 RUN_ENV = "STARVATION_MONITOR_RUN_ID"
@@ -318,8 +321,27 @@ class _Finder(importlib.abc.MetaPathFinder):
         return spec
 
 
+def _forking() -> None:
+    _forker[0] = os.getpid()
+
+
+def _forked() -> None:
+    """In a child just forked: a DataLoader worker (forked inside a loader's own __iter__)
+    dies with the process that forked it (NOTE [bound to monitor run], 2)."""
+    if getattr(_busy, "ids", None):
+        with contextlib.suppress(Exception):
+            bind_to_parent(_forker[0])
+
+
+_forker = [0]
+
+
 def install() -> None:
-    """Patch the loaders already imported now, the others when the script imports them."""
+    """Patch the loaders already imported now, the others when the script imports them;
+    under `monitor run`, bind the loaders' workers to the script's life."""
+    if os.environ.get(RELAY_ENV) and not _forker[0]:
+        _forker[0] = os.getpid()
+        os.register_at_fork(before=_forking, after_in_child=_forked)
     for name in TARGETS:
         mod = sys.modules.get(name)
         if mod is not None:

@@ -26,13 +26,19 @@ UPDATABLE = ("pid", "accelerator", "accelerator_kind", "config", "name", "device
 
 
 def _pid_alive(pid: int) -> bool:
+    """A process that can still record: not gone, and not a zombie (a killed script whose
+    parent died too waits to be reaped, dead)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    return True
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rpartition(b")")[2].split()[0] != b"Z"
+    except (OSError, IndexError):
+        return True
 
 
 class Runs:

@@ -15,7 +15,7 @@ from monitor.ui import cadence, panels
 from monitor.ui import view as views
 from monitor.ui.autotune_panel import render_autotune
 from monitor.ui.compare_panel import ask_compare_with_previous, render_compare
-from monitor.ui.controls import render_controls, shown_step_ms
+from monitor.ui.controls import render_controls, render_watching, shown_step_ms
 from monitor.ui.job_panel import render_job_tab
 from monitor.ui.resources import get_runtime, prometheus_arg
 from monitor.ui.sweep_panel import render_sweep_controls, render_sweep_progress
@@ -24,6 +24,8 @@ from monitor.ui.text import plain
 st.set_page_config(page_title="Starvation Monitor", page_icon="📉", layout="wide")
 WATCH_REFRESH_S = 2.0  # a watched job's page: see watched()
 WATCH_FIRST_S = 0.5  # ... until it shows a first verdict (bench/first_verdict_page.py)
+RECORD_HINT = ("Record your job with `starvation-monitor run -- python train.py`: it shows "
+               "here by itself.")
 
 rt = get_runtime()
 manager = rt.manager
@@ -35,7 +37,6 @@ live_run = manager.run_id
 run_info = rt.store.run(live_run) if live_run is not None else None
 # the live workload's accelerator, as it recorded it (None until it has started)
 simulated = (run_info or {}).get("accelerator_kind") in (SIMULATED, None)
-render_controls(rt, simulated)
 
 st.title("Starvation Monitor")
 st.caption("Is the GPU starved by its input pipeline? Per-step data wait and compute, live.")
@@ -91,9 +92,8 @@ if run_ids:
 if live_ids:
     top[1].caption(plain("live: " + ", ".join(labels.get(i, f"run {i}") for i in live_ids)))
 elif not manager.is_alive():
-    live_tab.info("No run is live. Press Start in the sidebar for the demo workload, or "
-                  "record your job with `starvation-monitor run -- python train.py`: it shows "
-                  "here by itself.")
+    live_tab.info(RECORD_HINT if views.watch_only() else "No run is live. Press Start in the "
+                  f"sidebar for the demo workload, or {RECORD_HINT[0].lower()}{RECORD_HINT[1:]}")
 
 
 def apply_advice(param: str, value: object, predicted: float | None = None,
@@ -116,7 +116,7 @@ def live_region(watching: bool = False) -> None:
     charts are redrawn less often."""
     run_id = selected
     if run_id is None:
-        st.info("No run yet: press Start in the sidebar.")
+        st.info(RECORD_HINT if views.watch_only() else "No run yet: press Start in the sidebar.")
         return
     rank_rows = views.run_ranks(rt.store, run_id)
     ranks = sorted(int(r) for r in rank_rows["rank"])
@@ -238,6 +238,13 @@ def discover() -> None:
 
 
 shown_run = rt.store.run(selected) if selected is not None else None
+# the demo's controls belong to the demo: a page showing a job it did not start, or one
+# that only watches (`dashboard --watch`), shows that job's settings instead
+watch_only = views.watch_only()
+if views.watching_job(shown_run, manager.run_id) or (watch_only and not manager.is_alive()):
+    render_watching(shown_run, watch_only)
+else:
+    render_controls(rt, simulated)
 with live_tab:
     if shown_run is None or shown_run["status"] != RUNNING:
         still()

@@ -1,13 +1,28 @@
 """Sidebar controls: the loader sliders, Start and Stop. A change is applied to the running
-workload at once through the session manager (which writes a control request)."""
+workload at once through the session manager (which writes a control request).
+
+NOTE [no change without a move]: a run's settings change only in a control's callback, i.e.
+on a user's move. The browser sends every widget's value with each rerun, fragments' too,
+and a value the page set a moment before (the calibrated step replacing the preset's default)
+can come back as the old one from a browser that had not yet drawn it: read as a move, it
+once set a run's step to 60 ms with nobody at the page. So a widget whose value differs from
+what the page last set or applied, with no callback run, is set back to the run's settings
+(a lost move shows as the slider snapping back, and the user moves it again), and a
+callback whose every moved widget holds the value the page replaced in it within the last
+ECHO_S is that echo, set back, not applied (a user who moves a slider exactly back onto
+that value in those seconds sees it snap back once). Neither changes the run. A page
+watching a job it did not start shows that job's settings, not the demo's controls
+(render_watching)."""
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import streamlit as st
 
 from monitor.config import (
     CUSTOM,
+    LOADER_SETTINGS,
     MAX_PREFETCH_FACTOR,
     MODEL_SIZES,
     PRESETS,
@@ -22,6 +37,7 @@ from monitor.manage.session import SessionManager
 from monitor.presets import PRESET_SPECS, calibrated_step_ms
 from monitor.ui.text import plain
 
+ECHO_S = 10.0  # how long a value the page replaced may still come back from a browser
 BATCH_SIZES = [1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 1024]
 KEYS = tuple(k for k in SHOWN_SETTINGS if k != "workload")  # the sidebar's widgets
 
@@ -52,10 +68,29 @@ def _sync_from(config: LoaderConfig, store: Any) -> None:
     values["step_time_ms"] = shown_step_ms(config, store)
     if values["batch_size"] not in BATCH_SIZES:
         values["batch_size"] = min(BATCH_SIZES, key=lambda b: abs(b - config.batch_size))
+    seen = st.session_state.get("_widgets") or {}
+    replaced = st.session_state.setdefault("_replaced", {})
     for k in KEYS:
+        if k in seen and seen[k] != values[k]:
+            replaced[k] = (seen[k], time.monotonic())  # a browser may still send it back
         st.session_state[_key(k)] = values[k]
     st.session_state["_synced"] = config
     st.session_state["_step_synced"] = values["step_time_ms"]
+    _remember_widgets()
+
+
+def _remember_widgets() -> None:
+    """What the widgets hold now, as this page set them or the user moved them: a value
+    that differs from it at the next run came from no callback (NOTE [no change without a
+    move])."""
+    st.session_state["_widgets"] = {k: st.session_state.get(_key(k)) for k in KEYS}
+
+
+def _drifted() -> bool:
+    """A widget holds a value that neither this page set nor a callback applied."""
+    seen = st.session_state.get("_widgets") or {}
+    return any(_key(k) not in st.session_state or st.session_state[_key(k)] != seen.get(k)
+               for k in KEYS)
 
 
 def _read(base: LoaderConfig) -> LoaderConfig:
@@ -78,7 +113,25 @@ def _read(base: LoaderConfig) -> LoaderConfig:
     )
 
 
+def _echoes() -> bool:
+    """Every widget that moved holds the value this page replaced in it a moment ago: the
+    browser's old value coming back, not a move (NOTE [no change without a move]); the
+    widgets are set back to what the page last set."""
+    seen = st.session_state.get("_widgets") or {}
+    replaced = st.session_state.get("_replaced") or {}
+    now = time.monotonic()
+    moved = [k for k in KEYS if st.session_state.get(_key(k)) != seen.get(k)]
+    if not moved or not all(k in replaced and replaced[k][0] == st.session_state.get(_key(k))
+                            and now - replaced[k][1] < ECHO_S for k in moved):
+        return False
+    for k in moved:
+        st.session_state[_key(k)] = seen.get(k)
+    return True
+
+
 def _on_change(manager: SessionManager) -> None:
+    if _echoes():
+        return
     try:
         cfg = _read(manager.config)
     except ConfigError as exc:
@@ -87,6 +140,7 @@ def _on_change(manager: SessionManager) -> None:
     st.session_state["config_error"] = None
     manager.reconfigure(cfg)
     st.session_state["_synced"] = cfg
+    _remember_widgets()
 
 
 def _on_preset(manager: SessionManager) -> None:
@@ -104,7 +158,7 @@ def render_controls(rt: Runtime, simulated: bool) -> None:
     launch is offered as the first "preset"."""
     manager, workload, locked = rt.manager, rt.workload, rt.jobs.running()
     st.session_state["_workload_spec"] = workload["spec"] if workload else None
-    if st.session_state.get("_synced") != manager.config or (
+    if st.session_state.get("_synced") != manager.config or _drifted() or (
             manager.config.step_time_ms is None
             and st.session_state.get("_step_synced") != shown_step_ms(manager.config, rt.store)):
         _sync_from(manager.config, rt.store)  # (a calibrated step becomes known after start)
@@ -144,7 +198,6 @@ def render_controls(rt: Runtime, simulated: bool) -> None:
               **{**args, "disabled": locked or no_workers})
     _accelerator(sb, args, simulated, locked)
     _buttons(sb, manager, locked)
-    _reconcile(manager, locked)
 
 
 STEP_SLIDER_MAX_MS = 500
@@ -182,15 +235,33 @@ def _buttons(sb: Any, manager: SessionManager, locked: bool) -> None:
         st.rerun()
 
 
-def _reconcile(manager: SessionManager, locked: bool) -> None:
-    """Apply widget values whose on_change never ran. A widget event that lands while a
-    fragment is re-running can reach the script without its callback (seen under load); the
-    next full run then carries values that differ from what this browser last synced."""
-    if locked or st.session_state.get("_synced") != manager.config:
+def render_watching(run: dict | None, watch_only: bool) -> None:
+    """The sidebar of a page that watches a job it did not start (an attached script, a
+    workload another dashboard runs), or of `dashboard --watch`: that run's settings as it
+    recorded them, and where its live controls are; no demo sliders and no Start, which
+    would act on the demo, not on the job."""
+    sb = st.sidebar
+    if run is None:
+        sb.header("Watching")
+        sb.caption("No run yet. Record a job with `starvation-monitor run -- python train.py`:"
+                   " it shows here by itself.")
         return
-    try:
-        cfg = _read(manager.config)
-    except ConfigError:
-        return
-    if cfg != manager.config:
-        _on_change(manager)
+    sb.header(plain(f"Run {run['id']}"))
+    sb.caption(plain(f"{run.get('name')} · {run.get('kind')} · {run.get('status')}"))
+    cfg = run.get("config") or {}
+    shown = {k: cfg.get(k) for k in LOADER_SETTINGS if k in cfg}
+    if "prefetch_factor" in shown and shown["prefetch_factor"] is None and \
+            (cfg.get("num_workers") or 0) > 0:
+        shown["prefetch_factor"] = prefetch_of(cfg)
+    if shown:
+        sb.text("\n".join(f"{k}: {v}" for k, v in shown.items()))
+    else:
+        sb.caption("Its loader settings are not recorded yet (they are read at its first "
+                   "epoch).")
+    if run.get("status") == "running":
+        sb.caption("Where its loader allows it, changes to its live settings are requested "
+                   "under the charts, and Auto-tune there tunes it; both apply at its next "
+                   "epoch." if run.get("kind") == "attached" else
+                   "Another dashboard runs this workload: change it there.")
+    if watch_only:
+        sb.caption("This page watches (`dashboard --watch`): it starts no workload of its own.")

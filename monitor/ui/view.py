@@ -109,13 +109,24 @@ def autostart_wanted(rt: Any, env: dict[str, str] | None = None) -> bool:
     the demo on an empty store (a first `make run`). Never when a run is live or the store
     already holds runs: the page is then watching someone's job, and a demo would take its
     cores. $STARVATION_MONITOR_AUTOSTART=0 (`dashboard --watch`) never starts one."""
-    env = os.environ if env is None else env
-    if env.get("STARVATION_MONITOR_AUTOSTART", "1") == "0" or rt.workload_error:
+    if watch_only(env) or rt.workload_error:
         return False
     if rt.workload is not None:
         return True
     newest, live = rt.store.live_state()
     return newest is None and not live
+
+
+def watch_only(env: dict[str, str] | None = None) -> bool:
+    """`dashboard --watch`: the page starts no workload and shows no demo controls."""
+    env = os.environ if env is None else env
+    return env.get("STARVATION_MONITOR_AUTOSTART", "1") == "0"
+
+
+def watching_job(run: dict | None, managed: int | None) -> bool:
+    """The page shows a running job it did not start (an attached script, another
+    dashboard's workload)."""
+    return run is not None and run.get("status") == RUNNING and run.get("id") != managed
 
 
 def follow_target(live: tuple[int, ...], managed: int | None) -> int | None:

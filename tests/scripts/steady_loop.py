@@ -1,6 +1,7 @@
 """A steady user loop for the page-watching tests: SECONDS of epochs, a loader that takes
 about 6 ms a batch and a 12 ms step (starving, the same every window); with a second
-argument, a file whose appearance ends the loop sooner (a test's "now end")."""
+argument, a file whose appearance ends the loop sooner (a test's "now end"); STEADY_WORKERS
+in the environment: the loader's num_workers (default 0)."""
 import os
 import sys
 import time
@@ -21,7 +22,8 @@ class Sleepy(Dataset):
 def main():
     seconds = float(sys.argv[1]) if len(sys.argv) > 1 else 30.0
     stop = sys.argv[2] if len(sys.argv) > 2 else None
-    loader = DataLoader(Sleepy(), batch_size=8)
+    loader = DataLoader(Sleepy(), batch_size=8,
+                        num_workers=int(os.environ.get("STEADY_WORKERS", "0")))
     end = time.monotonic() + seconds
     while time.monotonic() < end:
         for _ in loader:

@@ -1,0 +1,60 @@
+"""A process bound to its parent's life: the kernel kills it when the parent dies.
+
+NOTE [bound to monitor run]
+`monitor run` starts the script in a process group of its own (the terminal's Ctrl-C is the
+script's alone, as bare; monitor/manage/attached_run.py). A harness, a scheduler or
+`timeout -s KILL` that kills the launcher's group then killed `monitor run` and left the
+script training, holding its GPU, as an orphan; bare, the script dies with the group. So:
+1. The script is started with PR_SET_PDEATHSIG = SIGKILL (spawn.start_script): when
+   `monitor run` dies, however, the kernel kills the script at once, as the group's SIGKILL
+   would have bare. The setting survives exec. It fires when the *thread* that forked the
+   child ends, so `monitor run` starts the script from its main thread.
+2. A DataLoader worker (forked inside a loader's own __iter__, probe/patch.py) is bound the
+   same way to the process that forked it, so it goes within the second rather than at
+   torch's own check of its parent (every 5 s). Other children of the script are left as
+   they are: bare, they may outlive it.
+3. The parent is checked after the call: one that died between the fork and the prctl is
+   already gone and would never signal.
+4. The run is then ended by whoever opens the store next (Runs.close_orphans: its process
+   is gone), as `failed`, "killed".
+Linux only; elsewhere (no prctl) nothing is bound and everything runs as before.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import sys
+
+PR_SET_PDEATHSIG = 1
+
+
+def _prctl():
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+
+
+_PRCTL = _prctl()  # looked up before any fork: the child calls it and nothing else
+
+
+def bind_to_parent(parent: int, sig: int = signal.SIGKILL) -> bool:
+    """In a child just forked from `parent`: die by `sig` when it does (NOTE [bound to
+    monitor run]). False where the kernel cannot."""
+    if _PRCTL is None or _PRCTL(PR_SET_PDEATHSIG, int(sig), 0, 0, 0) != 0:
+        return False
+    if os.getppid() != parent:  # it died before the call: nothing would signal us
+        os.kill(os.getpid(), sig)
+    return True
+
+
+def preexec(parent: int | None = None):
+    """A `preexec_fn` for subprocess: the child dies with this process."""
+    parent = os.getpid() if parent is None else parent
+
+    def bind() -> None:
+        bind_to_parent(parent)
+    return bind
