@@ -95,6 +95,10 @@ class HostSample:
     cgroup_mem_used_mb: float | None = col("cgroup memory used", "MB", default=None)
     # the monitor's own processes (its sampler's, a dashboard server's) since the last pass
     monitor_cpu_pct: float | None = col("the monitor's own processes' CPU", "%", default=None)
+    # every SCAN_S: the other processes' CPU demand by scheduling group (JSON: the job's own
+    # group, and each group's weight, demand, CPU; NOTE [scheduling groups] in
+    # monitor/sampling/groups.py)
+    others_groups: str | None = col("other processes by scheduling group (JSON)", default=None)
 
 
 @dataclass(frozen=True, slots=True)

@@ -69,6 +69,9 @@ CPU_THROTTLED_SHARE = 0.1
 # but a loader still gets a time slice) and the main process's own CPU at num_workers=0.
 MIN_LOADER_CORES = 0.5
 MAIN_IDLE_CORES = 0.05
+# the main process's CPU to receive one batch from a worker (unpickle, rebuild tensors, the
+# loop): its ceiling beside workers where a window at num_workers=0 cannot measure it
+MAIN_RECEIVE_S = 0.0007
 # A device gap shorter than this between two steps is not counted as idle (timer noise).
 IDLE_GAP_MIN_S = 0.005
 # A busy series is a sawtooth when it varies (std >= SAWTOOTH_MIN_STD) and repeats

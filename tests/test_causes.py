@@ -18,7 +18,7 @@ import pandas as pd
 import pytest
 
 from monitor.assess.window import steady_window
-from monitor.diagnosis import causes, limits
+from monitor.diagnosis import VERDICTS, causes, limits
 from monitor.store import Store
 from tests.conftest import wait_for
 
@@ -70,8 +70,11 @@ def more_workers(d: dict) -> list[dict]:
 
 
 def finding(d: dict, cause: str) -> dict:
+    """The finding of `cause`, which the verdict itself names (its family beside it)."""
     found = [x for x in d["findings"] if x["cause"] == cause]
     assert found, (d["verdict_text"], d["findings"])
+    assert d["verdict"] == cause and d["verdict_family"] in VERDICTS, (
+        d["verdict"], d["verdict_family"], [x["cause"] for x in d["findings"]])
     return found[0]
 
 

@@ -99,8 +99,11 @@ def test_the_exporters_verdict_is_held_as_the_pages_banner_holds_it(store, db_pa
         fam = StateSetMetricFamily("v", "", labels=["rank"])
         gauges = {n: GaugeMetricFamily(n, "", labels=["rank"]) for n in (
             "device_busy_ratio", "wait_per_step_seconds", *(g for g, _, _ in HOST_GAUGES))}
+        cause = StateSetMetricFamily("c", "", labels=["rank"])
         c._recent(windows[run], (starved, 0), config or {"num_workers": 0}, at, ["0"],
-                  gauges, fam)
+                  gauges, (fam, cause))
+        # the cause's stateset has one state set: none here (no finding holds)
+        assert [s.labels["c"] for s in cause.samples if s.value == 1.0] == ["none"]
         return next(s.labels["v"] for s in fam.samples if s.value == 1.0)
 
     assert shown(starved, 0.0) == "starving" and shown(fed, 1.0) == "starving"

@@ -37,11 +37,19 @@ def tree():
 def test_counts_workers_and_their_cpu(tree):
     s = HostSampler()
     s.follow(tree.pid, run_id=7)
+    kids = psutil.Process(tree.pid).children()
+
+    def used() -> tuple[float, float]:
+        return time.monotonic(), sum(sum(k.cpu_times()[:2]) for k in kids)
+    t0, c0 = used()
     s.sample()
     time.sleep(1.0)  # sleep-ok: cpu_percent measures CPU over this interval
     rec = s.sample()
+    t1, c1 = used()
     assert rec.run_id == 7 and rec.workers == 2
-    assert rec.workers_cpu_pct > 50  # two busy loops on two cores
+    # two busy loops: what they really got of the cores (all of two on a quiet box, far
+    # less beside other jobs), as their own CPU times say over the same second
+    assert rec.workers_cpu_pct == pytest.approx(100 * (c1 - c0) / (t1 - t0), rel=0.3, abs=5)
     assert rec.workers_rss_mb > 1 and rec.proc_rss_mb > 1
     # each worker on its own, summing to the workers' figures
     each = json.loads(rec.workers_detail)
@@ -89,8 +97,10 @@ def test_a_worker_started_between_scans_is_counted_from_its_start():
             total += (rec.workers_cpu_pct or 0.0) / 100 * (now - last)
             last = now
         used = sum(kid.cpu_times()[:2])
-        assert rec.workers == 1 and used > 0.3
-        assert total == pytest.approx(used, rel=0.2)
+        # (beside other jobs the loop gets what the cores leave it: 0.14 s here with both
+        # cores busy; what is asserted is that the sampler counted all of it)
+        assert rec.workers == 1 and used > 0
+        assert total == pytest.approx(used, rel=0.2, abs=0.03)
     finally:
         for c in psutil.Process(p.pid).children(recursive=True):
             c.kill()
@@ -233,9 +243,16 @@ def test_the_monitors_own_processes_are_counted_apart_from_the_job_and_other_pro
         s = HostSampler()
         s.follow(tree.pid, run_id=7)
         rows = []
+        spin = psutil.Process(ours.pid)
+        t0, c0 = time.monotonic(), sum(spin.cpu_times()[:2])
         assert wait_for(lambda: rows.append(s.sample()) or (
-            len(rows) > 3 and (rows[-1].monitor_cpu_pct or 0) > 30), timeout=30, every=0.25), \
+            len(rows) > 8 and (rows[-1].monitor_cpu_pct or 0) > 0), timeout=30, every=0.25), \
             [r.monitor_cpu_pct for r in rows]
+        got = 100 * (sum(spin.cpu_times()[:2]) - c0) / (time.monotonic() - t0)
+        # the spinner's CPU, as its own times say (all of a core quiet, 10-17% of one beside
+        # a busy suite), is on the monitor's line (with this sampler's own)
+        seen = [r.monitor_cpu_pct for r in rows[1:] if r.monitor_cpu_pct is not None]
+        assert sum(seen) / len(seen) >= 0.7 * got, (seen, got)
         import pandas as pd
 
         frame = pd.DataFrame([{c: getattr(r, c) for c in (

@@ -74,14 +74,15 @@ def steady_verdict(state: dict[str, Any], key: Any, a: Assessment, seq: Any,
         state[key] = {"shown": a, "seq": seq, "cand": None, "since": now}
         return a, None
     shown = s["shown"]
-    if a.verdict == shown.verdict:
+    new, old = a.diagnosis.named, shown.diagnosis.named  # a named cause is the verdict
+    if new == old:
         s.update(shown=a, cand=None)
         return a, None
     if a.verdict == NO_DATA:
         return shown, None
-    if s["cand"] != a.verdict:
-        s.update(cand=a.verdict, since=now)
+    if s["cand"] != new:
+        s.update(cand=new, since=now)
     if now - s["since"] >= HOLD_S:
         s.update(shown=a, cand=None)
         return a, None
-    return shown, f"changing: {shown.verdict} → {a.verdict}"
+    return shown, f"changing: {old} → {new}"

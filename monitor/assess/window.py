@@ -111,7 +111,8 @@ class Assessment:
         f = self.features.to_dict()
         dg = self.diagnosis
         return {
-            **self.summary.to_dict(), "verdict": dg.verdict, "verdict_text": dg.headline,
+            **self.summary.to_dict(), "verdict": dg.named, "verdict_family": dg.verdict,
+            "verdict_text": dg.headline,
             "throughput_windows": list(self.window_throughputs),
             "throughput_spread": self.throughput_spread,
             "peak_memory_mb": f["workload_peak_mb"], "accelerator_kind": f["accelerator"],
@@ -292,7 +293,8 @@ def assess(window: Window, ctx: Context, parts: int = 1) -> Assessment:
         if found:
             dg = dataclasses.replace(dg, headline=causes.headline(dg.headline, found, f),
                                      advice=causes.merge(dg.advice, found,
-                                                         int(f.config.get("num_workers") or 0)))
+                                                         int(f.config.get("num_workers") or 0)),
+                                     cause=causes.lead(found).cause)
         dg = _fed_phases(dg, base["phases"])
         if window.note:
             dg = dataclasses.replace(dg, headline=f"{dg.headline} {window.note}")
@@ -398,7 +400,8 @@ def _assess_job(window: Window, ctx: Context, ranks: list[int], base: dict) -> A
         mine, h, report, list(window.loader_errors), per[who].throughput))
     if found:
         dg = dataclasses.replace(dg, headline=causes.headline(dg.headline, found, job),
-                                 advice=causes.merge(dg.advice, found, per[who].num_workers))
+                                 advice=causes.merge(dg.advice, found, per[who].num_workers),
+                                 cause=causes.lead(found).cause)
     dg = _fed_phases(dg, base["phases"])
     return Assessment(features=job, diagnosis=dg, findings=found,
                       workers=causes.worker_table(mine, h, report),
@@ -406,6 +409,9 @@ def _assess_job(window: Window, ctx: Context, ranks: list[int], base: dict) -> A
 
 
 def assess_run(store: Store, run_id: int, ctx: Context, parts: int = 1) -> Assessment | None:
-    """assess(steady_window(...)): what measure, run --json and sweep rows report."""
+    """assess(steady_window(...)): what measure, run --json and sweep rows report, naming
+    the cause that held for most of the run (monitor/assess/held.py)."""
+    from monitor.assess.held import keep_held
+
     w = steady_window(store, run_id)
-    return assess(w, ctx, parts) if w is not None else None
+    return keep_held(w, assess(w, ctx, parts)) if w is not None else None

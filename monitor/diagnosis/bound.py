@@ -8,13 +8,21 @@ Symbols, and what each is measured from (Features):
     w   loading wall seconds per sample, one loader process. num_workers=0: Σ data wait /
         samples; with workers, only when they are saturated (share >= STARVING_SHARE):
         num_workers x window / samples.
-    K   cores left for workers: usable cores (affinity, cgroup quota) - main process CPU -
-        other processes' CPU, at least 0.5. Where the loaders waited for a CPU (contention),
-        the fair scheduler's share instead, when larger: U cores shared by T runnable tasks
-        give each U/T, so N workers beside M other runnable processes (measured from the
-        loaders' CPU wait, features.py) and the main process's m get
+    K   cores for N workers. Where the sampler measured the other processes by scheduling
+        group (NOTE [scheduling groups] in monitor/sampling/groups.py), the fair scheduler
+        as it shares: U cores go to the groups by weight, none past a group's demand, what
+        one leaves to the rest (waterfill); the job's group's share goes to its tasks alike
+        (N loaders wanting c / (c + l) of a core each, the main process m, the others in the
+        job's own group). So more workers take CPU from a neighbour in the job's group, and
+        none from one in another (another session's job under autogroups, another cgroup):
+        beside another session's job, 2 → 6 workers was predicted x1.57 by the per-task
+        model and measured x0.98 bare. Without that measurement: usable cores - main
+        process CPU - other processes' CPU, at least 0.5, or where the loaders waited for a
+        CPU the per-task share, when larger: N workers beside M other runnable processes
+        (from the loaders' CPU wait, features.py) and the main process's m get
         K(N) = N U / max(U, N + m + M)   (cores_for; with L ranks on the host, L (N + m))
-        More workers take that share from the other jobs: the advice says so.
+    s0  the main process's share of a core while runnable (main_share): the same sharing
+        with one task wanting a whole core; 1 where nothing was measured.
     l   blocked seconds per sample, one loader: w - c - q, where q is the time the loader
         was runnable but waiting for a CPU (/proc schedstat, the sampler measures it). What
         is left is storage, a lock or a sleep: more loaders overlap it. Unknown without
@@ -22,13 +30,17 @@ Symbols, and what each is measured from (Features):
     d   device seconds per batch at the measured batch size B: the median compute per step.
         On a real device (CUDA, or a CPU step) d scales with the batch size, d(b) = d b / B;
         the simulated device takes d whatever the batch.
-    o   main-process seconds per step with workers on (collate, queue, unpickle): the
-        measured wait per step when the device is fed, else DEFAULT_OVERHEAD_S.
+    o   main-process seconds per step with workers on (receive, unpickle, rebuild the
+        tensors, the loop), in series with the step: its CPU per step o_cpu (measured beside
+        workers; MAIN_RECEIVE_S a batch from a window at num_workers=0, 0.55-0.7 ms here)
+        spread by its share of a core, o(N) = o_cpu / s0(N); at least the measured wait
+        per step when the device is fed, else DEFAULT_OVERHEAD_S. It bounds every setting:
+        no prediction passes b / (d + o).
 
 Throughput in samples/s at N workers and batch size b:
 
-    N = 0:  b / (b (c + l) + d(b))                  loading and compute take turns
-    N > 0:  min( b / (d(b) + o),                     "device"
+    N = 0:  b / (b (c / s0 + l) + d(b))             loading and compute take turns
+    N > 0:  min( b / (d(b) + o(N)),                  "device"
                  N / (c + l),                        "workers"
                  K / c )                             "cores"
 
@@ -38,11 +50,16 @@ more workers would not get more CPU). The model assumes loaders scale linearly o
 a prediction for a num_workers other than the window's own is multiplied by its limit's scale:
 what this machine's earlier outcomes of that limit measured against their predictions
 (monitor/assess/outcomes.py learns them from each applied change; 1 until one is measured).
+
+The range: the others' demand varied while the window was measured (a neighbour that runs
+and pauses); the prediction is made again with it at its p10 and its p90 over the window's
+scans (with_others), and advice whose low end gains less than MIN_GAIN says it cannot
+promise a gain (rules.py). Measured by bench/predictions.py (docs/benchmarks.md).
 """
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from monitor.diagnosis.features import Features
 from monitor.thresholds import (
@@ -50,6 +67,7 @@ from monitor.thresholds import (
     DEFAULT_OVERHEAD_S,
     KNEE_SHARE,
     MAIN_IDLE_CORES,
+    MAIN_RECEIVE_S,
     MIN_LOADER_CORES,
     STARVING_SHARE,
 )
@@ -73,13 +91,76 @@ class BoundModel:
     main_runnable: float = 0.0  # m
     local_ranks: int = 1  # L
     scales: dict[str, float] = field(default_factory=dict)  # limit -> measured / predicted
+    # the scheduling groups (NOTE [scheduling groups] in monitor/sampling/groups.py): the
+    # other groups' (weight, demand), the others in the job's own group, its weight; None:
+    # not measured, every task shares alike (K(N) above)
+    groups: tuple[tuple[float, float], ...] | None = None
+    same_demand: float = 0.0
+    own_weight: float = 1.0
+    main_cpu_s: float | None = None  # o_cpu: main-process CPU per step beside workers
+    other_cpu: float = 0.0  # the others' CPU over the window (cores), for ranges
+
+    def _share(self, tasks: list[float]) -> list[float]:
+        """The cores each of this job's `tasks` (their demands, in cores) gets beside the
+        others: the job's group takes its weighted share of U from the other groups, its
+        tasks share that alike with the others in it (waterfill, both levels)."""
+        same = _split(self.same_demand)
+        own = sum(tasks) + sum(same)
+        if self.groups is None:
+            return tasks
+        got = waterfill(self.usable, [(self.own_weight, min(own, self.usable))]
+                        + [(w, min(d, self.usable)) for w, d in self.groups])[0]
+        return waterfill(got, [(1.0, t) for t in tasks] + [(1.0, t) for t in same])[
+            :len(tasks)]
+
+    def main_share(self, num_workers: int) -> float:
+        """The share of a core the main process gets while it is runnable (1: all of one):
+        loading at num_workers=0; receiving batches beside num_workers loaders."""
+        if self.groups is None:
+            if self.others_runnable is None:
+                return 1.0
+            t = self.local_ranks * (num_workers + 1) + self.others_runnable
+            return min(1.0, self.usable / max(1.0, t))
+        loaders = [self.loader_demand] * num_workers
+        return min(1.0, self._share([*loaders, 1.0])[-1])
+
+    @property
+    def loader_demand(self) -> float:
+        """A loader's demand for a CPU: the share of its time it computes (c / (c + l))."""
+        per = self.cpu_s + self.latency_s
+        return self.cpu_s / per if per > 0 else 1.0
+
+    def overhead_at(self, num_workers: int) -> float:
+        """o at num_workers: the main process's CPU per step spread by its share of a core,
+        or the measured (fed) wait per step where it was not measured."""
+        if self.main_cpu_s is None:
+            return self.overhead_s
+        return max(self.overhead_s, self.main_cpu_s / self.main_share(num_workers))
+
+    def with_others(self, scale: float) -> BoundModel:
+        """The same model with the others' demand scaled (the window's p10 or p90 of it)."""
+        idle = self.cores + self.other_cpu * (1.0 - scale) if self.other_cpu else self.cores
+        return replace(self, scales=self.scales, cores=max(MIN_LOADER_CORES, idle),
+                       others_runnable=None if self.others_runnable is None
+                       else self.others_runnable * scale,
+                       groups=None if self.groups is None
+                       else tuple((w, d * scale) for w, d in self.groups),
+                       same_demand=self.same_demand * scale)
 
     def device_time(self, batch_size: int) -> float:
         return self.device_s * (batch_size / self.batch_size if self.device_scales else 1.0)
 
     def cores_for(self, num_workers: int) -> float:
-        """K at num_workers: the idle cores, or the fair scheduler's share where larger."""
-        if self.others_runnable is None or num_workers <= 0:
+        """K at num_workers: with the scheduling groups measured, what the loaders get of
+        their group's share (waterfill); else the idle cores, or the fair scheduler's share
+        where larger."""
+        if num_workers <= 0:
+            return self.cores
+        if self.groups is not None:
+            loaders = [self.loader_demand] * num_workers
+            main = min(1.0, self.main_runnable)
+            return max(MIN_LOADER_CORES, sum(self._share([*loaders, main])[:num_workers]))
+        if self.others_runnable is None:
             return self.cores
         n, m, ranks = num_workers, self.main_runnable, self.local_ranks
         # the measured others include this host's sibling ranks at the window's setting
@@ -99,11 +180,11 @@ class BoundModel:
         b = batch_size or self.batch_size
         d = self.device_time(b)
         per_sample = self.cpu_s + self.latency_s
-        if num_workers == 0:
-            load = b * per_sample
+        if num_workers == 0:  # the main process loads, at its share of a core
+            load = b * (self.cpu_s / self.main_share(0) + self.latency_s)
             return b / (load + d), ("main process" if load > d else "device")
         rates = {
-            "device": b / (d + self.overhead_s),
+            "device": b / (d + self.overhead_at(num_workers)),
             "workers": num_workers / per_sample if per_sample > 0 else math.inf,
             "cores": self.cores_for(num_workers) / self.cpu_s if self.cpu_s > 0 else math.inf,
         }
@@ -111,6 +192,32 @@ class BoundModel:
         if limit == "workers" and rates["cores"] <= CORES_TIE_X * rates["workers"]:
             limit = "cores"
         return rates[limit], limit
+
+
+def waterfill(capacity: float, claims: list[tuple[float, float]]) -> list[float]:
+    """How the fair scheduler splits `capacity` cores between claims of (weight, demand):
+    in proportion to weight, none past its demand, what one leaves going to the rest."""
+    out = [0.0] * len(claims)
+    left = capacity
+    open_ = [i for i, (w, d) in enumerate(claims) if d > 0 and w > 0]
+    while open_ and left > 1e-9:
+        rate = left / sum(claims[i][0] for i in open_)
+        full = [i for i in open_ if claims[i][1] - out[i] <= claims[i][0] * rate]
+        if not full:
+            for i in open_:
+                out[i] += claims[i][0] * rate
+            break
+        for i in full:
+            left -= claims[i][1] - out[i]
+            out[i] = claims[i][1]
+        open_ = [i for i in open_ if i not in full]
+    return out
+
+
+def _split(demand: float) -> list[float]:
+    """A group's demand as tasks of at most one core each."""
+    n = math.ceil(demand - 1e-9) if demand > 0 else 0
+    return [demand / n] * n if n else []
 
 
 def loading_latency(f: Features) -> float | None:
@@ -135,12 +242,28 @@ def fit_bound(f: Features, scales: dict[str, float] | None = None) -> BoundModel
     if nw > 0 and f.data_wait_share < STARVING_SHARE:
         overhead = max(overhead, f.wait_per_step_s)
     return BoundModel(
+        groups=f.other_groups, same_demand=f.same_group_demand or 0.0,
+        own_weight=f.own_group_weight, main_cpu_s=_main_per_step(f),
+        other_cpu=f.other_cpu_cores or 0.0,
         cpu_s=max(f.cpu_per_sample_s, 1e-7), latency_s=loading_latency(f) or 0.0,
         device_s=max(f.compute_per_step_s, 1e-6), batch_size=int(f.config["batch_size"]),
         device_scales=not f.simulated, overhead_s=overhead, cores=cores, fit_workers=nw,
         scales=dict(scales or {}), others_runnable=f.others_runnable,
         usable=float(f.usable_cores), main_runnable=main, local_ranks=max(1, f.local_ranks),
     )
+
+
+def _main_per_step(f: Features) -> float | None:
+    """o_cpu: the main process's CPU per step beside workers (receiving, unpickling,
+    collating, the loop itself), the step's own CPU taken off where the step runs on the
+    host's CPU; at num_workers=0 (not measurable: the main process loads) MAIN_RECEIVE_S a
+    batch, as measured on this box (bench/predictions.py)."""
+    if f.num_workers == 0 or f.main_cpu_cores is None or f.steps <= 0:
+        return MAIN_RECEIVE_S if f.steps > 0 else None
+    per = f.main_cpu_cores * f.window_s / f.steps
+    if f.accelerator == "cpu":
+        per -= f.compute_per_step_s
+    return max(0.0, per)
 
 
 def best_workers(model: BoundModel, max_workers: int, batch_size: int | None = None) -> int:

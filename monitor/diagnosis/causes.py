@@ -263,6 +263,13 @@ def worker_memory(host: pd.DataFrame, since: float | None = None) -> Finding | N
                    no_more_workers=True)
 
 
+def lead(findings: tuple[Finding, ...]) -> Finding | None:
+    """The finding the verdict names: one that rules out more workers, else one that leads,
+    else the first (a failure that happened comes first)."""
+    return next((x for x in findings if x.no_more_workers), None) or \
+        next((x for x in findings if x.leads), None) or next(iter(findings), None)
+
+
 def headline(text: str, findings: tuple[Finding, ...], f: Any) -> str:
     """The verdict's sentence with the findings: one that rules out more workers replaces
     the verdict's reasoning (add workers); one that `leads` opens it; the others follow."""

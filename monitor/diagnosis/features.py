@@ -71,6 +71,16 @@ class Features:
     others_runnable: float | None = ev("other runnable processes (from the loaders' CPU "
                                        "wait)", "{:.1f}")
     local_ranks: int = ev(default=1)  # this job's ranks on this host, sharing its cores
+    # the other processes by scheduling group (NOTE [scheduling groups] in
+    # monitor/sampling/groups.py), over the window: each other group's (weight, mean
+    # demand in cores), the others' demand in the job's own group, the job's group's weight,
+    # and the others' total demand at its 10th and 90th percentile over the scans
+    other_groups: tuple[tuple[float, float], ...] | None = ev()
+    same_group_demand: float | None = ev("other processes' CPU demand in the job's own "
+                                         "scheduling group (cores)", "{:.2f}")
+    own_group_weight: float = ev(default=1.0)
+    others_demand: tuple[float, float, float] | None = ev(
+        "other processes' CPU demand, p10 / mean / p90 (cores)", "{}")
     cpu_per_sample_s: float | None = ev("loading CPU per sample (ms)", "ms")
     wall_per_sample_s: float | None = ev("loading wall per sample, one loader (ms)", "ms")
     runq_per_sample_s: float | None = ev("loading CPU wait per sample (ms)", "ms")
@@ -179,6 +189,37 @@ def _cpu(h: pd.DataFrame) -> dict[str, float | None]:
             "live": pct["workers"], "main_runq": cores("proc_runq_pct"),
             "workers_runq": cores("workers_runq_pct"), "main_read": extra["proc_read_kb_s"],
             "workers_read": extra["workers_read_kb_s"]}
+
+
+def _groups(h: pd.DataFrame) -> dict[str, Any]:
+    """The window's scans of the other processes (NOTE [scheduling groups]): each other
+    group's weight and mean demand, the own group's others, and the spread of the total."""
+    out: dict[str, Any] = {"other_groups": None, "same_group_demand": None,
+                           "own_group_weight": 1.0, "others_demand": None}
+    if h.empty or "others_groups" not in h.columns:
+        return out
+    scans = [json.loads(t) for t in h.drop_duplicates("ts")["others_groups"].dropna()]
+    if not scans:
+        return out
+    n = len(scans)
+    other: dict[str, list[float]] = {}
+    same, totals = 0.0, []
+    for s in scans:
+        total = 0.0
+        for key, w, demand, *_ in s["groups"]:
+            total += demand
+            if key == s["own"]:
+                same += demand / n
+            else:
+                g = other.setdefault(key, [w, 0.0])
+                g[1] += demand / n
+        totals.append(total)
+    totals.sort()
+    mean = sum(totals) / n
+    out.update(other_groups=tuple((w, d) for w, d in other.values()), same_group_demand=same,
+               own_group_weight=float(scans[-1].get("own_weight") or 1.0),
+               others_demand=(totals[int(0.1 * (n - 1))], mean, totals[int(0.9 * (n - 1) + 0.5)]))
+    return out
 
 
 def _others_runnable(cpu: dict, nw: int, usable: int) -> float | None:
@@ -335,4 +376,5 @@ def features(
         memory_budget_mb=budget_mb, workload_mem_mb=mem["used"],
         workload_peak_mb=mem["peak"], memory_fraction=mem["fraction"],
         worker_rss_mb=per("workers_rss_mb"), worker_uss_mb=per("workers_uss_mb"),
+        **_groups(h),
     )

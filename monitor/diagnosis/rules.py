@@ -60,6 +60,11 @@ class Advice:
     predicted_throughput: float | None
     reason: str
     limit: str | None = None  # the bound model's limit at the advised setting
+    # the range the window's evidence supports (the others' demand at its p90 and p10 while
+    # it was measured), and whether it spans no gain: then the advice cannot promise one
+    predicted_low: float | None = None
+    predicted_high: float | None = None
+    uncertain: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -67,10 +72,20 @@ class Advice:
 
 @dataclass(frozen=True, slots=True)
 class Diagnosis:
+    """`verdict` is the family (VERDICTS: healthy, starving, cpu-bound, ...); `cause` the
+    finding that explains it where one holds (monitor/diagnosis/causes.py CAUSES), which the
+    JSON, the banner, Prometheus and the gate report as the verdict (DESIGN.md: verdict)."""
+
     verdict: str
     headline: str
     bound: dict[str, Any]
     advice: tuple[Advice, ...] = ()
+    cause: str | None = None
+
+    @property
+    def named(self) -> str:
+        """What `verdict` says outside: the cause where a finding holds, else the family."""
+        return self.cause or self.verdict
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,8 +120,20 @@ class Ctx:
         return kb is not None and kb >= STORAGE_READ_KB
 
     def add(self, param: str, value: Any, pred: float | None, reason: str,
-            limit: str | None = None) -> None:
-        self.advice.append(Advice(param, value, pred, reason, limit))
+            limit: str | None = None, span: tuple[float, float] | None = None) -> None:
+        lo, hi = span or (None, None)
+        unsure = lo is not None and lo < MIN_GAIN * self.f.throughput <= (pred or 0.0)
+        self.advice.append(Advice(param, value, pred, reason, limit, lo, hi, unsure))
+
+    def span(self, n: int) -> tuple[float, float] | None:
+        """The prediction at num_workers=n with the others' demand at its p90 and p10 over
+        the window (features.others_demand), None where it was not measured."""
+        d, m = self.f.others_demand, self.model
+        if d is None or m is None or d[1] <= 0:
+            return None
+        lo = m.with_others(d[2] / d[1]).predict(n)[0]
+        hi = m.with_others(d[0] / d[1]).predict(n)[0]
+        return min(lo, hi), max(lo, hi)
 
     def worker_advice(self, cores_note: bool = True) -> None:
         """The knee of the bound model's num_workers curve, if it gains MIN_GAIN;
@@ -120,8 +147,19 @@ class Ctx:
             return
         k = self.model.scales.get(then, 1.0)
         seen = "" if k == 1.0 else f"; x{k:.2f}, as this machine's earlier outcomes measured"
+        span = self.span(n)
+        said = ""
+        if span is not None and span[1] - span[0] > 0.05 * pred:
+            d = self.f.others_demand
+            said = (f"; other processes wanted {d[0]:.1f} to {d[2]:.1f} cores while this was "
+                    f"measured: {span[0]:,.0f} to {span[1]:,.0f} samples/s "
+                    f"({gain(span[0], f.throughput)} to {gain(span[1], f.throughput)})")
+            if span[0] < MIN_GAIN * f.throughput:
+                said += ("; it cannot promise a gain here: an autotune trial, or a run beside "
+                         "a quieter neighbour, settles it")
         self.add("num_workers", n, pred, f"num_workers {nw} → {n}: predicted {pred:,.0f} "
-                 f"samples/s, {gain(pred, f.throughput)} (limit then: {then}{seen})", then)
+                 f"samples/s, {gain(pred, f.throughput)} (limit then: {then}{seen}){said}",
+                 then, span)
         if nw == 0 and f.epoch_starts >= 1 and not f.config.get("persistent_workers"):
             # epochs shorter than the window (Lightning's defaults): without it each epoch
             # pays the new workers' start-up, which can eat their gain (the tuner's knee move

@@ -36,6 +36,7 @@ from monitor.assess.recent import read_recent, steady_verdict
 from monitor.assess.window import Context, Window, assess
 from monitor.config import LIVE_SETTINGS
 from monitor.diagnosis import VERDICTS
+from monitor.diagnosis.causes import CAUSES
 from monitor.frames.analysis import workers_memory_mb
 from monitor.records import PLACEMENT
 from monitor.store import ATTACHED, RUNNING, Store
@@ -59,6 +60,8 @@ _R = ", ".join(RUN_LABELS)
 _KPI = f"{KPI_WINDOW_S:g} s"  # the page's KPI window, the gauges' span
 
 # name, type, labels, meaning: docs/cluster.md's table is written from this list.
+NO_CAUSE = "none"  # the cause state where no finding holds
+
 METRICS: list[tuple[str, str, str, str]] = [
     ("steps_total", "counter", _R, "training steps recorded"),
     ("samples_total", "counter", _R, "samples in those steps"),
@@ -74,6 +77,9 @@ METRICS: list[tuple[str, str, str, str]] = [
      "device busy (step-derived) over the last " + _KPI + ", 0-1"),
     ("verdict", "stateset", _R + ", starvation_verdict",
      "the rank's diagnosis of the last " + _KPI + ": 1 for the current verdict, 0 for the others"),
+    ("cause", "stateset", _R + ", starvation_cause",
+     "the cause the rank's verdict names over the last " + _KPI + " (its finding: "
+     "head-of-line, shm-exhausted, ...; none where no finding holds): 1 for the current one"),
     ("loader_info", "info", _R + ", num_workers, prefetch_factor, pin_memory, "
      "persistent_workers, batch_size", "the loader settings in force"),
     ("run_info", "info", _R + ", name, kind, status, accelerator_kind, world_size",
@@ -182,6 +188,7 @@ class StoreCollector:
         gauges = {n: _fam(GaugeMetricFamily, n, RUN_LABELS) for n in (
             "wait_per_step_seconds", "device_busy_ratio", *(g for g, _, _ in HOST_GAUGES))}
         verdict = _fam(StateSetMetricFamily, "verdict", RUN_LABELS)
+        cause = _fam(StateSetMetricFamily, "cause", RUN_LABELS)
         loader = _fam(InfoMetricFamily, "loader", RUN_LABELS)
         info = _fam(InfoMetricFamily, "run", RUN_LABELS)
         totals = self._totals(store, [int(r) for r in runs["id"]])
@@ -203,7 +210,7 @@ class StoreCollector:
                     fam.add_metric(rs.labels, float(t.get(key, 0.0)), created=created)
                 if recent is not None:
                     self._recent(recent.window(rs.rank), (int(row.id), rs.rank), rs.config,
-                                 now, rs.labels, gauges, verdict)
+                                 now, rs.labels, gauges, (verdict, cause))
                 cfg = rs.config
                 loader.add_metric(rs.labels, {k: str(cfg.get(k)) for k in (*LIVE_SETTINGS,
                                                                             "batch_size")})
@@ -216,7 +223,7 @@ class StoreCollector:
             self.held = {k: v for k, v in self.held.items() if k[0] in shown}
         yield from counters.values()
         yield from gauges.values()
-        yield from (verdict, loader, info)
+        yield from (verdict, cause, loader, info)
 
     def _totals(self, store: Store, run_ids: list[int]) -> dict[tuple[int, int], dict]:
         """Each exported run's counters per rank: the sums kept, plus the new rows' (one
@@ -240,7 +247,7 @@ class StoreCollector:
             return {k: dict(v) for k, v in self.totals.items()}
 
     def _recent(self, w: Window, key: tuple[int, int], config: dict, now: float,
-                labels: list[str], gauges: dict, verdict: Any) -> None:
+                labels: list[str], gauges: dict, verdicts: tuple[Any, Any]) -> None:
         """One rank's gauges and verdict over its last 10 s (the page's KPI window); the
         verdict held as the page's banner holds it (assess/recent.py steady_verdict)."""
         a = assess(w, self.ctx)
@@ -251,7 +258,10 @@ class StoreCollector:
         seq = (key, tuple(str(config.get(k)) for k in LIVE_SETTINGS))
         with self.lock:
             shown, _ = steady_verdict(self.held, key, a, seq, now)
+        verdict, cause = verdicts
         verdict.add_metric(labels, {v: v == shown.verdict for v in VERDICTS})
+        named = shown.diagnosis.cause or NO_CAUSE
+        cause.add_metric(labels, {c: c == named for c in (*CAUSES, NO_CAUSE)})
         host = w.host
         if not host.empty:
             last = host.iloc[-1]

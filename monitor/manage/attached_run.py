@@ -53,7 +53,7 @@ def summary(store: Store, run_id: int, ctx: Context) -> dict[str, Any]:
     steps = store.steps(run_id)
     out["epochs"] = int(steps["epoch"].nunique()) if not steps.empty else 0
     out.update(probe_notes(store, run_id, steps.empty))
-    if out.get("verdict") == NO_DATA and not steps.empty and run.get("status") != RUNNING:
+    if out.get("verdict_family") == NO_DATA and not steps.empty and run.get("status") != RUNNING:
         out["verdict_text"] = " ".join(
             [f"{len(steps)} step(s) recorded before the run ended: too few to judge."]
             + [x["text"][0].upper() + x["text"][1:] for x in out.get("findings") or []])

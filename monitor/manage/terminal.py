@@ -54,7 +54,7 @@ def status(a: Assessment | None) -> dict[str, str]:
     top = d.advice[0] if d.advice else None
     return {"throughput": f"{f.throughput:,.0f} samples/s",
             "data-wait share": f"{f.data_wait_share:.0%}",
-            "verdict": f"{d.verdict}: {d.headline}",
+            "verdict": f"{d.named}: {d.headline}",
             "top advice": advice_text(top),
             "workers": str(f.config.get("num_workers", "–"))}
 

@@ -20,6 +20,7 @@ import psutil as _psutil
 
 from monitor.records import CpuBudget, HostSample
 from monitor.sampling import procfs
+from monitor.sampling.groups import GroupScan
 
 MB = 1024 * 1024
 USS_EVERY = 8
@@ -149,6 +150,7 @@ class HostSampler:
         self._mine: dict[int, Any] = {}  # the monitor's own processes (OWN_EVERY passes)
         self._mine_cpu: dict[int, float] = {}  # their CPU seconds, last pass
         self._mine_t: float | None = None
+        self._scan = GroupScan(proc=proc)  # NOTE [scheduling groups] in groups.py
         psutil.cpu_percent(percpu=True)  # prime: the first call has nothing to compare with
 
     def follow(self, pid: int | None, run_id: int | None) -> None:
@@ -372,6 +374,11 @@ class HostSampler:
             mine = self._monitor_cpu(live)
             if mine is not None:
                 rows = [dataclasses.replace(r, monitor_cpu_pct=mine) for r in rows]
+            own = next((p for _, p in self._targets()), None)
+            groups = self._scan.sample({*live, *self._mine, os.getpid()}, own) \
+                if own is not None else None
+            if groups is not None:
+                rows = [dataclasses.replace(r, others_groups=groups) for r in rows]
             self._passes += 1
             return rows
 

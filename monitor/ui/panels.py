@@ -72,12 +72,13 @@ def render_verdict(a: Assessment, changing: str | None = None) -> None:
     dg = a.diagnosis
     if changing:
         st.caption(plain(changing))
-    if dg.verdict == HEALTHY:
+    if dg.cause is None and dg.verdict == HEALTHY:
         st.success(f"healthy · {plain(dg.headline)}", icon="✅")
-    elif dg.verdict == NO_DATA:
+    elif dg.cause is None and dg.verdict == NO_DATA:
         st.info(plain(dg.headline))
-    else:
-        st.error(f"{dg.verdict} · {plain(dg.headline)}", icon="⚠️")
+    else:  # a named cause, after its family where there is one
+        named = " · ".join(v for v in (dg.verdict, dg.cause) if v not in (None, NO_DATA))
+        st.error(f"{named} · {plain(dg.headline)}", icon="⚠️")
 
 
 def render_explain(a: Assessment,

@@ -1,0 +1,149 @@
+"""Who else wants this host's CPUs, and in which scheduling group.
+
+NOTE [scheduling groups]
+Linux's fair scheduler shares the CPUs between scheduling groups first, and between the
+tasks of a group second. A group is a cpu cgroup (v1 `cpu`, v2 with the cpu controller:
+Docker, Kubernetes, Slurm) weighted by its cpu.shares / cpu.weight, and, for tasks in the
+root cpu cgroup while /proc/sys/kernel/sched_autogroup_enabled is 1, an autogroup per
+session (each terminal, each ssh login, each `setsid`: another user's job), weighted by its
+nice. So more DataLoader workers take more CPU from a neighbour in their own group, and
+none from a neighbour in another group, which keeps its group's share: beside another
+session's two busy processes and a toggling one, 2 → 6 workers was predicted x1.57 by the
+per-task model and measured x0.98 bare (bench/predictions.py).
+
+Every SCAN_S the sampler reads, for every process but the job's own and the monitor's,
+its CPU (/proc/<pid>/stat) and its run-queue wait (/proc/<pid>/schedstat, the leader
+thread) since the last scan: its demand, the cores it wanted; and its group. The row
+holds, as JSON, the job's own group and each group's weight, demand and CPU
+(diagnosis/bound.py turns them into the share N loaders would get).
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable
+from typing import Any
+
+SCAN_S = 1.0  # seconds between scans of /proc (2.5 ms of CPU for 64 processes here)
+MIN_DEMAND = 0.02  # cores: a process that wanted less is left out
+NICE_0 = 1024  # the scheduler's weight of nice 0 (cpu.shares' default)
+
+
+def _read(path: str) -> str | None:
+    try:
+        with open(path) as f:
+            return f.read()
+    except OSError:
+        return None
+
+
+def _nice_weight(nice: int) -> float:
+    """The kernel's sched_prio_to_weight, near enough: 1.25x per nice step."""
+    return NICE_0 / (1.25 ** nice)
+
+
+def group_of(pid: int, proc: str = "/proc", root: str = "/sys/fs/cgroup",
+             autogroups: bool = True) -> tuple[str, float]:
+    """(key, weight) of the process's scheduling group: its cpu cgroup where it is not the
+    root one, else its autogroup where they are on, else the root ("/"). Weight in units of
+    a nice-0 task's."""
+    path = None
+    for line in (_read(f"{proc}/{pid}/cgroup") or "").splitlines():
+        num, ctrls, p = (line.split(":", 2) + ["", ""])[:3]
+        if "cpu" in ctrls.split(","):
+            path, v1 = p, True
+            break
+        if num == "0" and path is None:
+            path, v1 = p, False
+    if path not in (None, "", "/"):
+        if v1:
+            shares = _read(f"{root}/cpu{path}/cpu.shares") or _read(
+                f"{root}/cpu,cpuacct{path}/cpu.shares")
+            w = float(shares) / NICE_0 if shares and shares.strip().isdigit() else 1.0
+        else:
+            weight = _read(f"{root}{path}/cpu.weight")
+            w = float(weight) / 100 if weight and weight.strip().isdigit() else 1.0
+        return f"cgroup:{path}", w
+    if autogroups:
+        text = (_read(f"{proc}/{pid}/autogroup") or "").split()
+        if len(text) >= 3 and text[0].startswith("/autogroup-"):
+            try:
+                return f"autogroup:{text[0][11:]}", _nice_weight(int(text[2])) / NICE_0
+            except ValueError:
+                pass
+    return "/", 1.0
+
+
+def autogroups_on(proc: str = "/proc") -> bool:
+    return (_read(f"{proc}/sys/kernel/sched_autogroup_enabled") or "0").strip() == "1"
+
+
+class GroupScan:
+    """The scan of NOTE [scheduling groups]; `sample(ours, own)` returns the JSON a host row
+    holds, or None between scans (and on the first, which has nothing to compare with)."""
+
+    def __init__(self, proc: str = "/proc", root: str = "/sys/fs/cgroup",
+                 clock: Callable[[], float] = time.monotonic, every_s: float = SCAN_S) -> None:
+        self.proc, self.root, self.clock, self.every_s = proc, root, clock, every_s
+        self.tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+        self._prev: dict[int, tuple[float, float, int]] = {}  # pid -> (cpu s, runq s, threads)
+        self._t: float | None = None
+        self._groups: dict[int, tuple[str, float]] = {}
+        self.autogroups = autogroups_on(proc)
+
+    def _times(self, pid: int) -> tuple[float, float, int] | None:
+        stat = _read(f"{self.proc}/{pid}/stat")
+        if stat is None:
+            return None
+        fields = stat.rpartition(")")[2].split()
+        try:
+            cpu = (int(fields[11]) + int(fields[12])) / self.tick
+            threads = int(fields[17])
+        except (IndexError, ValueError):
+            return None
+        sched = (_read(f"{self.proc}/{pid}/schedstat") or "").split()
+        runq = int(sched[1]) / 1e9 if len(sched) >= 2 and sched[1].isdigit() else 0.0
+        return cpu, runq, threads
+
+    def sample(self, ours: set[int], own: int | None) -> str | None:
+        now = self.clock()
+        if self._t is not None and now - self._t < self.every_s:
+            return None
+        try:
+            pids = [int(p) for p in os.listdir(self.proc) if p.isdigit()]
+        except OSError:
+            return None
+        cur: dict[int, tuple[float, float, int]] = {}
+        for pid in pids:
+            if pid in ours:
+                continue
+            t = self._times(pid)
+            if t is not None:
+                cur[pid] = t
+        prev, before, self._prev, self._t = self._prev, self._t, cur, now
+        if before is None or now <= before:
+            return None
+        dt = now - before
+        groups: dict[str, list[float]] = {}
+        for pid, (cpu, runq, threads) in cur.items():
+            if pid not in prev:
+                continue
+            used = max(0.0, cpu - prev[pid][0]) / dt
+            # (the clock ticks and schedstat's ns disagree a little: a task wants at most
+            # one core a thread)
+            demand = min(float(max(1, threads)), used + max(0.0, runq - prev[pid][1]) / dt)
+            if demand < MIN_DEMAND:
+                continue
+            if pid not in self._groups:
+                self._groups[pid] = group_of(pid, self.proc, self.root, self.autogroups)
+            key, w = self._groups[pid]
+            g = groups.setdefault(key, [w, 0.0, 0.0, 0])
+            g[1] += demand
+            g[2] += used
+            g[3] += 1
+        self._groups = {p: g for p, g in self._groups.items() if p in cur}
+        mine = group_of(own, self.proc, self.root, self.autogroups) if own else ("/", 1.0)
+        out: dict[str, Any] = {"own": mine[0], "own_weight": mine[1], "groups": [
+            [k, round(w, 3), round(d, 3), round(u, 3), n] for k, (w, d, u, n) in groups.items()]}
+        return json.dumps(out)
