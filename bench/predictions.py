@@ -37,6 +37,8 @@ REPRO = ROOT / "bench" / "repro" / "loader.py"
 CG_V1 = Path("/sys/fs/cgroup/cpu")
 CG_V2 = Path("/sys/fs/cgroup")
 BUSY = "while True: pass\n"
+JOB = ("import subprocess, sys\nps = [subprocess.Popen([sys.executable, '-c', "
+       f"{BUSY!r}]) for _ in range(2)]\nfor p in ps:\n    p.wait()\n")  # two busy processes
 TOGGLE = ("import time\nwhile True:\n    t = time.monotonic() + 2\n"
           "    while time.monotonic() < t: pass\n    time.sleep(2)\n")
 TOLERANCE = 0.30
@@ -80,16 +82,18 @@ class Neighbours:
     def __enter__(self) -> Neighbours:
         if self.kind == "quiet":
             return self
-        for code in (BUSY, BUSY, TOGGLE):
+        # "same": this script's session (its autogroup), in a process group of their own
+        # (to be killed whole); else each job in a session of its own
+        where = {"process_group": 0} if self.kind == "same" else {"start_new_session": True}
+        for code in (JOB, TOGGLE):
             self.procs.append(subprocess.Popen(
-                [*_join(self.cg), sys.executable, "-c", code],
-                start_new_session=self.kind != "same"))
+                [*_join(self.cg), sys.executable, "-c", code], **where))
         return self
 
     def __exit__(self, *exc: object) -> None:
         for p in self.procs:
             with contextlib.suppress(ProcessLookupError):
-                p.kill()
+                os.killpg(p.pid, signal.SIGKILL)
             p.wait()
 
 

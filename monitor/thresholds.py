@@ -72,6 +72,10 @@ MAIN_IDLE_CORES = 0.05
 # the main process's CPU to receive one batch from a worker (unpickle, rebuild tensors, the
 # loop): its ceiling beside workers where a window at num_workers=0 cannot measure it
 MAIN_RECEIVE_S = 0.0007
+# ... and the wall time a batch's hand-offs between a worker and the main process take on
+# top of it when the CPUs are busy (each waits for one): 2.3 ms beyond the step at 2 busy
+# workers against 0.9 ms with idle CPUs, bare on the 2-core box (bound.py, o)
+MAIN_HANDOFF_S = 0.0015
 # A device gap shorter than this between two steps is not counted as idle (timer noise).
 IDLE_GAP_MIN_S = 0.005
 # A busy series is a sawtooth when it varies (std >= SAWTOOTH_MIN_STD) and repeats
@@ -248,6 +252,9 @@ FD_HEADROOM = 0.8  # descriptors in flight past this share of `ulimit -n`
 OOM_ROOM_MB = 256.0
 HOL_WAIT_X = 5.0  # a wait this many times the median, with finished batches held behind it
 HOL_SHARE = 0.5  # ... holding this share of the window's data wait: head-of-line
+# ... and longer than this many times a worker's turn (workers x the median step): a uniform
+# pipeline in order waits one turn for every n-th batch while the next sits finished
+HOL_BATCH_X = 1.5
 # The run's own history (monitor/assess/history.py): a generation's first steps (at least
 # HISTORY_SKIP_STEPS, or the workers' queue) are its start-up, not its rate; one counts with
 # HISTORY_MIN_STEPS after them, and is final HISTORY_FINAL_S after the next one began (the

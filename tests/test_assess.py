@@ -4,6 +4,7 @@ the same verdict and figures for the same window, and the accelerator kind a run
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -174,19 +175,19 @@ def test_outcomes_teach_the_machine_its_scale(tmp_path):
 
 def test_the_summary_keeps_the_cause_that_held_for_most_of_the_run(store):
     """One slow sample in 16 holds the in-order queue for the first 60 s (head-of-line in
-    each 10 s window), then 20 s of plain starving waits: judged as one window the held
-    waits are 41% of the wait (below head-of-line's half), but the run's summary names the
-    cause of six of its eight windows, as the live view did, and its fix comes first."""
+    each 10 s window), then 40 s of plain starving waits: judged as one window the held
+    waits are 42% of the wait (below head-of-line's half), but the run's summary names the
+    cause of six of its ten windows, as the live view did, and its fix comes first."""
     from monitor.diagnosis import causes
 
     cfg = {**CONFIG.to_dict(), "num_workers": 4, "batch_size": 16}
     run = store.create_run("held", "attached", cfg)
     store.update_run(run, accelerator_kind="simulated", accelerator="test device")
     steps, t, i = [], 1_700_000_000.0, 0
-    while t < 1_700_000_080.0:
+    while t < 1_700_000_100.0:
         first = t < 1_700_000_060.0
         slow = first and i % 16 == 15
-        wait = 0.15 if slow else (0.005 if first else 0.06)
+        wait = 0.3 if slow else (0.005 if first else 0.06)
         t += wait
         steps.append(StepRecord(run, i, 0, t, wait, 0.02, 16, 0, worker=i % 4,
                                 held=3 if slow else 0))
@@ -200,6 +201,6 @@ def test_the_summary_keeps_the_cause_that_held_for_most_of_the_run(store):
     a = assess_run(store, run, context())
     d = a.to_dict()
     assert d["verdict"] == causes.HEAD_OF_LINE, (d["verdict"], d["verdict_text"])
-    assert "of the run's 8 10 s windows" in d["verdict_text"] or \
-        "of the run's 7 10 s windows" in d["verdict_text"], d["verdict_text"]
+    assert re.search(r"in [56] of the run.s (9|10) 10 s windows", d["verdict_text"]), \
+        d["verdict_text"]
     assert d["advice"][0]["param"] == "in_order" and d["advice"][0]["value"] is False

@@ -17,6 +17,8 @@ own busy core to ours: the accepted sets allow for one more busy core than the t
 """
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
 
@@ -67,6 +69,12 @@ SCENARIOS = [  # name, settings, memory budget, busy cores, verdicts accepted
     # then wait for a CPU more than for storage, measured: contention (cpu-bound)
     ("io-bound@0, 2 cores busy", dict(preset="io-bound", num_workers=0), None, 2,
      {"io-bound", "starving", "cpu-bound"}),
+    # beside another user's job: two busy processes in a session of their own, and one busy
+    # 2 s, idle 2 s in another (each session a scheduling group: NOTE [scheduling groups])
+    ("starving@0, other sessions' jobs", dict(preset="starving", num_workers=0), None,
+     "sessions", ANY_LOAD),
+    ("cpu-bound@2, other sessions' jobs", dict(preset="cpu-bound", num_workers=2), None,
+     "sessions", {"cpu-bound"}),
 ]
 # the verdict each cell gets on a quiet machine: the first of its accepted set written above
 QUIET = {"starving@0": "starving", "starving@2": "healthy", "cpu-bound@2": "cpu-bound",
@@ -92,11 +100,27 @@ def supported(verdict: str, ev: dict, nw: int) -> bool:
     }.get(verdict, False)
 
 
+SPIN = "while True: pass"
+TOGGLE = ("import time\nwhile True:\n    t = time.monotonic() + 2\n"
+          "    while time.monotonic() < t: pass\n    time.sleep(2)\n")
+JOB = (f"import subprocess, sys\nps = [subprocess.Popen([sys.executable, '-c', {SPIN!r}]) "
+       "for _ in range(2)]\nfor p in ps:\n    p.wait()\n")
+
+
 @pytest.fixture
 def busy_cores(request):
-    """`n` processes of the test's own that keep a core busy each, for the run's length."""
-    procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
-             for _ in range(request.param)]
+    """`n` processes of the test's own that keep a core busy each, for the run's length;
+    "sessions": another user's job (two busy processes, a session of their own) and one
+    process busy 2 s, idle 2 s in another session, started as `setsid` would."""
+    if request.param == "sessions":
+        procs = [subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
+                 for code in (JOB, TOGGLE)]
+        yield request.param
+        for p in procs:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+        return
+    procs = [subprocess.Popen([sys.executable, "-c", SPIN]) for _ in range(request.param)]
     yield request.param
     for p in procs:
         p.kill()

@@ -133,3 +133,18 @@ def test_a_real_neighbour_in_another_session_is_a_group_of_its_own():
     finally:
         busy.kill()
         busy.wait()
+
+
+def test_a_neighbour_that_runs_and_pauses_is_predicted_scan_by_scan():
+    """Two busy sessions and one busy 2 s, idle 2 s: the job's group gets 0.5 of a core
+    while the third runs and 0.67 while it pauses; the prediction is the mean of the two,
+    not the share at its mean demand (0.5), and the range spans them."""
+    busy = ((1.0, 1.0), (1.0, 1.0), (1.0, 1.0))
+    idle = ((1.0, 1.0), (1.0, 1.0))
+    m = model(scans=((busy, 0.0), (idle, 0.0)) * 5, groups=busy[:2] + ((1.0, 0.5),),
+              main_runnable=0.0)
+    at_busy = model(groups=busy, main_runnable=0.0).predict(2)[0]
+    at_idle = model(groups=idle, main_runnable=0.0).predict(2)[0]
+    assert at_idle > 1.2 * at_busy
+    assert m.predict(2)[0] == pytest.approx((at_busy + at_idle) / 2)
+    assert m.span(2) == pytest.approx((at_busy, at_idle))

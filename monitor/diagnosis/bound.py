@@ -33,9 +33,16 @@ Symbols, and what each is measured from (Features):
     o   main-process seconds per step with workers on (receive, unpickle, rebuild the
         tensors, the loop), in series with the step: its CPU per step o_cpu (measured beside
         workers; MAIN_RECEIVE_S a batch from a window at num_workers=0, 0.55-0.7 ms here)
-        spread by its share of a core, o(N) = o_cpu / s0(N); at least the measured wait
-        per step when the device is fed, else DEFAULT_OVERHEAD_S. It bounds every setting:
-        no prediction passes b / (d + o).
+        spread by its share of a core, plus the hand-offs a batch takes between the worker
+        and the main process (the tensors' descriptors passed through the worker's sharer
+        thread), each waiting for a CPU as busy as the loaders and the others keep them:
+        o(N) = o_cpu / s0(N) + h B(N), B(N) = min(1, (K(N) + others' CPU) / U), h =
+        MAIN_HANDOFF_S; at least the measured wait per step when the device is fed, else
+        DEFAULT_OVERHEAD_S. It bounds every setting: no prediction passes b / (d + o).
+        Measured bare on the quiet 2-core box (bench/repro/loader.py, 16 samples of 0.7 ms,
+        a 5 ms step): 2,094 samples/s at 2 workers, 1,950-2,060 at 3 to 6, the CPUs 1.2 of
+        2 busy: 7.6 ms a batch, 2.3 ms beyond the step, of which 0.55 ms main-process CPU;
+        with samples that cost nothing (the CPUs idle) 0.9 ms.
 
 Throughput in samples/s at N workers and batch size b:
 
@@ -66,6 +73,7 @@ from monitor.thresholds import (
     CORES_TIE_X,
     DEFAULT_OVERHEAD_S,
     KNEE_SHARE,
+    MAIN_HANDOFF_S,
     MAIN_IDLE_CORES,
     MAIN_RECEIVE_S,
     MIN_LOADER_CORES,
@@ -97,6 +105,10 @@ class BoundModel:
     groups: tuple[tuple[float, float], ...] | None = None
     same_demand: float = 0.0
     own_weight: float = 1.0
+    # each scan's other groups and own-group demand: a prediction is the mean over them of
+    # the prediction at each (a neighbour that runs and pauses gives the job its share
+    # now and then, not a share of its mean), its range their p10 and p90
+    scans: tuple[tuple[tuple[tuple[float, float], ...], float], ...] = ()
     main_cpu_s: float | None = None  # o_cpu: main-process CPU per step beside workers
     other_cpu: float = 0.0  # the others' CPU over the window (cores), for ranges
 
@@ -135,7 +147,9 @@ class BoundModel:
         or the measured (fed) wait per step where it was not measured."""
         if self.main_cpu_s is None:
             return self.overhead_s
-        return max(self.overhead_s, self.main_cpu_s / self.main_share(num_workers))
+        busy = min(1.0, (self.cores_for(num_workers) + self.other_cpu) / self.usable)
+        return max(self.overhead_s, self.main_cpu_s / self.main_share(num_workers)
+                   + MAIN_HANDOFF_S * busy)
 
     def with_others(self, scale: float) -> BoundModel:
         """The same model with the others' demand scaled (the window's p10 or p90 of it)."""
@@ -171,10 +185,30 @@ class BoundModel:
     def predict(self, num_workers: int, batch_size: int | None = None) -> tuple[float, str]:
         """(samples/s, limit) for a setting: limit is 'device', 'workers', 'cores' or
         'main process' (num_workers=0: loading and compute take turns)."""
-        rate, limit = self._raw(num_workers, batch_size)
+        each = self._each(num_workers, batch_size)
+        rate = sum(r for r, _ in each) / len(each)
+        limits = [lim for _, lim in each]
+        limit = max(set(limits), key=limits.count)
         if num_workers != self.fit_workers:
             rate *= self.scales.get(limit, 1.0)
         return rate, limit
+
+    def span(self, num_workers: int, batch_size: int | None = None
+             ) -> tuple[float, float] | None:
+        """The p10 and p90 of the prediction over the window's scans (None: under two)."""
+        if len(self.scans) < 2:
+            return None
+        rates = sorted(r for r, _ in self._each(num_workers, batch_size))
+        n = len(rates)
+        k = self.scales.get(self.predict(num_workers, batch_size)[1], 1.0) \
+            if num_workers != self.fit_workers else 1.0
+        return rates[int(0.1 * (n - 1))] * k, rates[int(0.9 * (n - 1) + 0.5)] * k
+
+    def _each(self, num_workers: int, batch_size: int | None) -> list[tuple[float, str]]:
+        if not self.scans:
+            return [self._raw(num_workers, batch_size)]
+        return [replace(self, groups=g, same_demand=s, scans=())._raw(num_workers, batch_size)
+                for g, s in self.scans]
 
     def _raw(self, num_workers: int, batch_size: int | None) -> tuple[float, str]:
         b = batch_size or self.batch_size
@@ -243,6 +277,7 @@ def fit_bound(f: Features, scales: dict[str, float] | None = None) -> BoundModel
         overhead = max(overhead, f.wait_per_step_s)
     return BoundModel(
         groups=f.other_groups, same_demand=f.same_group_demand or 0.0,
+        scans=f.group_scans,
         own_weight=f.own_group_weight, main_cpu_s=_main_per_step(f),
         other_cpu=f.other_cpu_cores or 0.0,
         cpu_s=max(f.cpu_per_sample_s, 1e-7), latency_s=loading_latency(f) or 0.0,

@@ -48,6 +48,7 @@ from monitor.diagnosis.limits import (
 )
 from monitor.diagnosis.rules import Advice
 from monitor.thresholds import (
+    HOL_BATCH_X,
     HOL_SHARE,
     HOL_WAIT_X,
     IDLE_WORKER_MIN_BATCHES,
@@ -158,8 +159,15 @@ def head_of_line(steps: pd.DataFrame) -> Finding | None:
         return None
     wait = steps["wait_s"]
     total = float(wait.sum())
-    long = steps[(steps["held"].fillna(0) >= 1)
-                 & (wait > HOL_WAIT_X * max(float(wait.median()), 1e-4))]
+    # longer than a worker takes to make a batch at the loop's pace (n workers, one batch a
+    # step each in turn): a uniform pipeline in order waits that long for every n-th batch
+    # while the next sits finished (2 workers of equal 48 ms batches: 43 of 170 steps),
+    # which is no slow sample
+    workers = max(1, int(steps["worker"].dropna().nunique())) if "worker" in steps.columns \
+        else 1
+    floor = max(HOL_WAIT_X * max(float(wait.median()), 1e-4),
+                HOL_BATCH_X * workers * float((wait + steps["compute_s"]).median()))
+    long = steps[(steps["held"].fillna(0) >= 1) & (wait > floor)]
     held_wait = float(long["wait_s"].sum())
     if len(long) < 3 or total <= 0 or held_wait < HOL_SHARE * total:
         return None

@@ -81,6 +81,8 @@ class Features:
     own_group_weight: float = ev(default=1.0)
     others_demand: tuple[float, float, float] | None = ev(
         "other processes' CPU demand, p10 / mean / p90 (cores)", "{}")
+    # each scan's: ((weight, demand) of each other group, demand in the job's own group)
+    group_scans: tuple[tuple[tuple[tuple[float, float], ...], float], ...] = ev(default=())
     cpu_per_sample_s: float | None = ev("loading CPU per sample (ms)", "ms")
     wall_per_sample_s: float | None = ev("loading wall per sample, one loader (ms)", "ms")
     runq_per_sample_s: float | None = ev("loading CPU wait per sample (ms)", "ms")
@@ -195,7 +197,7 @@ def _groups(h: pd.DataFrame) -> dict[str, Any]:
     """The window's scans of the other processes (NOTE [scheduling groups]): each other
     group's weight and mean demand, the own group's others, and the spread of the total."""
     out: dict[str, Any] = {"other_groups": None, "same_group_demand": None,
-                           "own_group_weight": 1.0, "others_demand": None}
+                           "own_group_weight": 1.0, "others_demand": None, "group_scans": ()}
     if h.empty or "others_groups" not in h.columns:
         return out
     scans = [json.loads(t) for t in h.drop_duplicates("ts")["others_groups"].dropna()]
@@ -203,22 +205,26 @@ def _groups(h: pd.DataFrame) -> dict[str, Any]:
         return out
     n = len(scans)
     other: dict[str, list[float]] = {}
-    same, totals = 0.0, []
+    same, totals, each = 0.0, [], []
     for s in scans:
-        total = 0.0
+        total, mine, theirs = 0.0, 0.0, []
         for key, w, demand, *_ in s["groups"]:
             total += demand
             if key == s["own"]:
                 same += demand / n
+                mine += demand
             else:
                 g = other.setdefault(key, [w, 0.0])
                 g[1] += demand / n
+                theirs.append((w, demand))
         totals.append(total)
+        each.append((tuple(theirs), mine))
     totals.sort()
     mean = sum(totals) / n
     out.update(other_groups=tuple((w, d) for w, d in other.values()), same_group_demand=same,
                own_group_weight=float(scans[-1].get("own_weight") or 1.0),
-               others_demand=(totals[int(0.1 * (n - 1))], mean, totals[int(0.9 * (n - 1) + 0.5)]))
+               others_demand=(totals[int(0.1 * (n - 1))], mean, totals[int(0.9 * (n - 1) + 0.5)]),
+               group_scans=tuple(each))
     return out
 
 
