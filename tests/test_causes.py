@@ -70,11 +70,15 @@ def more_workers(d: dict) -> list[dict]:
 
 
 def finding(d: dict, cause: str) -> dict:
-    """The finding of `cause`, which the verdict itself names (its family beside it)."""
+    """The finding of `cause`; the verdict names a cause found (this one, or one that
+    happened before it: an OOM kill after the memory growth that led to it), its family
+    beside it."""
     found = [x for x in d["findings"] if x["cause"] == cause]
     assert found, (d["verdict_text"], d["findings"])
-    assert d["verdict"] == cause and d["verdict_family"] in VERDICTS, (
-        d["verdict"], d["verdict_family"], [x["cause"] for x in d["findings"]])
+    named = [x["cause"] for x in d["findings"]]
+    assert d["verdict"] in named and d["verdict_family"] in VERDICTS, (
+        d["verdict"], d["verdict_family"], named)
+    assert d["verdict"] == cause or named.index(d["verdict"]) < named.index(cause), named
     return found[0]
 
 

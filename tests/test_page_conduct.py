@@ -106,7 +106,7 @@ def test_pages_opened_at_a_runs_start_change_nothing(tmp_path):
         assert wait_for(lambda: shows_step(first) and shows_step(second), timeout=60), (
             step, slider_step(first), slider_step(second),
             store.events(1, kinds=("config",))["label"].tolist())
-        assert wait_for(lambda: len(store.steps(1)) > steps_then + 50, timeout=60)
+        assert wait_for(lambda: len(store.steps(1)) > steps_then + 20, timeout=120)
         moved = store.events(1, kinds=("config",))["label"].tolist()
         assert moved == ["start"], moved  # the run's start, and no change after it
         asked = store.control_requests(1, limit=100)

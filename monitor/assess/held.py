@@ -12,21 +12,22 @@ from __future__ import annotations
 
 import dataclasses
 from collections import Counter
-from typing import TYPE_CHECKING
+from typing import Any
 
-from monitor.diagnosis import causes
+from monitor.diagnosis import causes, limits
 from monitor.frames import analysis
 from monitor.thresholds import KPI_WINDOW_S
-
-if TYPE_CHECKING:
-    from monitor.assess.window import Assessment, Window
 
 MAX_PARTS = 60  # windows looked at, at most (a long run: its last hour of steady state)
 
 
-def keep_held(w: Window, a: Assessment) -> Assessment:
-    """`a` (the run's steady window judged as one), with the cause named in most of its
-    KPI_WINDOW_S windows where that is not the cause `a` names already."""
+FAILURES = (limits.SHM, limits.OPEN_FILES, limits.OOM)  # what happened outranks what held
+
+
+def keep_held(w: Any, a: Any) -> Any:
+    """`a` (window.Assessment: the run's steady window judged as one), with the cause named
+    in most of its KPI_WINDOW_S windows (of window.Window `w`) where `a` names none of its
+    findings' causes, and no failure happened."""
     steps = w.steps
     if steps.empty or ("rank" in steps.columns and steps["rank"].nunique() > 1):
         return a
@@ -53,7 +54,8 @@ def keep_held(w: Window, a: Assessment) -> Assessment:
         return a
     cause, k = counts.most_common(1)[0]
     dg = a.diagnosis
-    if k * 2 <= n or cause == dg.cause or counts.get(dg.cause or "", 0) >= k:
+    if k * 2 <= n or dg.cause in FAILURES or any(x.cause == cause for x in a.findings) or \
+            counts.get(dg.cause or "", 0) >= k:
         return a
     found = next(x for x in reversed(leads) if x.cause == cause)
     found = dataclasses.replace(found, text=f"{found.text} (in {k} of the run's {n} "

@@ -15,8 +15,13 @@ script training, holding its GPU, as an orphan; bare, the script dies with the g
    they are: bare, they may outlive it.
 3. The parent is checked after the call: one that died between the fork and the prctl is
    already gone and would never signal.
-4. The run is then ended by whoever opens the store next (Runs.close_orphans: its process
-   is gone), as `failed`, "killed".
+4. Once the script's probe records under the relay (its ring made, its watchdog's thread
+   asleep on the FIFO that `monitor run` holds: NOTE [the relay], 5), it takes the binding
+   off itself (unbind) and its watchdog does the ending instead, so that nothing is lost:
+   woken by `monitor run`'s end, it takes back what the ring holds unstored, writes it,
+   ends the run as `failed`, "killed", and kills its own process group (its workers with
+   it). Before that (no loader iterated yet, a script that is not Python) the kernel's
+   SIGKILL ends it and whoever opens the store next ends the run (Runs.close_orphans).
 Linux only; elsewhere (no prctl) nothing is bound and everything runs as before.
 """
 from __future__ import annotations
@@ -58,3 +63,29 @@ def preexec(parent: int | None = None):
     def bind() -> None:
         bind_to_parent(parent)
     return bind
+
+
+KILLED = ("killed: `monitor run` was killed, and the script with it, as the launcher's group "
+          "kill would have ended it bare")
+
+
+def unbind() -> None:
+    """This process no longer dies by the kernel's signal with its parent (its probe's
+    watchdog ends it instead: NOTE [bound to monitor run], 4)."""
+    if _PRCTL is not None:
+        _PRCTL(PR_SET_PDEATHSIG, 0, 0, 0, 0)
+
+
+def end_with_launcher(probe) -> None:
+    """`monitor run` is gone: the probe's steps written, the run ended as killed, then this
+    process's group (the script and its workers) killed, as the launcher's would have been."""
+    for step in (lambda: probe.flush(final=True),
+                 lambda: probe.store.finish_run(probe.run_id, "failed", KILLED)):
+        try:
+            step()
+        except Exception:  # a store that fails here cannot be told: end all the same
+            continue
+    group = os.getpgrp()
+    if group == os.getpid():
+        os.killpg(group, signal.SIGKILL)
+    os.kill(os.getpid(), signal.SIGKILL)

@@ -20,7 +20,7 @@ from typing import Any
 
 from monitor import control
 from monitor.config import ATTACHED_PREFIX, describe_change
-from monitor.probe import phases, workers
+from monitor.probe import lifeline, phases, workers
 from monitor.probe.epoch_plan import why_not_resumable
 from monitor.probe.identity import (
     accelerator_kind,
@@ -82,7 +82,12 @@ class Recorder:
         self.probe.inline_flush = False
         self.probe.ring = relay_ring(self.probe, self._say)
         self.watchdog = Watchdog(self.probe, FLUSH_S, self._say, steady=FLUSH_STEADY_S,
-                                 poke_fd=self.probe.ring and self.probe.ring.poke_fd).start()
+                                 poke_fd=self.probe.ring and self.probe.ring.poke_fd)
+        if self.probe.ring is not None and self.probe.ring.alive_fd is not None:
+            self.watchdog.on_launcher_gone = lambda: self.closing or lifeline.end_with_launcher(
+                self.probe)  # NOTE [bound to monitor run], 4
+            lifeline.unbind()
+        self.watchdog.start()
         self.phases_said: set[str] = set()
         self.probe.phases = phases.attach(self._say_phases)  # None with --no-phases
         if self.probe.phases is not None:  # device time per phase once CUDA is used

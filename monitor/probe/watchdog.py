@@ -175,6 +175,7 @@ class Watchdog:
         self.main_thread = main_thread if main_thread is not None else threading.get_ident()
         self.stalled = False
         self.errors = 0
+        self.on_launcher_gone: Callable[[], Any] | None = None  # NOTE [bound to monitor run]
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="starvation-watchdog",
                                         daemon=True)
@@ -239,6 +240,8 @@ class Watchdog:
                         self.on_stall(RELAY_GONE)
                 except Exception:
                     self.errors += 1
+                if self.on_launcher_gone is not None:
+                    self.on_launcher_gone()
                 return True
             if self._stop.is_set():
                 return False
