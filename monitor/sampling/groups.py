@@ -25,17 +25,14 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from monitor.sampling.procfs import read_text
+
 SCAN_S = 1.0  # seconds between scans of /proc (2.5 ms of CPU for 64 processes here)
 MIN_DEMAND = 0.02  # cores: a process that wanted less is left out
 NICE_0 = 1024  # the scheduler's weight of nice 0 (cpu.shares' default)
 
 
-def _read(path: str) -> str | None:
-    try:
-        with open(path) as f:
-            return f.read()
-    except OSError:
-        return None
+_read = read_text
 
 
 def _nice_weight(nice: int) -> float:

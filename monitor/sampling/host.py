@@ -27,12 +27,7 @@ USS_EVERY = 8
 TREE_EVERY = 4  # passes between scans for the followed process's descendants
 
 
-def _read(path: str) -> str | None:
-    try:
-        with open(path) as f:
-            return f.read()
-    except OSError:
-        return None
+_read = procfs.read_text
 
 
 def _stat_fields(text: str | None) -> dict[str, int]:

@@ -59,6 +59,15 @@ def read_chars(pid: int, proc: str = "/proc") -> int | None:
     return None
 
 
+def read_text(path: str) -> str | None:
+    """A small /proc or /sys file's text, or None when it cannot be read."""
+    try:
+        with open(path) as f:
+            return f.read()
+    except OSError:
+        return None
+
+
 UNLIMITED = 1 << 60  # v1 reports "no limit" as a page-rounded 2**63
 
 
