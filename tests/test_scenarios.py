@@ -102,7 +102,7 @@ def supported(verdict: str, ev: dict, nw: int) -> bool:
 
 SPIN = "while True: pass"
 TOGGLE = ("import time\nwhile True:\n    t = time.monotonic() + 2\n"
-          "    while time.monotonic() < t: pass\n    time.sleep(2)\n")
+          "    while time.monotonic() < t: pass\n    time.sleep(2)\n")  # sleep-ok: its idle half
 JOB = (f"import subprocess, sys\nps = [subprocess.Popen([sys.executable, '-c', {SPIN!r}]) "
        "for _ in range(2)]\nfor p in ps:\n    p.wait()\n")
 
