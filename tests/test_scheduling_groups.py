@@ -59,13 +59,6 @@ def test_the_main_process_is_a_ceiling_and_shares_a_core_at_no_workers():
     assert busy.predict(0)[0] < 0.8 * quiet.predict(0)[0]
 
 
-def test_the_range_spans_the_others_demand():
-    m = model(groups=(), same_demand=1.0)
-    hi = m.with_others(0.0).predict(4)[0]
-    lo = m.with_others(2.0).predict(4)[0]
-    assert lo < m.predict(4)[0] < hi
-
-
 def _proc(tmp: Path, pid: int, cpu_ticks: int, runq_ns: int, autogroup: str,
           cgroup: str = "1:cpu:/\n0::/\n") -> None:
     d = tmp / str(pid)

@@ -59,9 +59,10 @@ what this machine's earlier outcomes of that limit measured against their predic
 (monitor/assess/outcomes.py learns them from each applied change; 1 until one is measured).
 
 The range: the others' demand varied while the window was measured (a neighbour that runs
-and pauses); the prediction is made again with it at its p10 and its p90 over the window's
-scans (with_others), and advice whose low end gains less than MIN_GAIN says it cannot
-promise a gain (rules.py). Measured by bench/predictions.py (docs/benchmarks.md).
+and pauses); the prediction is made at each of the window's scans of them, its mean the
+prediction and its p10 and p90 the range (span), and advice whose low end gains less than
+MIN_GAIN says it cannot promise a gain (rules.py). Measured by bench/predictions.py
+(docs/benchmarks.md).
 """
 from __future__ import annotations
 
@@ -110,7 +111,7 @@ class BoundModel:
     # now and then, not a share of its mean), its range their p10 and p90
     scans: tuple[tuple[tuple[tuple[float, float], ...], float], ...] = ()
     main_cpu_s: float | None = None  # o_cpu: main-process CPU per step beside workers
-    other_cpu: float = 0.0  # the others' CPU over the window (cores), for ranges
+    other_cpu: float = 0.0  # the others' CPU over the window (cores): how busy the CPUs are
 
     def _share(self, tasks: list[float]) -> list[float]:
         """The cores each of this job's `tasks` (their demands, in cores) gets beside the
@@ -150,16 +151,6 @@ class BoundModel:
         busy = min(1.0, (self.cores_for(num_workers) + self.other_cpu) / self.usable)
         return max(self.overhead_s, self.main_cpu_s / self.main_share(num_workers)
                    + MAIN_HANDOFF_S * busy)
-
-    def with_others(self, scale: float) -> BoundModel:
-        """The same model with the others' demand scaled (the window's p10 or p90 of it)."""
-        idle = self.cores + self.other_cpu * (1.0 - scale) if self.other_cpu else self.cores
-        return replace(self, scales=self.scales, cores=max(MIN_LOADER_CORES, idle),
-                       others_runnable=None if self.others_runnable is None
-                       else self.others_runnable * scale,
-                       groups=None if self.groups is None
-                       else tuple((w, d * scale) for w, d in self.groups),
-                       same_demand=self.same_demand * scale)
 
     def device_time(self, batch_size: int) -> float:
         return self.device_s * (batch_size / self.batch_size if self.device_scales else 1.0)

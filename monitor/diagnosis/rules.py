@@ -126,17 +126,9 @@ class Ctx:
         self.advice.append(Advice(param, value, pred, reason, limit, lo, hi, unsure))
 
     def span(self, n: int) -> tuple[float, float] | None:
-        """The prediction at num_workers=n over the window's scans of the others (p10, p90),
-        else with the others' demand at its p90 and p10 (features.others_demand); None where
-        it was not measured."""
-        d, m = self.f.others_demand, self.model
-        if m is not None and (each := m.span(n)) is not None:
-            return each
-        if d is None or m is None or d[1] <= 0:
-            return None
-        lo = m.with_others(d[2] / d[1]).predict(n)[0]
-        hi = m.with_others(d[0] / d[1]).predict(n)[0]
-        return min(lo, hi), max(lo, hi)
+        """The prediction at num_workers=n over the window's scans of the others (p10,
+        p90: BoundModel.span); None where fewer than two were measured."""
+        return self.model.span(n) if self.model is not None else None
 
     def worker_advice(self, cores_note: bool = True) -> None:
         """The knee of the bound model's num_workers curve, if it gains MIN_GAIN;
