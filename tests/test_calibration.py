@@ -43,8 +43,10 @@ def test_a_store_calibrated_on_a_busy_box_is_measured_again(tmp_path, no_leaks):
                        cwd=ROOT, capture_output=True, text=True, timeout=180)
     assert r.returncode == 0, r.stderr[-2000:]
     d = json.loads(r.stdout.strip().splitlines()[-1])
-    cost = store.calibration("sample_cost_s:starving")
-    assert cost is not None and cost < planted / 2, cost
+    cost, age = store.calibration_with_age("sample_cost_s:starving")
+    # measured again by this run (a saturated box measures 0.036 s, a quiet one 0.005 s:
+    # the figure is this hour's, whatever its load)
+    assert cost is not None and cost != planted and age < 600, (cost, age)
     # the step follows the fresh figure: 0.8x a batch's loading, so at 0 workers the loop
     # waits for most of each step (a planted 10x figure would leave it waiting ~10%)
     assert d["data_wait_share"] > 0.3, d["data_wait_share"]

@@ -80,23 +80,47 @@ def test_a_stopped_or_killed_script_loses_no_step(how, tmp_path, no_leaks):
 @pytest.mark.slow
 def test_a_locked_store_never_holds_the_loop_and_its_steps_arrive_once_freed(tmp_path,
                                                                             no_leaks):
+    """Another writer takes the store as soon as the run exists, while `monitor run` is
+    still starting the script (a busy box once gave it the lock before the script's pid was
+    written: `monitor run` died of "database is locked", and the script with it)."""
     db = tmp_path / "r.db"
     p = start(db, 2000, "hold", tmp_path)
-    store = Store(db) if wait_for(db.exists, timeout=90) else None
-    assert store is not None
-    run_id = wait_for(lambda: len(store.runs()) and int(store.runs()["id"].iloc[0]), timeout=90)
-    lock = sqlite3.connect(db, timeout=30, isolation_level=None)
-    lock.execute("BEGIN EXCLUSIVE")  # another writer holds the store through the loop
     try:
-        (tmp_path / "go").touch()
-        looped = wait_for(lambda: (tmp_path / "looped").exists(), timeout=120)
-        assert looped, "the loop waited on the locked store"
+        lock = sqlite3.connect(db, timeout=30, isolation_level=None)
+
+        def created() -> int | None:
+            """The lock taken in the moment the run row exists (polled every 5 ms)."""
+            try:
+                lock.execute("BEGIN EXCLUSIVE")
+            except sqlite3.OperationalError:  # the store being made
+                return None
+            try:
+                row = lock.execute("SELECT max(id) FROM runs").fetchone()
+            except sqlite3.OperationalError:  # no table yet
+                row = (None,)
+            if row[0] is None:
+                lock.execute("COMMIT")
+            return row[0]
+
+        run_id = wait_for(lambda: db.exists() and created(), timeout=90, every=0.005)
+        assert run_id  # another writer holds the store from here, through the loop
+        try:
+            (tmp_path / "go").touch()
+            looped = wait_for(lambda: (tmp_path / "looped").exists() or p.poll() is not None,
+                              timeout=120) and (tmp_path / "looped").exists()
+            assert looped, f"the loop waited on the locked store: {p.poll()}"
+        finally:
+            lock.execute("COMMIT")
+            lock.close()
+        (tmp_path / "release").touch()
+        out, err = p.communicate(timeout=180)
     finally:
-        lock.execute("COMMIT")
-        lock.close()
-    (tmp_path / "release").touch()
-    out, err = p.communicate(timeout=180)
+        if p.poll() is None:
+            p.kill()
+            p.communicate()
     assert p.returncode == 0, err[-2000:]
+    store = Store(db)
+    assert store.run(run_id)["pid"] is not None  # written once the store was free
     whole(store, run_id, 2000)
     notes = store.events(run_id, kinds=("probe",))["label"].tolist()
     assert not any("dropped" in t and "no step lost" not in t for t in notes), notes

@@ -289,7 +289,7 @@ def assess(window: Window, ctx: Context, parts: int = 1) -> Assessment:
         report = window.loader_report or {  # a live window past the epoch's report
             "num_workers": int(f.config.get("num_workers") or 0)}
         found = causes.find(steps, host, report, list(window.loader_errors), f.throughput,
-                            window.history)
+                            window.history, f.loaders_runq_share)
         if found:
             dg = dataclasses.replace(dg, headline=causes.headline(dg.headline, found, f),
                                      advice=causes.merge(dg.advice, found,
@@ -397,7 +397,8 @@ def _assess_job(window: Window, ctx: Context, ranks: list[int], base: dict) -> A
     report = ((window.loader_report or {}).get("by_rank") or {}).get(who) or \
         {"num_workers": per[who].num_workers}
     found = tuple(dataclasses.replace(x, text=f"rank {who}: {x.text}") for x in causes.find(
-        mine, h, report, list(window.loader_errors), per[who].throughput))
+        mine, h, report, list(window.loader_errors), per[who].throughput,
+        cpu_wait_share=per[who].loaders_runq_share))
     if found:
         dg = dataclasses.replace(dg, headline=causes.headline(dg.headline, found, job),
                                  advice=causes.merge(dg.advice, found, per[who].num_workers),

@@ -65,13 +65,16 @@ CAUSES = (MEMORY_GROWTH, SHM, OPEN_FILES, OOM, IDLE_WORKERS, PER_SAMPLE, SLOWER,
 
 def find(steps: pd.DataFrame, host: pd.DataFrame, report: dict[str, Any] | None,
          errors: list[str], throughput: float,
-         history: tuple[dict[str, Any], ...] = ()) -> tuple[Finding, ...]:
+         history: tuple[dict[str, Any], ...] = (),
+         cpu_wait_share: float | None = None) -> tuple[Finding, ...]:
     """Every finding the window's evidence (and the run's ended generations, `history`)
-    supports, the ones that happened first."""
+    supports, the ones that happened first; `cpu_wait_share`: the loaders' measured wait
+    for a CPU (features.loaders_runq_share), so that a cost is judged on a CPU's time."""
     happened = [f for f in (failure(e, report, host) for e in errors[-1:]) if f is not None]
     # failures on their way first (they end the job), then what slows it
     coming = [worker_memory(host, _workers_up(steps)), shm(report), open_files(report),
-              idle_workers(steps, report, throughput), per_sample(steps, report),
+              idle_workers(steps, report, throughput),
+              per_sample(steps, report, cpu_wait_share),
               slower_with_more(history, int((report or {}).get("num_workers") or 0),
                                throughput),
               startup(steps, report, throughput), head_of_line(steps)]

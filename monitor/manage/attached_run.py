@@ -7,11 +7,13 @@ passes signals through, and ends the run with the script's exit status.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -30,10 +32,11 @@ from monitor.manage.context import learn
 from monitor.manage.relay import Relay
 from monitor.manage.result import gpu_figures, result
 from monitor.manage.runtime import Runtime
+from monitor.manage.session import remove_left_segments
 from monitor.probe.epoch_plan import EVERY_ENV
 from monitor.probe.patch import DB_ENV, RUN_ENV
 from monitor.probe.phases import ENV as PHASES_ENV
-from monitor.probe.workers import remove_dead_segments
+from monitor.probe.writer import transient
 from monitor.store import ATTACHED, FAILED, FINISHED, RUNNING, STOPPED, Store, StoreError, explain
 from monitor.thresholds import AUTOTUNE_MIN_STEPS
 from monitor.tuning.live import Cadence, LiveTuner
@@ -176,14 +179,39 @@ def _supervise(proc: subprocess.Popen, rt: Runtime) -> tuple[int, int | None]:
     return rc, (asked[0] if asked else None)
 
 
-def remove_left_segments(store: Store, run_id: int, pid: int) -> list[str]:
-    """The /dev/shm segments the ended job's processes (the script and every epoch's
-    workers) left behind, removed: a process killed by the kernel between torch's making a
-    segment and its unlinking leaves one holding memory for good."""
-    pids = {pid}
-    for raw in store.events(run_id, kinds=("epoch",))["data"]:
-        pids.update((json.loads(raw or "{}") or {}).get("worker_pids") or [])
-    return remove_dead_segments(pids)
+PID_RETRY_S = 0.5  # a store another process holds locked: the pid's write is tried again
+
+
+def _record_pid(store: Store, run_id: int, proc: subprocess.Popen) -> threading.Thread:
+    """The script's pid, for the store (who is alive to record: Runs.close_orphans). A store
+    that another writer holds locked past its busy timeout (a browser of the database, a
+    second tool) must not end `monitor run`, nor the script bound to it (NOTE [bound to
+    monitor run]): the write is tried again from a thread until it lands or the script
+    ends, and said once."""
+    def write() -> bool:
+        try:
+            store.update_run(run_id, pid=proc.pid)
+            return True
+        except Exception as exc:
+            if not transient(exc):
+                raise
+            return False
+
+    def again() -> None:
+        while proc.poll() is None:
+            with contextlib.suppress(Exception):
+                if write():
+                    return
+            time.sleep(PID_RETRY_S)  # sleep-ok: a retry's pace, ended by the script's end
+
+    done = threading.Thread(target=lambda: None)
+    if not write():
+        print(f"starvation-monitor: the store {store.path} is locked by another process; the "
+              "script runs on and its steps wait in the relay until the store is free",
+              file=sys.stderr)
+        done = threading.Thread(target=again, name="record-pid", daemon=True)
+    done.start()
+    return done
 
 
 def summary_lines(d: dict[str, Any]) -> list[str]:
@@ -283,7 +311,7 @@ def run_attached(args: argparse.Namespace) -> int:
         rt.close()
         print(f"error: could not start {cmd[0]!r}: {exc}", file=sys.stderr)
         return 127
-    store.update_run(run_id, pid=proc.pid)
+    pid_kept = _record_pid(store, run_id, proc)
     rt.collector.follow(proc.pid, run_id)
     print(f"starvation-monitor: run {run_id} recording to {store.path} (pid {proc.pid})",
           file=sys.stderr)
@@ -297,6 +325,7 @@ def run_attached(args: argparse.Namespace) -> int:
             view.relay(proc.stdout, sys.stdout)
             view.relay(proc.stderr, sys.stderr)
     rc, asked = _supervise(proc, rt)
+    pid_kept.join(timeout=PID_RETRY_S)
     lost = relay.stop()  # every step the script put, stored, before its end is judged
     if lost:
         print(f"starvation-monitor: {lost} steps of run {run_id} could not be stored "

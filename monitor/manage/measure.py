@@ -13,7 +13,7 @@ from monitor.config import LoaderConfig
 from monitor.frames import analysis
 from monitor.manage.result import gpu_figures, result
 from monitor.store import FAILED, RUNNING, StoreError
-from monitor.thresholds import QUIET_MIN_S, QUIET_STEPS, stall_limit_s
+from monitor.thresholds import QUIET_MIN_S, QUIET_STEPS, VERDICT_MIN_STEPS, stall_limit_s
 
 if TYPE_CHECKING:
     from monitor.manage.session import SessionManager
@@ -22,6 +22,11 @@ if TYPE_CHECKING:
 FIRST_BATCH_TIMEOUT_S = 120.0  # spawning, importing torch and a user's dataset factory
 STEADY_QUIET_READ_S = 30.0  # the steps read to judge a typical step at the deadline
 STALL_GRACE_S = 2.0  # the watchdog checks once a second and writes its event
+# a window too short to judge (fewer than VERDICT_MIN_STEPS after the first batch: a slow
+# loader on a box other jobs keep busy) is extended, at most this many times its length
+# and JUDGE_EXTRA_MAX_S, rather than ending "no data"
+JUDGE_EXTRA_X = 3.0
+JUDGE_EXTRA_MAX_S = 30.0
 
 
 class Lab(Protocol):
@@ -123,6 +128,22 @@ def _await_stall(rt: Lab, run_id: int, cancel: threading.Event | None) -> str | 
     return active_stall(rt.store.events(run_id, kinds=STALL_KINDS))
 
 
+def _await_judgeable(rt: Lab, run_id: int, seconds: float,
+                     cancel: threading.Event | None) -> None:
+    """Past the deadline, until the run has VERDICT_MIN_STEPS steps beyond its first batch
+    (or JUDGE_EXTRA_X x `seconds`, at most JUDGE_EXTRA_MAX_S, more): a window of two steps
+    names no cause. A loop gone quiet is the stall wait's business, not this one's."""
+    deadline = time.monotonic() + min(JUDGE_EXTRA_MAX_S, JUDGE_EXTRA_X * seconds)
+    while time.monotonic() < deadline and rt.manager.is_alive():
+        if cancel is not None and cancel.is_set():
+            return
+        if rt.manager.wait_for_steps(VERDICT_MIN_STEPS + 1, timeout=0.5):
+            return
+        if _quiet(rt.store, run_id) is not None or \
+                active_stall(rt.store.events(run_id, kinds=STALL_KINDS)):
+            return
+
+
 def _wait(rt: Lab, seconds: float, cancel: threading.Event | None) -> None:
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline and rt.manager.is_alive():
@@ -133,7 +154,8 @@ def _wait(rt: Lab, seconds: float, cancel: threading.Event | None) -> None:
 
 def measure(rt: Lab, config: LoaderConfig, seconds: float, name: str | None = None,
             parts: int = 1, cancel: threading.Event | None = None) -> Measurement:
-    """Run `config` for `seconds` after its first batch, stop it (NOTE [shutdown protocol]
+    """Run `config` for `seconds` after its first batch (longer, within limits, until it has
+    steps enough to judge: _await_judgeable), stop it (NOTE [shutdown protocol]
     in monitor/manage/runtime.py, 1), and assess the run's steady state cut into `parts`. The run
     stays in the store; `cancel` ends it early (the result says so)."""
     run_id = rt.manager.start(config, name=name)
@@ -142,6 +164,7 @@ def measure(rt: Lab, config: LoaderConfig, seconds: float, name: str | None = No
         _wait_for_first_batch(rt, run_id, cancel)
         if not active_stall(rt.store.events(run_id, kinds=STALL_KINDS)):
             _wait(rt, seconds, cancel)
+            _await_judgeable(rt, run_id, seconds, cancel)
         stall = active_stall(rt.store.events(run_id, kinds=STALL_KINDS)) or \
             _await_stall(rt, run_id, cancel)
         if stall:  # a stuck loader fails the run; measure still ends at its deadline

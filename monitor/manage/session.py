@@ -26,6 +26,7 @@ import psutil
 from monitor import control
 from monitor.config import ConfigError, LoaderConfig
 from monitor.manage import spawn
+from monitor.probe.workers import remove_dead_segments
 from monitor.store import FAILED, MANAGED, STOPPED, Store, explain
 
 
@@ -72,6 +73,18 @@ def _wait(proc: subprocess.Popen | spawn.Forked, timeout: float) -> None:
         proc.wait(timeout)
     except subprocess.TimeoutExpired:
         pass
+
+
+def remove_left_segments(store: Store, run_id: int, pid: int,
+                         seen: set[int] | None = None) -> list[str]:
+    """The /dev/shm segments the ended job's processes (the script and every epoch's
+    workers, and any other descendant `seen`) left behind, removed: a process killed
+    between torch's making a segment and its unlinking (the kernel's OOM killer; a stop's
+    SIGKILL on a busy box) leaves one holding memory for good."""
+    pids = {pid, *(seen or ())}
+    for raw in store.events(run_id, kinds=("epoch",))["data"]:
+        pids.update((json.loads(raw or "{}") or {}).get("worker_pids") or [])
+    return remove_dead_segments(pids)
 
 
 class SessionManager:
@@ -239,7 +252,12 @@ class SessionManager:
         leftovers = [c for c in self._children.values() if c.is_running()]
         if leftovers:
             _kill_tree(leftovers)
-        self._children = {}
+        seen, self._children = set(self._children), {}
+        with contextlib.suppress(Exception):  # a store that fails is said below, once
+            left = remove_left_segments(self.store, run_id, proc.pid, seen)
+            if left:
+                self.store.add_event(run_id, "shm", f"removed {len(left)} /dev/shm segments "
+                                     "the workload's killed processes left", {"removed": left})
         code = proc.returncode
         try:
             if code not in (0, None) and status != STOPPED:
