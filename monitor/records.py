@@ -79,13 +79,16 @@ class HostSample:
     workers_rss_mb: float | None = col("workers RSS", "MB")
     workers_uss_mb: float | None = col("workers USS", "MB", default=None)
     # Where the loaders' time went since the last pass (/proc schedstat and io; None where
-    # the kernel does not say): waiting for a CPU (run queue), % of one core; bytes read.
+    # the kernel does not say): waiting for a CPU (run queue), % of one core; bytes read
+    # from the block device (read_bytes: never the page cache).
     proc_runq_pct: float | None = col("main process CPU wait (run queue)", "%", default=None)
     workers_runq_pct: float | None = col("workers CPU wait (run queue)", "%", default=None)
     workers_reaped_cpu_pct: float | None = col(
         "CPU of workers that exited since the last pass, unsampled", "%", default=None)
-    proc_read_kb_s: float | None = col("main process reads", "KB/s", default=None)
-    workers_read_kb_s: float | None = col("workers' reads", "KB/s", default=None)
+    proc_read_kb_s: float | None = col("main process reads from storage (block device)",
+                                       "KB/s", default=None)
+    workers_read_kb_s: float | None = col("workers' reads from storage (block device)",
+                                          "KB/s", default=None)
     rank: int | None = col("rank whose process this row samples (None: the whole tree)",
                            default=None)
     # each worker since the last pass (JSON list of {pid, cpu_pct, rss_mb, uss_mb, status})

@@ -21,8 +21,9 @@ CPU_SATURATED = 0.85
 # for at least this share of their time: they mostly wait on something that is not a CPU
 # (storage, a lock, a sleep), so workers beyond the core count still help.
 LOADERS_BLOCKED_SHARE = 0.5
-# ... and io-bound is claimed only when they read at least this much per sample (/proc io):
-# the storage evidence. A loader blocked without reading is waiting on something else.
+# ... and io-bound is claimed only when they read at least this much per sample from the
+# block device (/proc io read_bytes): the storage evidence. A loader blocked without such
+# reads (its files in the page cache, a sleep, a lock, a socket) waits on something else.
 STORAGE_READ_KB = 1.0
 # Waiting for a CPU for at least this share of their time: CPU contention (other processes,
 # or more loaders than cores). The fair scheduler shares the cores per runnable process, so

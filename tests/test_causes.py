@@ -20,6 +20,7 @@ import pytest
 from monitor.assess.window import steady_window
 from monitor.diagnosis import VERDICTS, causes, limits
 from monitor.store import Store
+from monitor.thresholds import LOADERS_BLOCKED_SHARE, STORAGE_READ_KB
 from tests.conftest import wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -381,6 +382,28 @@ def test_workers_that_touch_their_pages_once_are_warm_not_growing():
     # where USS is not measured, RSS is read
     no_uss = growing.assign(workers_uss_mb=None, workers_rss_mb=[354.0 + 10 * t for t in ts])
     assert causes.worker_memory(no_uss).numbers["mb_per_min"] == pytest.approx(600.0)
+
+
+@pytest.mark.slow
+def test_io_bound_needs_reads_from_the_disk_not_the_page_cache(tmp_path, no_leaks):
+    """The same loader, blocked 4 ms a sample after reading a 16 KB file: with its files in
+    the page cache it waits on no storage (starving, its storage reads 0); with each file
+    dropped from the cache first (a cold disk) the reads reach the block device: io-bound.
+    (timm on 400 cached JPEGs was once io-bound, "2 -> 3 workers +71%", on rchar alone.)"""
+    args = ("--workers", "0", "--seconds", "4", "--step-ms", "1")
+    rc, warm = monitored(tmp_path / "w.db", "files", *args)
+    assert rc == 0
+    ev = warm["evidence"]
+    assert warm["verdict_family"] != "io-bound", (warm["verdict_text"], ev)
+    assert (ev.get("read_per_sample_kb") or 0.0) < STORAGE_READ_KB, ev
+    rc, cold = monitored(tmp_path / "c.db", "files", *args, "--cold")
+    assert rc == 0
+    ev = cold["evidence"]
+    assert ev["read_per_sample_kb"] >= 16 * 0.9, ev  # a file a sample, from the disk
+    if (ev.get("loaders_blocked_share") or 0.0) >= LOADERS_BLOCKED_SHARE:
+        assert cold["verdict_family"] == "io-bound", (cold["verdict_text"], ev)
+    else:  # a box so busy that the loop waits for a CPU more than for the disk
+        print(f"blocked only {ev.get('loaders_blocked_share')}: {cold['verdict_text']}")
 
 
 @pytest.mark.slow

@@ -15,7 +15,8 @@ from monitor.sampling.host import HostSampler
 from tests.conftest import wait_for
 
 
-def fake_proc(tmp_path, pid=42, threads=((100, 7), (50, 3)), io="rchar: 4096\nwchar: 1\n"):
+def fake_proc(tmp_path, pid=42, threads=((100, 7), (50, 3)),
+              io="rchar: 9000000\nwchar: 1\nread_bytes: 4096\n"):
     for i, (run, wait) in enumerate(threads):
         d = tmp_path / str(pid) / "task" / str(pid + i)
         d.mkdir(parents=True)
@@ -25,15 +26,42 @@ def fake_proc(tmp_path, pid=42, threads=((100, 7), (50, 3)), io="rchar: 4096\nwc
     return str(tmp_path)
 
 
-def test_schedstat_sums_the_threads_and_io_reads_rchar(tmp_path):
+def test_schedstat_sums_the_threads_and_io_reads_the_block_devices_bytes(tmp_path):
     root = fake_proc(tmp_path)
     assert procfs.schedstat(42, root) == procfs.SchedTimes(150, 10)
-    assert procfs.read_chars(42, root) == 4096
+    assert procfs.storage_reads(42, root) == 4096  # read_bytes, not rchar
+
+
+def test_reads_from_the_page_cache_are_not_storage_reads(tmp_path):
+    """This process reads a file 200 times: from the page cache it is no storage read;
+    dropped from the cache first (as a cold file on a disk is), every read is one."""
+    if procfs.storage_reads(os.getpid()) is None:
+        pytest.skip("no /proc/<pid>/io here")
+    f = tmp_path / "data.bin"
+    f.write_bytes(os.urandom(64 * 4096))
+    os.sync()
+
+    def read_all(drop: bool) -> int:
+        before = procfs.storage_reads(os.getpid())
+        for i in range(200):
+            fd = os.open(f, os.O_RDONLY)
+            try:
+                if drop:
+                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+                os.pread(fd, 4096, (i % 64) * 4096)
+            finally:
+                os.close(fd)
+        return procfs.storage_reads(os.getpid()) - before
+
+    read_all(False)  # in the cache now
+    cached, cold = read_all(False), read_all(True)
+    assert cached < 200 * 4096 * 0.1, cached
+    assert cold >= 200 * 4096 * 0.9, cold
 
 
 def test_missing_files_are_none_not_errors(tmp_path):
     root = fake_proc(tmp_path, io=None)
-    assert procfs.read_chars(42, root) is None
+    assert procfs.storage_reads(42, root) is None
     assert procfs.schedstat(7, root) is None  # no such process
     (tmp_path / "42" / "task" / "42" / "schedstat").write_text("garbage\n")
     (tmp_path / "42" / "task" / "43" / "schedstat").write_text("")

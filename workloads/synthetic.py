@@ -3,10 +3,11 @@
 Each sample is "decoded" (zlib-decompressed from a compressed payload, as a JPEG or PNG
 decoder would inflate bytes), then augmented with real tensor ops (crop, flip, a 3x3 blur by
 conv2d, normalisation) repeated `rounds` times; `io_latency_s` models storage latency (a
-remote read) with a sleep, which holds no CPU, and reads a real RECORD_BYTES record (from
-this file, through the page cache) so that the process's I/O accounting shows the reads a
-storage-bound loader makes. Costs were calibrated on a 2-core machine so that each preset
-shows its namesake (see PRESET_SPECS and README "Presets").
+remote read) with a sleep, which holds no CPU, and reads a real RECORD_BYTES record from
+the disk (this file, its pages dropped from the page cache first, as a cold file's are) so
+that the process's block I/O accounting shows the reads a storage-bound loader makes.
+Costs were calibrated on a 2-core machine so that each preset shows its namesake (see
+PRESET_SPECS and README "Presets").
 """
 from __future__ import annotations
 
@@ -25,10 +26,13 @@ RECORD_BYTES = 4096  # what one sample of a storage-latency preset reads
 
 
 def _read_record(index: int) -> bytes:
-    """One record's bytes, read with read(2) (open per call, as a dataset of files does)."""
+    """One record's bytes, read with read(2) from the block device (open per call, as a
+    dataset of files does; the page cache dropped first: a cold file)."""
     fd = os.open(__file__, os.O_RDONLY)
     try:
         size = os.fstat(fd).st_size
+        if hasattr(os, "posix_fadvise"):
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
         return os.pread(fd, RECORD_BYTES, (index * RECORD_BYTES) % max(1, size - RECORD_BYTES))
     finally:
         os.close(fd)

@@ -92,7 +92,8 @@ class Features:
                                           "{:.0%}")
     loaders_blocked_share: float | None = ev("loaders blocked: storage, locks, sleep (of "
                                              "their time)", "{:.0%}")
-    read_per_sample_kb: float | None = ev("loaders' reads per sample (KB)", "{:,.1f}")
+    read_per_sample_kb: float | None = ev("loaders' storage reads per sample (KB, block "
+                                          "device)", "{:,.1f}")
     missing_evidence: tuple[str, ...] = ev(default=())
     usable_cores: int = ev("usable cores (affinity, cgroup quota, SLURM_CPUS_PER_TASK)", "{}", 1)
     cpu_quota: float | None = ev()

@@ -312,9 +312,9 @@ class HostSampler:
         now = time.monotonic()
         pids = [w.pid for w in workers]
         cur = {"t": now, "main": procfs.schedstat(main.pid, self.proc),
-               "main_read": procfs.read_chars(main.pid, self.proc),
+               "main_read": procfs.storage_reads(main.pid, self.proc),
                "workers": {p: procfs.schedstat(p, self.proc) for p in pids},
-               "reads": {p: procfs.read_chars(p, self.proc) for p in pids},
+               "reads": {p: procfs.storage_reads(p, self.proc) for p in pids},
                "children": _children_cpu(main)}
         prev, self._prev[key] = self._prev.get(key), cur
         out: dict[str, float | None] = dict(proc_runq_pct=None, workers_runq_pct=None,

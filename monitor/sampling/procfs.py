@@ -4,9 +4,11 @@
   runnable but waiting for one (the run queue). Summed over the process's threads, the
   difference between two readings splits a stretch of wall time into on-CPU, CPU wait and
   the rest, blocked (storage, network, locks, sleep).
-- `/proc/<pid>/io`: bytes the process read (`rchar`: every read(), page cache hits included;
-  `read_bytes`: what came from the block device), the storage evidence behind an io-bound
-  verdict.
+- `/proc/<pid>/io`: bytes the process read (`rchar`: every read(), page cache hits and
+  sockets included; `read_bytes`: what the block layer fetched for it). Only `read_bytes`
+  is storage evidence behind an io-bound verdict: a dataset of files in the page cache
+  reads megabytes through read() and waits on no disk (timm on 400 cached JPEGs was once
+  called io-bound on rchar alone).
 - `/proc/<pid>/cgroup` and the memory controller's files under /sys/fs/cgroup: the memory
   limit that binds the process (its cgroup's or an ancestor's, v2 `memory.max` or v1
   `memory.limit_in_bytes`), which a container's job runs out of before the host does.
@@ -47,12 +49,13 @@ def schedstat(pid: int, proc: str = "/proc") -> SchedTimes | None:
     return SchedTimes(on, wait) if seen else None
 
 
-def read_chars(pid: int, proc: str = "/proc") -> int | None:
-    """Bytes the process has read through read() and friends (`rchar`), or None."""
+def storage_reads(pid: int, proc: str = "/proc") -> int | None:
+    """Bytes the block layer has read for the process (`read_bytes`: storage, never the
+    page cache), or None."""
     try:
         with open(f"{proc}/{pid}/io") as f:
             for line in f:
-                if line.startswith("rchar:"):
+                if line.startswith("read_bytes:"):
                     return int(line.split()[1])
     except (OSError, ValueError, IndexError):
         return None
@@ -114,4 +117,4 @@ def available(proc: str = "/proc") -> dict[str, bool]:
     """Which of the readers work here (for `doctor` and the evidence table's notes)."""
     me = os.getpid()
     return {"schedstat": schedstat(me, proc) is not None,
-            "io": read_chars(me, proc) is not None}
+            "io": storage_reads(me, proc) is not None}

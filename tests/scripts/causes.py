@@ -20,6 +20,9 @@ samples/s at the end (`rate N samples/s`), so a test compares bare runs at two s
   unpickling in the loop's own thread) costs the loop more than the fetch it takes over.
 - startup: short epochs with a 60 MB dataset object and the spawn start method, workers
   not persistent: every epoch starts them again and pickles the dataset to each.
+- files: each sample opens one of 200 files of 16 KB and reads it, then waits 4 ms (a
+  remote lock, a service): from the page cache, the wait is not storage; `--cold` drops
+  each file from the page cache before its read, as a cold file on a disk is (storage).
 - fds: batches of 300 small tensors with the open-files limit set to 128 in this process
   (torch's default file_descriptor sharing keeps one descriptor per tensor in flight).
 """
@@ -78,6 +81,38 @@ class OneSlow(Dataset):
     def __getitem__(self, i: int):
         time.sleep(0.15 if i % 32 == 0 else 0.001)
         return torch.full((4,), float(i))
+
+
+class Files(Dataset):
+    """200 files of 16 KB in a folder of their own, read one a sample."""
+
+    def __init__(self, cold: bool) -> None:
+        import atexit
+        import os
+        import shutil
+        import tempfile
+        self.cold = cold
+        self.folder = tempfile.mkdtemp(prefix="causes-files-")
+        atexit.register(shutil.rmtree, self.folder, True)
+        for i in range(200):
+            with open(os.path.join(self.folder, f"{i}.bin"), "wb") as f:
+                f.write(os.urandom(16 * 1024))
+        os.sync()
+
+    def __len__(self) -> int:
+        return 100_000
+
+    def __getitem__(self, i: int):
+        import os
+        fd = os.open(os.path.join(self.folder, f"{i % 200}.bin"), os.O_RDONLY)
+        try:
+            if self.cold:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            data = os.read(fd, 16 * 1024)
+        finally:
+            os.close(fd)
+        time.sleep(0.004)
+        return torch.tensor(len(data))
 
 
 class Big(Dataset):
@@ -150,7 +185,7 @@ class ManyTensors(Dataset):
 
 def build(kind: str, workers: int, in_any_order: bool = False,
           batched: bool = False, persistent: bool = False, samples: int = 0,
-          grow_kb: int = 1024) -> DataLoader:
+          grow_kb: int = 1024, cold: bool = False) -> DataLoader:
     if kind == "idle_shards":
         return DataLoader(OneShard(100_000), batch_size=8, num_workers=workers)
     if kind == "mem_growth":
@@ -171,6 +206,8 @@ def build(kind: str, workers: int, in_any_order: bool = False,
         return DataLoader(Heavy(), batch_size=64, num_workers=workers,
                           multiprocessing_context="spawn" if workers else None,
                           persistent_workers=persistent and workers > 0)
+    if kind == "files":
+        return DataLoader(Files(cold), batch_size=8, num_workers=workers)
     if kind == "fds":
         soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
         resource.setrlimit(resource.RLIMIT_NOFILE, (min(128, hard), hard))
@@ -193,12 +230,13 @@ def main() -> None:
     ap.add_argument("--persistent", action="store_true", help="persistent_workers (the fix)")
     ap.add_argument("--grow-kb", type=int, default=1024, help="mem_growth: KB cached a sample")
     ap.add_argument("--samples", type=int, default=0, help="head_of_line: an epoch's samples")
+    ap.add_argument("--cold", action="store_true", help="files: dropped from the page cache")
     ap.add_argument("--step-ms", type=float, default=3.0, help="the modelled device step")
     a = ap.parse_args()
     if a.sharing:
         torch.multiprocessing.set_sharing_strategy(a.sharing)
     loader = build(a.kind, a.workers, a.any_order, a.batched, a.persistent, a.samples,
-                   a.grow_kb)
+                   a.grow_kb, a.cold)
     start, n, samples = time.perf_counter(), 0, 0
     makers: set[int] = set()  # idle_shards: the workers that delivered batches
     first = None
