@@ -94,3 +94,23 @@ def test_explicit_watch_records_its_own_run(tmp_path, no_leaks):
     assert list(runs["name"]) == ["explicit"] and runs["status"].iloc[0] == "finished"
     steps = store.steps(int(runs["id"].iloc[0]))
     assert len(steps) == 16 and sorted(steps["epoch"].unique()) == [0, 1]
+
+
+def test_a_loader_whose_workers_raise_ends_with_their_error(tmp_path, no_leaks):
+    """The workers' own exception (its type, the worker, its message) is the run's stored
+    reason and its verdict, not "no DataLoader was iterated" nor the exit code alone."""
+    db = tmp_path / "f.db"
+    r = subprocess.run([sys.executable, "-m", "monitor", "run", "--db", str(db), "--json",
+                        "--", sys.executable, str(SCRIPTS / "failing_workers.py")], cwd=ROOT,
+                       env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True,
+                       text=True, timeout=180)
+    assert r.returncode == 1, r.stderr[-2000:]  # as bare
+    d = json.loads(r.stdout.strip().splitlines()[-1])
+    run = Store(db).run(d["run_id"])
+    assert run["status"] == "failed"
+    assert run["error"].startswith("the loader failed: ModuleNotFoundError: Caught "
+                                   "ModuleNotFoundError in DataLoader worker process "), run
+    assert "No module named 'pyg_lib_not_installed'" in run["error"], run
+    assert d["verdict"] == "loader-error", d
+    assert "No module named 'pyg_lib_not_installed'" in d["verdict_text"], d["verdict_text"]
+    assert "no torch DataLoader was iterated" not in d["verdict_text"] + r.stderr

@@ -37,7 +37,10 @@ def finish(p: subprocess.Popen) -> tuple[list[str], str, dict]:
 
 # kind: batches an epoch
 KINDS = {"multi_epochs": 6, "multi_epochs_lazy": 6, "inner_iter": 6, "stateful": 6,
-         "webloader": 6, "hf_map": 6, "hf_stream": 6, "combined": 6}
+         "webloader": 6, "hf_map": 6, "hf_stream": 6, "combined": 6, "boxes": 6, "graphs": 6,
+         "eval_pass": 6}
+SAMPLES_FROM = {"boxes": "the leading dimension of batch['img']",
+                "graphs": "GraphBatch.num_graphs"}
 
 
 @pytest.mark.parametrize("kind", sorted(KINDS))
@@ -54,6 +57,16 @@ def test_every_training_step_is_stored_once_with_its_batch_size(kind, tmp_path, 
     assert not steps.duplicated(["step"]).any()
     assert set(steps["samples"]) == {8} and d["config"]["batch_size"] == 8, d["config"]
     assert d["config"]["num_workers"] == 2
+    assert d["epochs"] == EPOCHS
+    # how the samples were counted, said once a loader report (images, not boxes; graphs)
+    said = {json.loads(x).get("samples_from") for x in
+            Store(db).events(d["run_id"], kinds=("loader",))["data"]}
+    if kind in SAMPLES_FROM:
+        assert said == {SAMPLES_FROM[kind]}, said
+    # an evaluation pass over the training loader is counted apart, never as training
+    assert d["evaluation_passes"] == (EPOCHS if kind == "eval_pass" else 0), d
+    if kind == "eval_pass":
+        assert "evaluation pass over the training loader" in err, err[-2000:]
     retune = d["retune"]
     if kind in ("multi_epochs", "multi_epochs_lazy", "combined"):
         assert retune["possible"] is False and retune["why"], retune

@@ -80,6 +80,22 @@ def test_a_nested_model_is_timed_at_its_root_alone(tmp_path, no_leaks):
     assert not any("Layer" in x for x in labels), labels
 
 
+def test_transforms_called_inside_next_are_the_loaders_work_not_the_forward(tmp_path,
+                                                                          no_leaks):
+    """torchvision's transforms are modules, called at 0 workers on the training thread
+    inside next(loader): they are not forward roots (once listed as `RandomResizedCrop,
+    ..., MobileNetV3`, their time counted twice and "other" read 0); named as the loader's."""
+    db = tmp_path / "t.db"
+    r, d = monitored(db, *ARGS, "--transform-ms", "1.5")
+    per, took = d["phases"]["seconds_per_step"], measured(r)
+    assert per["forward"] * 1000 == pytest.approx(took["forward"], rel=0.2), (per, took)
+    assert per["other"] * 1000 == pytest.approx(took["other"], abs=3.0), (per, took)
+    labels = Store(db).events(d["run_id"], kinds=("probe",))["label"].tolist()
+    said = [x for x in labels if x.startswith("step phases: the forward pass timed at ")]
+    assert said and said[0].startswith("step phases: the forward pass timed at Model (") and \
+        "Jitter ran inside next(loader): the loader's work" in said[0], labels
+
+
 def test_a_model_saved_whole_and_deep_copied_carries_nothing_of_the_probe(tmp_path,
                                                                          no_leaks):
     """`torch.save(model)` and `copy.deepcopy(model)` each epoch (pytorch/examples'

@@ -21,7 +21,7 @@ from monitor.thresholds import KPI_WINDOW_S
 MAX_PARTS = 60  # windows looked at, at most (a long run: its last hour of steady state)
 
 
-FAILURES = (limits.SHM, limits.OPEN_FILES, limits.OOM)  # what happened outranks what held
+FAILURES = (limits.SHM, limits.OPEN_FILES, limits.OOM, limits.LOADER_ERROR)  # happened: outranks
 
 
 def keep_held(w: Any, a: Any) -> Any:

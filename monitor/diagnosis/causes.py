@@ -38,6 +38,7 @@ from monitor.diagnosis.costs import (
 )
 from monitor.diagnosis.finding import Finding
 from monitor.diagnosis.limits import (
+    LOADER_ERROR,
     OOM,
     OPEN_FILES,
     SHM,
@@ -59,8 +60,8 @@ from monitor.thresholds import (
 IDLE_WORKERS, MEMORY_GROWTH, HEAD_OF_LINE = (
     "idle-workers", "worker-memory-growth", "head-of-line")
 # The one vocabulary of causes a finding names (JSON `findings[].cause`, the page)
-CAUSES = (MEMORY_GROWTH, SHM, OPEN_FILES, OOM, IDLE_WORKERS, PER_SAMPLE, SLOWER, STARTUP,
-          HEAD_OF_LINE)
+CAUSES = (MEMORY_GROWTH, SHM, OPEN_FILES, OOM, LOADER_ERROR, IDLE_WORKERS, PER_SAMPLE, SLOWER,
+          STARTUP, HEAD_OF_LINE)
 
 
 def find(steps: pd.DataFrame, host: pd.DataFrame, report: dict[str, Any] | None,

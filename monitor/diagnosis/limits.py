@@ -23,6 +23,7 @@ from monitor.diagnosis.rules import Advice
 from monitor.thresholds import FD_HEADROOM, OOM_ROOM_MB, SHM_HEADROOM
 
 SHM, OPEN_FILES, OOM = "shm-exhausted", "open-files-limit", "oom-killed"
+LOADER_ERROR = "loader-error"  # the loader's own exception (a dataset's, a worker's import)
 
 
 def memory_left(h: pd.DataFrame, least: bool = False) -> tuple[float | None, str,
@@ -183,7 +184,10 @@ def failure(error: str, report: dict[str, Any] | None,
                                    "watch the workers' memory (the worker-memory finding "
                                    "names its slope); fewer workers or a bounded cache"),),
                        no_more_workers=True)
-    return None
+    # the loader's own exception (PyG's NeighborLoader without pyg-lib: ImportError in every
+    # worker): its words, type, worker and message, are the reason, not the script's exit
+    return Finding(LOADER_ERROR, f"the loader failed: {_short(error.strip())}",
+                   {"error": error.strip()}, (), no_more_workers=True)
 
 
 def _died_unsaid(low: str) -> bool:

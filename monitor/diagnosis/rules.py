@@ -346,7 +346,8 @@ def io_bound(c: Ctx) -> str | None:
           "(WebDataset shards, LMDB), or caching the dataset in memory")
     return (f"IO-bound: the loaders are blocked {f.loaders_blocked_share:.0%} of their time "
             f"(not on a CPU, not waiting for one) and read {f.read_per_sample_kb:,.1f} KB per "
-            "sample from the disk: storage latency. More workers overlap it, beyond the core count.")
+            "sample from the disk: storage latency. More workers overlap it, beyond the core "
+            "count.")
 
 
 def starving(c: Ctx) -> str:

@@ -55,6 +55,8 @@ def summary(store: Store, run_id: int, ctx: Context) -> dict[str, Any]:
                  run.get("accelerator"), run.get("config") or {})
     steps = store.steps(run_id)
     out["epochs"] = int(steps["epoch"].nunique()) if not steps.empty else 0
+    # passes over the training loader with gradients off (evaluation): not in the steps
+    out["evaluation_passes"] = len(store.events(run_id, kinds=("evaluation",)))
     out.update(probe_notes(store, run_id, steps.empty))
     if out.get("verdict_family") == NO_DATA and not steps.empty and run.get("status") != RUNNING:
         out["verdict_text"] = " ".join(

@@ -181,6 +181,8 @@ def _plan(rec: Recorder, loader: Any, explicit: bool, caller: Any) -> float | No
             return None
         if rec.loader_id != id(loader):
             rec.follow(loader, role, why)
+        elif rec.evaluation_pass(loader):
+            return None
     elif rec.loader_id != id(loader):
         rec.follow(loader, None, "watch()")
     t0 = rec.probe.clock()

@@ -132,6 +132,10 @@ class Phases:
         self.failed: str | None = None
         self.note: str | None = None  # said once: the optimizer is not a torch one, ...
         self.on_roots: Callable[[list[str]], None] | None = None  # the roots, once found
+        # the probe (its waiting_since is set while the loop is inside next(loader)): a
+        # module called there is the loader's work (a transform at 0 workers), never a root
+        self.source: Any = None
+        self.loader_modules: dict[str, None] = {}  # their class names, in order met
         self.device: Any = None  # the probe's DeviceClock: marks each boundary on CUDA
 
     # -- installing ----------------------------------------------------------------------
@@ -311,6 +315,10 @@ class Phases:
             if threading.get_ident() != self.thread:
                 return  # another thread's, or a forked DataLoader worker's transforms
             if self._depth == 0:
+                src = self.source
+                if src is not None and src.waiting_since is not None:
+                    self.loader_modules.setdefault(type(module).__name__)
+                    return  # inside next(): the loader's transform, not the forward
                 self.roots.setdefault(id(module), module)
                 self._t_fwd = self.clock()
                 self._mark(FORWARD, False)
@@ -439,7 +447,11 @@ def attach(say: Callable[..., None]) -> Phases | None:
     if not wanted():
         return None
     ph = Phases(lambda why: say(f"step phases off: {why}; the steps are timed as before"))
-    ph.on_roots = lambda names: say("step phases: the forward pass timed at "
-                                    f"{', '.join(names) or 'none'} (the outermost modules "
-                                    "the loop calls)", loud=False)
+    def roots(names: list[str]) -> None:
+        inside = list(ph.loader_modules)
+        said = (f"; {', '.join(inside)} ran inside next(loader): the loader's work "
+                "(transforms), counted in the data wait, not the forward") if inside else ""
+        say(f"step phases: the forward pass timed at {', '.join(names) or 'none'} (the "
+            f"outermost modules the loop calls){said}", loud=False)
+    ph.on_roots = roots
     return ph if ph.install() else None

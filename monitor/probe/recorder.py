@@ -38,7 +38,7 @@ from monitor.probe.loaders import (
     worker_procs,
 )
 from monitor.probe.loops import TRAIN
-from monitor.probe.timing import Probe, TimedIterator
+from monitor.probe.timing import Probe, TimedIterator, sample_counter
 from monitor.probe.watchdog import RELAY_GONE, Watchdog
 from monitor.probe.writer import relay_ring
 from monitor.ring import REPORT
@@ -46,6 +46,16 @@ from monitor.store import Store
 
 FLUSH_S, FLUSH_STEADY_S = 0.5, 2.0  # writes while young, then (NOTE [the writer's wake])
 AWAIT_TUNER_S = 2.0  # the longest an epoch start waits for a searching autotuner
+
+
+def _grad_enabled() -> bool:
+    """Whether autograd records here (False under no_grad and inference_mode); True where
+    torch cannot say."""
+    torch = sys.modules.get("torch")  # (the script's own: the probe never imports it)
+    try:
+        return bool(torch.is_grad_enabled()) if torch is not None else True
+    except Exception:
+        return True
 
 
 class Recorder:
@@ -74,6 +84,8 @@ class Recorder:
         self.loader_id: int | None = None  # the loader timed (the training loader)
         self.loader_role: str | None = None  # how it was found (monitor/probe/loops.py)
         self.skipped: set[int] = set()  # loaders seen and not timed (said once each)
+        self.trained = False  # an epoch of the timed loader ran with gradients on
+        self.eval_passes = 0  # ... and the passes over it with them off (evaluation)
         self.open: TimedIterator | None = None  # the timed epoch's iterator
         self.stopped: str | None = None  # why recording stopped (the training goes on)
         self.said_no_midepoch = False
@@ -90,6 +102,8 @@ class Recorder:
         self.watchdog.start()
         self.phases_said: set[str] = set()
         self.probe.phases = phases.attach(self._say_phases)  # None with --no-phases
+        if self.probe.phases is not None:
+            self.probe.phases.source = self.probe  # next()'s modules are the loader's
         if self.probe.phases is not None:  # device time per phase once CUDA is used
             self.probe.phases.device = self.probe.device
         atexit.register(self.close)
@@ -134,6 +148,10 @@ class Recorder:
         loader = self.timed_loader
         base = base_loader(loader) if loader is not None else None
         figures = workers.report(base if base is not None else loader, batch)
+        if self.probe.count_samples is None and batch is not None:  # how samples are counted
+            self.probe.count_samples, self.probe.samples_from = sample_counter(batch)
+        if self.probe.samples_from is not None:
+            figures["samples_from"] = self.probe.samples_from
         it = self.open
         if it is not None:  # what the epoch's start took: iter(), then the first batch
             figures["iter_s"] = it.iter_s
@@ -221,6 +239,23 @@ class Recorder:
         self._say(text)
         self._event("probe", text)
 
+    def evaluation_pass(self, loader: Any) -> bool:
+        """Whether this iter() of the training loader is an evaluation pass, not training:
+        the loop trained on it before (an epoch with gradients on) and iterates it now with
+        gradients off (`@torch.no_grad()`, `torch.inference_mode()`), as PyG's mutag_gin
+        calls `test(train_loader)` after each `train()`. Counted apart, in its own event,
+        and said once; its batches are not training steps, nor its pass an epoch."""
+        if id(loader) != self.loader_id or not self.trained or _grad_enabled():
+            return False
+        self.eval_passes += 1
+        text = (f"evaluation pass over the training loader ({describe_loader(loader)}, "
+                "gradients off): not a training epoch, not timed")
+        if self.eval_passes == 1:
+            self._say(text)
+        self._event("evaluation", f"{text} ({self.eval_passes} so far)",
+                    {"passes": self.eval_passes, "after_epoch": self.epoch})
+        return True
+
     def skip(self, loader: Any, why: str) -> None:
         """A loader not timed: said once per loader, in the run's events."""
         if id(loader) in self.skipped or id(loader) == self.loader_id:
@@ -298,6 +333,7 @@ class Recorder:
         """At iter(loader): apply pending loader changes, count the epoch (the last epoch's
         steps are the watchdog's to write; the autotuner's handshake writes them first)."""
         self.epoch += 1
+        self.trained = self.trained or _grad_enabled()
         ph = self.probe.phases
         if ph is not None and ph.note:  # (the optimizer is not a torch one: said once)
             self._say_phases(f"step phases: {ph.note}")

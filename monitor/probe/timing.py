@@ -77,6 +77,55 @@ def batch_len(batch: Any) -> int:
     return len(item) if hasattr(item, "__len__") else 1
 
 
+# A mapping's input, by the names frameworks give it (Ultralytics `img`, HF `pixel_values` /
+# `input_ids`, torchvision-style `image`): its leading dimension is the batch's samples.
+INPUT_KEYS = ("img", "image", "images", "pixel_values", "input_ids", "input", "inputs",
+              "input_values", "input_features", "x", "data", "features", "video", "audio")
+
+
+def _lead(x: Any) -> int | None:
+    """A value's leading dimension: a tensor's shape[0], a list's or tuple's length."""
+    shape = getattr(x, "shape", None)
+    if shape is not None:
+        return int(shape[0]) if len(shape) > 0 else None
+    return len(x) if isinstance(x, (list, tuple)) else None
+
+
+def sample_counter(batch: Any) -> tuple[Callable[[Any], int], str]:
+    """How to count a batch's samples, chosen once from the first batch, and its words (the
+    run's `samples_from`). A mapping counts by its input's leading dimension (a named
+    input, else the leading dimension most of its values share, tensors and per-sample
+    lists alike), never by its first value's: Ultralytics' collate puts `batch_idx`, one
+    entry per box, first (942 "samples" for 512 images). A graph batch (PyG `Batch`)
+    counts its graphs. Everything else: batch_len."""
+    if isinstance(batch, dict) and batch:
+        key = next((k for k in INPUT_KEYS if k in batch and _lead(batch[k])), None)
+        if key is None:
+            # (key, leading dim, dims): the dimension most values share, ties to the one an
+            # image-like tensor has (boxes come as (n, 4) and (n,), images as (b, c, h, w))
+            leads = [(k, n, len(getattr(v, "shape", ()))) for k, v in batch.items()
+                     if (n := _lead(v))]
+            score: dict[int, tuple[int, int]] = {}
+            for _, n, dims in leads:
+                shared, most = score.get(n, (0, 0))
+                score[n] = (shared + 1, max(most, dims))
+            if score:
+                best = max(score, key=lambda n: score[n])
+                key = max((x for x in leads if x[1] == best), key=lambda x: x[2])[0]
+        if key is not None:
+            def by_key(b: Any, key: Any = key) -> int:
+                n = _lead(b.get(key)) if isinstance(b, dict) else None
+                return n if n is not None else batch_len(b)
+            return by_key, f"the leading dimension of batch[{key!r}]"
+    graphs = getattr(batch, "num_graphs", None)
+    if isinstance(graphs, int) and not isinstance(batch, (list, tuple, dict)):
+        def by_graphs(b: Any) -> int:
+            n = getattr(b, "num_graphs", None)
+            return n if isinstance(n, int) else batch_len(b)
+        return by_graphs, f"{type(batch).__name__}.num_graphs"
+    return batch_len, "the leading dimension of the batch's first tensor"
+
+
 class Probe(StepWriter):
     """Times the steps of one run and writes StepRecords to the store in batches."""
 
@@ -126,6 +175,8 @@ class Probe(StepWriter):
         self.waiting_first = False  # ...for an epoch's first batch (its workers start)
         self.first_batch_s: float | None = None  # the run's first batch, as it took
         self.first_samples: int | None = None  # its samples (a loader that batches itself)
+        self.count_samples: Callable[[Any], int] | None = None  # sample_counter's, per run
+        self.samples_from: str | None = None
         self.recent_steps: deque[float] = deque(maxlen=64)
         self._lock = threading.Lock()  # one writer at a time (the watchdog's, the loop's)
         # Called with the exception when a write fails (the attach probe: the training goes
@@ -173,7 +224,11 @@ class Probe(StepWriter):
         passed and this thread is the writer (`inline_flush`): True when it did."""
         if self.stopped:
             return False
-        samples = batch_len(batch)
+        count = self.count_samples
+        if count is None:
+            count, self.samples_from = sample_counter(batch)
+            self.count_samples = count
+        samples = count(batch)
         if self.first_samples is None:
             self.first_samples = samples
         step, ph, ring = self.step, self.phases, self.ring

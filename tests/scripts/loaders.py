@@ -10,7 +10,11 @@ DataLoader subclass whose __iter__ yields from super().__iter__()),
 stateful (torchdata's StatefulDataLoader), webloader (webdataset's WebLoader over tar
 shards, with a main-process stage after the DataLoader), hf_map and hf_stream (Hugging Face
 `datasets`, map-style and a streaming IterableDataset of 2 shards), combined (Lightning's
-CombinedLoader of two training loaders under Trainer.fit)."""
+CombinedLoader of two training loaders under Trainer.fit), boxes (Ultralytics' collate: a
+dict whose first value, `batch_idx`, has one entry per box, 1-3 boxes an image), graphs
+(a graph batch object with `num_graphs`, as PyG's `Batch`: its tensors count nodes),
+eval_pass (each epoch trains, then evaluates over the same loader under torch.no_grad(),
+as PyG's mutag_gin.py calls `test(train_loader)`)."""
 from __future__ import annotations
 
 import argparse
@@ -35,6 +39,37 @@ class Numbers(Dataset):
     def __getitem__(self, i: int):
         time.sleep(0.001)
         return torch.full((4,), float(i)), i
+
+
+class Boxes(Numbers):
+    def __getitem__(self, i: int):
+        k = 1 + i % 3
+        return {"img": torch.full((3, 4, 4), float(i)), "cls": torch.zeros(k, 1),
+                "bboxes": torch.rand(k, 4), "im_id": i}
+
+
+def collate_boxes(items):
+    """Ultralytics' shape: the per-box index first, then images, classes and boxes."""
+    return {"batch_idx": torch.cat([torch.full((len(x["cls"]),), float(j))
+                                    for j, x in enumerate(items)]),
+            "img": torch.stack([x["img"] for x in items]),
+            "cls": torch.cat([x["cls"] for x in items]),
+            "bboxes": torch.cat([x["bboxes"] for x in items]),
+            "im_id": torch.tensor([x["im_id"] for x in items])}
+
+
+class GraphBatch:
+    """A batch of graphs as PyG's `Batch`: node features of every graph together (5 nodes
+    a graph), one label a graph."""
+
+    def __init__(self, ids: list[int]) -> None:
+        self.x = torch.cat([torch.full((5, 4), float(i)) for i in ids])
+        self.y = torch.tensor(ids)
+        self.num_graphs = len(ids)
+
+
+def collate_graphs(items):
+    return GraphBatch([i for _, i in items])
 
 
 class _RepeatSampler:
@@ -124,6 +159,10 @@ def hf(workers: int, streaming: bool):
 
 def pairs(batch):
     """(x, y) of a batch however the loader shapes it."""
+    if isinstance(batch, GraphBatch):
+        return batch.x, batch.y
+    if isinstance(batch, dict) and "img" in batch:
+        return batch["img"], batch["im_id"]
     if isinstance(batch, dict):
         return batch["x"], batch["y"]
     return batch[0], batch[1]
@@ -145,6 +184,14 @@ def plain(kind: str, workers: int, epochs: int) -> None:
         loader = webloader(workers, folder)
     elif kind in ("hf_map", "hf_stream"):
         loader = hf(workers, kind == "hf_stream")
+    elif kind == "boxes":
+        loader = DataLoader(Boxes(), batch_size=BATCH, num_workers=workers,
+                            collate_fn=collate_boxes)
+    elif kind == "graphs":
+        loader = DataLoader(Numbers(), batch_size=BATCH, num_workers=workers,
+                            collate_fn=collate_graphs)
+    elif kind == "eval_pass":
+        return eval_pass(workers, epochs)
     else:
         sys.exit(f"unknown kind {kind!r}")
     for epoch in range(epochs):
@@ -155,6 +202,26 @@ def plain(kind: str, workers: int, epochs: int) -> None:
             batches, samples, total = batches + 1, samples + len(y), total + int(y.sum())
         print(f"epoch {epoch}: {batches} batches, {samples} samples, checksum {total}",
               flush=True)
+
+
+def eval_pass(workers: int, epochs: int) -> None:
+    """Train an epoch, then evaluate on the same loader with gradients off."""
+    loader = DataLoader(Numbers(), batch_size=BATCH, num_workers=workers)
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.001)
+    for epoch in range(epochs):
+        batches = samples = total = 0
+        for x, y in loader:
+            loss = model(x).pow(2).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            time.sleep(0.005)  # sleep-ok: the rest of the "step"
+            batches, samples, total = batches + 1, samples + len(y), total + int(y.sum())
+        with torch.no_grad():
+            seen = sum(len(model(x)) for x, _ in loader)
+        print(f"epoch {epoch}: {batches} batches, {samples} samples, checksum {total} "
+              f"(evaluated {seen})", flush=True)
 
 
 def combined(workers: int, epochs: int) -> None:

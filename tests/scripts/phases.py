@@ -3,7 +3,10 @@
 box stretches little, where a spin is stretched by every preemption), for the phase tests:
 no monitor imports. `--nested`: the model holds 50 layers (its root alone is timed);
 `--plain-optimizer`: the step is a plain function, not a torch optimizer; `--save PATH`:
-the whole model saved (torch.save) and deep-copied after each epoch, then loaded back."""
+the whole model saved (torch.save) and deep-copied after each epoch, then loaded back;
+`--transform-ms MS`: each sample goes through an nn.Module transform costing MS, called
+by the dataset (at 0 workers: on the training thread, inside next(loader)), as
+torchvision's transforms are."""
 import argparse
 import copy
 import time
@@ -51,6 +54,29 @@ class Model(torch.nn.Module):
         return Costly.apply(x * self.w, self.fwd_s, self.bwd_s)
 
 
+class Jitter(torch.nn.Module):
+    """A transform that is a module (torchvision's are), with a known cost."""
+
+    def __init__(self, s: float) -> None:
+        super().__init__()
+        self.s = s
+
+    def forward(self, x):
+        spin(self.s)
+        return x
+
+
+class Transformed(torch.utils.data.Dataset):
+    def __init__(self, n: int, transform_s: float) -> None:
+        self.x, self.t = torch.ones(n, 4), Jitter(transform_s)
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, i: int):
+        return (self.t(self.x[i]),)
+
+
 class SlowSGD(torch.optim.SGD):
     def __init__(self, params, opt_s):
         super().__init__(params, lr=0.01)
@@ -70,11 +96,14 @@ def main():
     ap.add_argument("--epochs", type=int, default=3)
     ap.add_argument("--nested", type=int, default=0, help="layers inside the model")
     ap.add_argument("--plain-optimizer", action="store_true")
+    ap.add_argument("--transform-ms", type=float, default=0.0, help="a module, per sample")
     ap.add_argument("--save", default="", help="torch.save(model) and deepcopy each epoch")
     a = ap.parse_args()
     model = Model(a.forward_ms / 1000, a.backward_ms / 1000, a.nested)
     opt = SlowSGD(model.parameters(), a.optimizer_ms / 1000)
-    loader = DataLoader(TensorDataset(torch.ones(160, 4)), batch_size=8)
+    data = Transformed(160, a.transform_ms / 1000) if a.transform_ms else \
+        TensorDataset(torch.ones(160, 4))
+    loader = DataLoader(data, batch_size=8)
     total = 0.0
     took = {"forward": 0.0, "backward": 0.0, "optimizer": 0.0, "other": 0.0}
     steps = 0
