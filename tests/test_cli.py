@@ -53,7 +53,8 @@ def test_measure_json_last_line_has_the_summary(tmp_path, no_leaks):
     assert r.returncode == 0, r.stderr
     attached = json.loads(r.stdout.strip().splitlines()[-1])
     assert set(out) <= set(attached), set(out) - set(attached)
-    assert set(attached) - set(out) <= {"epochs", "retune", "timing_stopped", "autotune",
+    assert set(attached) - set(out) <= {"epochs", "evaluation_passes", "retune",
+                                        "timing_stopped", "autotune",
                                         "outcomes", "prediction_scales"}, set(attached)
     assert attached["accelerator"] == "your script's own step (cpu)"
     assert attached["gpu"] is None and attached["gpu_util_mean"] is None  # no NVML here

@@ -134,6 +134,22 @@ def test_a_loader_iterated_by_a_background_thread_is_not_data_wait(tmp_path, no_
     assert steps["wait_s"].iloc[2:].median() < 0.032, steps["wait_s"].describe()
 
 
+def test_a_training_loop_in_a_thread_of_its_own_is_timed(tmp_path, no_leaks):
+    """Ray Train runs the train function in its `TrainingThread`, the main thread iterating
+    no loader: that thread's loop is the training loop (once refused as "not the training
+    loop's": 0 of 64 steps). Every step stored, its phases found; validation not timed."""
+    db = tmp_path / "r.db"
+    out, err, d = finish(start(db, sys.executable, "thread_loop.py"))
+    assert out.count(": 12 batches") == 2, out
+    store = Store(db)
+    steps = store.steps(d["run_id"])
+    assert steps.groupby("epoch").size().to_dict() == {0: 12, 1: 12}, err[-2000:]
+    assert set(steps["samples"]) == {8} and d["config"]["num_workers"] == 1
+    assert steps["backward_s"].notna().any(), steps["backward_s"].tolist()
+    labels = probe_events(store, d["run_id"])
+    assert not any("not the training loop's" in x for x in labels), labels
+
+
 def torch_only_python(tmp_path: Path) -> str:
     """A real venv's interpreter that sees torch (and what torch itself needs), linked from
     this interpreter's site-packages, and nothing of ours: no pandas, numpy, psutil,

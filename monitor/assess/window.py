@@ -97,7 +97,7 @@ class Assessment:
     def summary(self) -> analysis.Summary:
         f = self.features
         return analysis.Summary(f.steps, f.window_s, f.throughput, f.data_wait_share,
-                                f.device_busy_mean, f.device_busy_cv)
+                                f.device_busy_mean, f.device_busy_cv, f.between_epochs_s)
 
     @property
     def throughput_spread(self) -> float | None:

@@ -32,6 +32,8 @@ class Features:
     accelerator: str = ev(default=SIMULATED)
     steps: int = ev("steps", "{}", 0)
     window_s: float = ev("window (s)", "{:.1f}", 0.0)
+    between_epochs_s: float = ev("of it, pauses between epochs: validation, checkpoints (s)",
+                                 "{:.1f}", 0.0)
     throughput: float = ev("throughput (samples/s)", "{:,.0f}", math.nan)
     data_wait_share: float = ev("data-wait share", "{:.1%}", math.nan)
     device_busy_mean: float = ev("device busy, mean", "{:.1%}", math.nan)
@@ -353,6 +355,7 @@ def features(
         (s.device_busy_mean, s.device_busy_cv)
     return Features(
         config=dict(config), accelerator=accelerator, steps=s.steps, window_s=s.window_s,
+        between_epochs_s=s.between_epochs_s,
         throughput=s.throughput, data_wait_share=s.data_wait_share,
         device_busy_mean=busy_mean, device_busy_cv=busy_cv,
         device_busy_source="CUDA events" if dev else "host timing",

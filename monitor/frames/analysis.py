@@ -2,7 +2,8 @@
 
 Definitions (DESIGN.md): data wait, compute, data-wait share = Σwait / Σ(wait + compute),
 device busy = the fraction of each 50 ms bin covered by compute intervals, throughput =
-samples per second over the window.
+samples per second of the training loop's own time (its steps: the window less the pauses
+between epochs, reported apart as `between_epochs_s`).
 """
 from __future__ import annotations
 
@@ -87,12 +88,28 @@ def workers_memory_mb(host: pd.DataFrame) -> pd.Series:
     return pd.to_numeric(host["workers_uss_mb"], errors="coerce").ffill().fillna(rss)
 
 
+def stepping_s(steps: pd.DataFrame) -> float:
+    """Seconds some step was under way (the union of every step's [wait start, compute end],
+    all ranks together): the window less the time outside the training loop's steps, the
+    pauses between epochs (a validation pass, a checkpoint) and the probe's own writes."""
+    if steps.empty:
+        return 0.0
+    a = starts(steps).to_numpy(dtype=float)
+    b = (steps["ts"] + steps["compute_s"]).to_numpy(dtype=float)
+    order = np.argsort(a, kind="stable")
+    a, b = a[order], np.maximum.accumulate(b[order])
+    gaps = np.clip(a[1:] - b[:-1], 0.0, None)  # no step under way between these
+    return float(b[-1] - a[0] - gaps.sum())
+
+
 def throughput(steps: pd.DataFrame) -> float:
-    """Samples per second over the steps' span."""
+    """Samples per second of the training loop's own time (stepping_s): torchvision's
+    train.py at 2 workers read 20-30% below its own in-epoch rate over the span, its
+    validation pause inside the window."""
     if steps.empty:
         return float("nan")
-    start, end = span(steps)
-    return float(steps["samples"].sum()) / (end - start) if end > start else float("nan")
+    t = stepping_s(steps)
+    return float(steps["samples"].sum()) / t if t > 0 else float("nan")
 
 
 def busy_series(
@@ -147,6 +164,7 @@ class Summary:
     data_wait_share: float
     device_busy_mean: float
     device_busy_cv: float
+    between_epochs_s: float = 0.0  # of window_s, no step under way (validation, checkpoints)
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -164,6 +182,7 @@ def summarize(steps: pd.DataFrame) -> Summary:
     return Summary(
         steps=len(steps), window_s=end - start, throughput=throughput(steps),
         data_wait_share=data_wait_share(steps), device_busy_mean=mean, device_busy_cv=cv,
+        between_epochs_s=max(0.0, (end - start) - stepping_s(steps)),
     )
 
 

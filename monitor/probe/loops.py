@@ -53,8 +53,13 @@ def loop_role(frame: Any = None) -> tuple[str | None, str]:
     return None, "a plain loop"
 
 
-def on_training_thread() -> bool:
-    """Whether the caller runs on the main thread, where training loops run: a loader
-    iterated by a background thread (a prefetch thread, MONAI-style thread loaders) blocks
-    that thread, not the training loop, so its next() is no data wait."""
-    return threading.current_thread() is threading.main_thread()
+def on_training_thread(loop_thread: int | None = None) -> bool:
+    """Whether the caller runs the training loop: the main thread, where training loops
+    run, or the thread that iterated the training loader first while the main thread
+    iterated none (`loop_thread`: Ray Train runs the train function in its
+    `TrainingThread`, the main thread serving Ray's tasks). Any other thread's loader
+    (a prefetch thread, a MONAI-style thread loader beside a loop that times its queue)
+    blocks that thread, not the training loop, so its next() is no data wait."""
+    here = threading.current_thread()
+    return here is threading.main_thread() or (loop_thread is not None
+                                               and here.ident == loop_thread)

@@ -166,10 +166,14 @@ def _plan(rec: Recorder, loader: Any, explicit: bool, caller: Any) -> float | No
     """Whether to time this iter(loader): its start time, or None to pass it through."""
     if rec.is_broken(loader):
         return None
-    if not explicit and not on_training_thread():
-        rec.skip(loader, f"iterated by thread {threading.current_thread().name!r}, not "
-                         "the training loop's: its waits are not the loop's")
-        return None
+    if not explicit and not on_training_thread(rec.loop_thread):
+        if rec.loader_id is not None or not is_dataloader(loader):
+            rec.skip(loader, f"iterated by thread {threading.current_thread().name!r}, not "
+                             "the training loop's: its waits are not the loop's")
+            return None
+        # no loader timed yet, and the main thread iterates none: this thread's loop is
+        # the training loop (Ray Train's TrainingThread)
+        rec.loop_thread = threading.get_ident()
     if rec.inside_timed(loader):  # a stage of the timed loader (WebLoader, CombinedLoader)
         return None
     rec.end_open_step()

@@ -84,6 +84,7 @@ class Recorder:
         self.loader_id: int | None = None  # the loader timed (the training loader)
         self.loader_role: str | None = None  # how it was found (monitor/probe/loops.py)
         self.skipped: set[int] = set()  # loaders seen and not timed (said once each)
+        self.loop_thread: int | None = None  # the training loop's, where not the main one
         self.trained = False  # an epoch of the timed loader ran with gradients on
         self.eval_passes = 0  # ... and the passes over it with them off (evaluation)
         self.open: TimedIterator | None = None  # the timed epoch's iterator
