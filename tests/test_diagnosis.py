@@ -455,3 +455,24 @@ def test_a_change_that_recorded_no_step_leaves_the_verdict_with_the_settings_bef
     w = steady_window(store, run)
     assert w.run["config"]["num_workers"] == 1 and not w.note
     assert w.caption.startswith("steady state of the final settings")
+
+
+def test_advice_for_a_torchdata_nodes_pipeline_is_in_its_terms():
+    """No persistent_workers (the API has none); num_workers is the ParallelMapper's, and a
+    thread mapper's gain is not the process-measured model's to promise."""
+    from monitor.diagnosis.kinds import in_loader_terms
+    from monitor.diagnosis.rules import Advice, Diagnosis
+
+    dg = Diagnosis("starving", "Starving.", {}, (
+        Advice("num_workers", 4, 900.0, "more workers", "cpu", 700.0, 1000.0),
+        Advice("persistent_workers", True, 800.0, "keeps workers"),
+        Advice("prefetch_factor", 4, None, "deeper")))
+    cfg = {"loader_kind": "torchdata.nodes", "worker_method": "process"}
+    got = in_loader_terms(dg, cfg).advice
+    assert [a.param for a in got] == ["num_workers", "prefetch_factor"]
+    assert got[0].reason == "ParallelMapper(num_workers=4): more workers"
+    assert got[0].predicted_throughput == 900.0
+    assert got[1].reason.startswith("Prefetcher(prefetch_factor=4): ")
+    thread = in_loader_terms(dg, {**cfg, "worker_method": "thread"}).advice[0]
+    assert thread.predicted_throughput is None and thread.uncertain
+    assert in_loader_terms(dg, {"num_workers": 2}) is dg  # a DataLoader's: as it was

@@ -171,3 +171,34 @@ def test_an_error_a_death_raises_waits_for_the_workers_exit_code(no_leaks):
         assert time.monotonic() - t0 < DEATH_WAIT_S + 0.5
     finally:
         p.join(timeout=30)
+
+
+@pytest.mark.parametrize("method", ["process", "thread"])
+def test_a_torchdata_nodes_pipeline_is_timed_unmodified_in_its_own_terms(method, tmp_path,
+                                                                          no_leaks):
+    """torchdata.nodes: no torch DataLoader inside (once: nothing recorded unmodified; with
+    watch(), num_workers 0 for a 2-worker ParallelMapper and advice of persistent_workers,
+    which the API has not). Every step stored with the Batcher's 8 samples, the settings
+    read from the nodes, advice only in the pipeline's terms."""
+    db = tmp_path / "n.db"
+    p = subprocess.Popen(
+        [sys.executable, "-m", "monitor", "run", "--db", str(db), "--json", "--",
+         sys.executable, str(ROOT / "tests" / "scripts" / "nodes_loader.py"), method],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)})
+    lines, err, d = finish(p)
+    assert lines == [f"epoch {e}: 6 batches, 48 samples" for e in range(3)], lines
+    steps = Store(db).steps(d["run_id"])
+    assert steps.groupby("epoch").size().to_dict() == {0: 6, 1: 6, 2: 6}, err[-2000:]
+    assert set(steps["samples"]) == {8}
+    c = d["config"]
+    assert (c["loader_kind"], c["num_workers"], c["worker_method"], c["batch_size"],
+            c["prefetch_factor"]) == ("torchdata.nodes", 2, method, 8, 2), c
+    assert "ParallelMapper 2 " + method + " workers" in err, err[-2000:]
+    assert d["retune"]["possible"] is False and "torchdata.nodes" in d["retune"]["why"]
+    assert not [a for a in d["advice"] if a["param"] == "persistent_workers"], d["advice"]
+    for a in d["advice"]:
+        if a["param"] == "num_workers":
+            assert a["reason"].startswith("ParallelMapper(num_workers="), a
+            if method == "thread":  # not the model's to promise
+                assert a["predicted_throughput"] is None and a["uncertain"], a

@@ -23,6 +23,7 @@ from monitor.assess import history
 from monitor.assess import phases as step_phases
 from monitor.diagnosis import Diagnosis, Features, causes, diagnose, features
 from monitor.diagnosis.causes import Finding
+from monitor.diagnosis.kinds import in_loader_terms
 from monitor.diagnosis.rules import HEALTHY
 from monitor.diagnosis.straggler import RankFigures, straggler_diagnosis, stragglers
 from monitor.frames import analysis
@@ -295,7 +296,7 @@ def assess(window: Window, ctx: Context, parts: int = 1) -> Assessment:
                                      advice=causes.merge(dg.advice, found,
                                                          int(f.config.get("num_workers") or 0)),
                                      cause=causes.lead(found).cause)
-        dg = _fed_phases(dg, base["phases"])
+        dg = in_loader_terms(_fed_phases(dg, base["phases"]), f.config)
         if window.note:
             dg = dataclasses.replace(dg, headline=f"{dg.headline} {window.note}")
         return Assessment(features=f, diagnosis=dg, findings=found,

@@ -1,7 +1,9 @@
 """What the probe reads off the loaders real scripts use: a torch DataLoader, its
 subclasses (torchdata's StatefulDataLoader, timm's MultiEpochsDataLoader, which holds one
 iterator for every epoch), and loaders built around DataLoaders (webdataset's WebLoader,
-Lightning's CombinedLoader): the DataLoader whose settings they run on, their batch size,
+Lightning's CombinedLoader), and torchdata.nodes pipelines (a `Loader` over nodes: its
+settings read from its ParallelMapper, Batcher, Prefetcher and PinMemory nodes): the
+DataLoader whose settings they run on, their batch size,
 their settings as the store keeps them, why a requested change cannot reach one, and the
 change applied (change_loader).
 Standard library only; torch is read from sys.modules (the probe's fence)."""
@@ -24,6 +26,72 @@ def is_dataloader(obj: Any) -> bool:
     return dl is not None and isinstance(obj, dl)
 
 
+def is_nodes_loader(obj: Any) -> bool:
+    """A torchdata.nodes `Loader` (its pipeline is a graph of nodes from `root`)."""
+    nodes = sys.modules.get("torchdata.nodes.loader")
+    cls = getattr(nodes, "Loader", None)
+    return cls is not None and isinstance(obj, cls)
+
+
+def pipeline_nodes(loader: Any) -> list[Any]:
+    """A torchdata.nodes Loader's nodes, from its root down its `source` chain (the first
+    source of a node with several)."""
+    out, node, seen = [], getattr(loader, "root", None), set()
+    while node is not None and id(node) not in seen and len(out) < 64:
+        seen.add(id(node))
+        out.append(node)
+        nxt = getattr(node, "source", None)
+        if nxt is None:
+            many = getattr(node, "source_nodes", None)
+            nxt = next(iter(many.values()), None) if isinstance(many, dict) and many else None
+        node = nxt
+    return out
+
+
+def nodes_settings(loader: Any) -> dict[str, Any]:
+    """A torchdata.nodes pipeline's settings in the store's terms: the (outermost)
+    ParallelMapper's num_workers, method and in_order, the Batcher's batch size, the
+    Prefetcher's depth, a PinMemory node. It has no persistent_workers: its mapper's
+    workers live as long as its iterator."""
+    found: dict[str, Any] = {}
+    for node in pipeline_nodes(loader):
+        kind = type(node).__name__
+        if kind == "ParallelMapper" and "num_workers" not in found:
+            found.update(num_workers=int(getattr(node, "num_workers", 0) or 0),
+                         worker_method=str(getattr(node, "method", "thread")),
+                         in_order=bool(getattr(node, "in_order", True)))
+        elif kind == "Batcher" and "batch_size" not in found:
+            found["batch_size"] = getattr(node, "batch_size", None)
+        elif kind == "Prefetcher" and "prefetch_factor" not in found:
+            found["prefetch_factor"] = getattr(node, "prefetch_factor", None)
+        elif kind == "PinMemory":
+            found["pin_memory"] = True
+    nw = found.get("num_workers", 0)
+    return {"preset": "custom", "loader_kind": "torchdata.nodes", "num_workers": nw,
+            "worker_method": found.get("worker_method") if nw else None,
+            "batch_size": found.get("batch_size") or 1,
+            "prefetch_factor": found.get("prefetch_factor"),
+            "pin_memory": bool(found.get("pin_memory")), "persistent_workers": None,
+            "in_order": found.get("in_order", True)}
+
+
+def describe_nodes(loader: Any) -> str:
+    """'Loader (torchdata.nodes: ParallelMapper 2 process workers, Batcher 16, ...)'."""
+    parts = []
+    for node in reversed(pipeline_nodes(loader)):
+        kind = type(node).__name__
+        if kind == "ParallelMapper":
+            parts.append(f"ParallelMapper {getattr(node, 'num_workers', '?')} "
+                         f"{getattr(node, 'method', '?')} workers")
+        elif kind == "Batcher":
+            parts.append(f"Batcher {getattr(node, 'batch_size', '?')}")
+        elif kind == "Prefetcher":
+            parts.append(f"Prefetcher {getattr(node, 'prefetch_factor', '?')}")
+        else:
+            parts.append(kind)
+    return f"{type(loader).__name__} (torchdata.nodes: {', '.join(parts)})"
+
+
 def base_loader(loader: Any) -> Any:
     """The torch DataLoader whose settings a loader runs on: itself, the first stage of a
     webdataset WebLoader, the first of a Lightning CombinedLoader's loaders; else None."""
@@ -37,7 +105,11 @@ def base_loader(loader: Any) -> Any:
 
 def batch_size(loader: Any) -> int | None:
     """The loader's batch size: `batch_size`, else its batch sampler's (accelerate and the
-    HF Trainer build loaders with `batch_sampler=`, leaving `batch_size` None)."""
+    HF Trainer build loaders with `batch_sampler=`, leaving `batch_size` None); a
+    torchdata.nodes pipeline's Batcher's."""
+    if is_nodes_loader(loader):
+        bs = nodes_settings(loader)["batch_size"]
+        return bs if isinstance(bs, int) and bs > 1 else None
     for obj in (loader, getattr(loader, "batch_sampler", None)):
         bs = getattr(obj, "batch_size", None)
         if isinstance(bs, int) and not isinstance(bs, bool) and bs > 0:
@@ -47,6 +119,8 @@ def batch_size(loader: Any) -> int | None:
 
 def describe_loader(loader: Any) -> str:
     """'DataLoader over RandomDataset, batch 32, 0 workers' (for the probe's own events)."""
+    if is_nodes_loader(loader):
+        return describe_nodes(loader)
     base = base_loader(loader)
     of = base if base is not None else loader
     ds = getattr(of, "dataset", None)
@@ -59,7 +133,10 @@ def describe_loader(loader: Any) -> str:
 
 
 def loader_settings(loader: Any) -> dict[str, Any]:
-    """The loader's settings as the store keeps them (those of its base DataLoader)."""
+    """The loader's settings as the store keeps them (those of its base DataLoader; a
+    torchdata.nodes pipeline's, from its nodes)."""
+    if is_nodes_loader(loader):
+        return nodes_settings(loader)
     loader = base_loader(loader) if base_loader(loader) is not None else loader
     nw = int(getattr(loader, "num_workers", 0) or 0)
     return {
@@ -91,6 +168,10 @@ def held_iterator(loader: Any) -> tuple[str, Any] | None:
 def not_retunable(loader: Any) -> str | None:
     """Why requested loader settings cannot reach this loader (None: at the next epoch)."""
     base = base_loader(loader)
+    if is_nodes_loader(loader):
+        return ("a torchdata.nodes pipeline: its settings are its nodes' (ParallelMapper's "
+                "num_workers and method, Prefetcher's prefetch_factor), made when the script "
+                "built them; change them there")
     if base is None:
         return ("not a torch DataLoader: only its wait is timed, its settings are the "
                 "script's")

@@ -292,11 +292,19 @@ def _patch_combined(module: Any) -> None:
     _patch_outer(module.CombinedLoader, when=_several)
 
 
+def _patch_nodes(module: Any) -> None:
+    """torchdata.nodes: its Loader drives the nodes (a ParallelMapper's worker threads or
+    processes, a Batcher, a Prefetcher), no torch DataLoader inside: timed at its __iter__
+    as a loader kind of its own (monitor/probe/loaders.py nodes_settings)."""
+    _patch_outer(module.Loader)
+
+
 TARGETS = {
     "torch.utils.data.dataloader": _patch,
     "webdataset.compat": _patch_webdataset,
     "lightning.pytorch.utilities.combined_loader": _patch_combined,
     "pytorch_lightning.utilities.combined_loader": _patch_combined,
+    "torchdata.nodes.loader": _patch_nodes,
 }
 
 

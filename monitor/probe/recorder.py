@@ -33,6 +33,7 @@ from monitor.probe.loaders import (
     batch_size,
     change_loader,
     describe_loader,
+    is_nodes_loader,
     loader_settings,
     not_retunable,
     worker_procs,
@@ -150,7 +151,8 @@ class Recorder:
         base = base_loader(loader) if loader is not None else None
         figures = workers.report(base if base is not None else loader, batch)
         if self.probe.count_samples is None and batch is not None:  # how samples are counted
-            self.probe.count_samples, self.probe.samples_from = sample_counter(batch)
+            self.probe.count_samples, self.probe.samples_from = sample_counter(
+                batch, batch_size(base if base is not None else loader))
         if self.probe.samples_from is not None:
             figures["samples_from"] = self.probe.samples_from
         it = self.open
@@ -228,7 +230,10 @@ class Recorder:
         if not (first or (role == TRAIN and before != TRAIN)):
             return
         what = describe_loader(loader)
-        if base_loader(loader) is None:
+        if is_nodes_loader(loader):
+            text = (f"timing {what} ({why}): its settings read from its nodes; they change "
+                    "in the script")
+        elif base_loader(loader) is None:
             text = f"timing {what} ({why}): not a torch DataLoader, only its wait is timed"
         elif role == TRAIN:
             text = f"timing the training loader ({why}): {what}"

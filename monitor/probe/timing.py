@@ -91,13 +91,19 @@ def _lead(x: Any) -> int | None:
     return len(x) if isinstance(x, (list, tuple)) else None
 
 
-def sample_counter(batch: Any) -> tuple[Callable[[Any], int], str]:
+def sample_counter(batch: Any, expected: int | None = None
+                   ) -> tuple[Callable[[Any], int], str]:
     """How to count a batch's samples, chosen once from the first batch, and its words (the
     run's `samples_from`). A mapping counts by its input's leading dimension (a named
     input, else the leading dimension most of its values share, tensors and per-sample
     lists alike), never by its first value's: Ultralytics' collate puts `batch_idx`, one
     entry per box, first (942 "samples" for 512 images). A graph batch (PyG `Batch`)
-    counts its graphs. Everything else: batch_len."""
+    counts its graphs. A list of `expected` samples (the loader's batch size: a
+    torchdata.nodes Batcher yields its samples uncollated) counts by its length.
+    Everything else: batch_len."""
+    if isinstance(batch, list) and expected and expected > 1 and len(batch) == expected \
+            and _lead(batch[0]) != expected:
+        return len, "the length of the list of samples"
     if isinstance(batch, dict) and batch:
         key = next((k for k in INPUT_KEYS if k in batch and _lead(batch[k])), None)
         if key is None:
