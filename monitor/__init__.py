@@ -26,3 +26,10 @@ def hf_callback(name: str | None = None) -> Any:
     from monitor.probe.frameworks import hf_callback as make
 
     return make(name)
+
+
+def fastai_callback(name: str | None = None) -> Any:
+    """A fastai Callback recording Learner.fit's steps (monitor.probe.frameworks)."""
+    from monitor.probe.frameworks import fastai_callback as make
+
+    return make(name)

@@ -134,6 +134,40 @@ def test_a_loader_iterated_by_a_background_thread_is_not_data_wait(tmp_path, no_
     assert steps["wait_s"].iloc[2:].median() < 0.032, steps["wait_s"].describe()
 
 
+def test_fastai_fit_stores_every_training_step_with_its_loaders_settings(tmp_path,
+                                                                         no_leaks):
+    """fastai's DataLoader is no torch DataLoader (once: 0 of 40 steps; with a hand-made
+    watch(), num_workers 1 and a phantom worker): timed at its own __iter__, its settings
+    its _FakeLoader's, Learner._do_epoch_train's loader the training one, validation not;
+    and the same with `monitor.fastai_callback()` and no `monitor run`."""
+    db = tmp_path / "f.db"
+    p = start(db, sys.executable, "fastai_fit.py", "2")
+    out, err, d = finish(p)
+    store = Store(db)
+    steps = store.steps(d["run_id"])
+    assert steps.groupby("epoch").size().to_dict() == {0: 12, 1: 12}, err[-2000:]
+    assert set(steps["samples"]) == {8}
+    c = d["config"]
+    assert (c["loader_kind"], c["num_workers"], c["batch_size"]) == ("fastai", 2, 8), c
+    labels = probe_events(store, d["run_id"])
+    assert any(x.startswith("timing the training loader (fastai's Learner.fit)") for x in
+               labels), labels
+    assert any(x.startswith("not timed:") and "_do_epoch_validate" in x for x in labels)
+    assert d["retune"]["possible"] is True and d["evaluation_passes"] == 0
+    # the notebook's way: the callback, no `monitor run`, the same steps in the store
+    cb = tmp_path / "cb.db"
+    r = subprocess.run([sys.executable, str(SCRIPTS / "fastai_fit.py"), "2", "--callback"],
+                       cwd=tmp_path, capture_output=True, text=True, timeout=240,
+                       env={**os.environ, "PYTHONPATH": str(ROOT),
+                            "STARVATION_MONITOR_DB": str(cb)})
+    assert r.returncode == 0, r.stderr[-2000:]
+    runs = Store(cb).runs()
+    assert len(runs) == 1
+    got = Store(cb).steps(int(runs["id"].iloc[0]))
+    assert got.groupby("epoch").size().to_dict() == {0: 12, 1: 12}, r.stderr[-2000:]
+    assert Store(cb).run(int(runs["id"].iloc[0]))["status"] == "finished"
+
+
 def test_a_training_loop_in_a_thread_of_its_own_is_timed(tmp_path, no_leaks):
     """Ray Train runs the train function in its `TrainingThread`, the main thread iterating
     no loader: that thread's loop is the training loop (once refused as "not the training

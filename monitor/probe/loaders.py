@@ -92,6 +92,28 @@ def describe_nodes(loader: Any) -> str:
     return f"{type(loader).__name__} (torchdata.nodes: {', '.join(parts)})"
 
 
+def is_fastai_loader(obj: Any) -> bool:
+    """A fastai DataLoader (fastai.data.load): not a torch one; its workers are its
+    `fake_l`'s (its own `num_workers` reads 1 whatever they are)."""
+    load = sys.modules.get("fastai.data.load")
+    cls = getattr(load, "DataLoader", None)
+    return cls is not None and isinstance(obj, cls)
+
+
+def fastai_settings(loader: Any) -> dict[str, Any]:
+    """A fastai DataLoader's settings in the store's terms: `bs`, and its _FakeLoader's
+    workers, pinning, persistence and prefetch (torch's iterators read them there)."""
+    fake = getattr(loader, "fake_l", None)
+    nw = int(getattr(fake, "num_workers", 0) or 0)
+    bs = getattr(loader, "bs", None)
+    return {"preset": "custom", "loader_kind": "fastai", "num_workers": nw,
+            "batch_size": bs if isinstance(bs, int) and bs > 0 else 1,
+            "prefetch_factor": getattr(fake, "prefetch_factor", None) if nw > 0 else None,
+            "pin_memory": bool(getattr(fake, "pin_memory", False)),
+            "persistent_workers": bool(getattr(fake, "persistent_workers", False)),
+            "in_order": True}
+
+
 def base_loader(loader: Any) -> Any:
     """The torch DataLoader whose settings a loader runs on: itself, the first stage of a
     webdataset WebLoader, the first of a Lightning CombinedLoader's loaders; else None."""
@@ -110,6 +132,9 @@ def batch_size(loader: Any) -> int | None:
     if is_nodes_loader(loader):
         bs = nodes_settings(loader)["batch_size"]
         return bs if isinstance(bs, int) and bs > 1 else None
+    if is_fastai_loader(loader):
+        bs = getattr(loader, "bs", None)
+        return bs if isinstance(bs, int) and bs > 0 else None
     for obj in (loader, getattr(loader, "batch_sampler", None)):
         bs = getattr(obj, "batch_size", None)
         if isinstance(bs, int) and not isinstance(bs, bool) and bs > 0:
@@ -121,6 +146,11 @@ def describe_loader(loader: Any) -> str:
     """'DataLoader over RandomDataset, batch 32, 0 workers' (for the probe's own events)."""
     if is_nodes_loader(loader):
         return describe_nodes(loader)
+    if is_fastai_loader(loader):
+        ds = getattr(loader, "dataset", None)
+        fake = getattr(loader, "fake_l", None)
+        return (f"{type(loader).__name__} (fastai) over {type(ds).__name__}, batch "
+                f"{getattr(loader, 'bs', '?')}, {getattr(fake, 'num_workers', '?')} workers")
     base = base_loader(loader)
     of = base if base is not None else loader
     ds = getattr(of, "dataset", None)
@@ -137,6 +167,8 @@ def loader_settings(loader: Any) -> dict[str, Any]:
     torchdata.nodes pipeline's, from its nodes)."""
     if is_nodes_loader(loader):
         return nodes_settings(loader)
+    if is_fastai_loader(loader):
+        return fastai_settings(loader)
     loader = base_loader(loader) if base_loader(loader) is not None else loader
     nw = int(getattr(loader, "num_workers", 0) or 0)
     return {
@@ -168,6 +200,8 @@ def held_iterator(loader: Any) -> tuple[str, Any] | None:
 def not_retunable(loader: Any) -> str | None:
     """Why requested loader settings cannot reach this loader (None: at the next epoch)."""
     base = base_loader(loader)
+    if is_fastai_loader(loader):
+        return None  # its _FakeLoader's settings, read at each epoch's iter()
     if is_nodes_loader(loader):
         return ("a torchdata.nodes pipeline: its settings are its nodes' (ParallelMapper's "
                 "num_workers and method, Prefetcher's prefetch_factor), made when the script "
@@ -207,8 +241,11 @@ def change_loader(loader: Any, payload: dict[str, Any]
     why = not_retunable(loader)
     if why is not None:
         return control.refused(why), {}, {}, None
-    loader = base_loader(loader)  # a WebLoader's settings are its DataLoader's
-    before = loader_settings(loader)
+    outer = loader
+    # a WebLoader's settings are its DataLoader's; a fastai DataLoader's, its _FakeLoader's
+    # (torch's iterators are built over it at each epoch's iter())
+    loader = loader.fake_l if is_fastai_loader(loader) else base_loader(loader)
+    before = loader_settings(outer)
     payload, source, _ = control.split(payload)  # source: who asked, for the marker
     fixed = [k for k in FIXED_SETTINGS if k in payload and payload[k] != before.get(k)]
     if fixed:
@@ -233,4 +270,4 @@ def change_loader(loader: Any, payload: dict[str, Any]
         # DataLoader forbids setting persistent_workers after __init__ to protect a live
         # persistent iterator; that iterator was shut down just above.
         object.__setattr__(loader, k, v)
-    return None, before, loader_settings(loader), source
+    return None, before, loader_settings(outer), source

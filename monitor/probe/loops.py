@@ -9,6 +9,8 @@ their own files and functions, so no framework is imported here.
   do not.
 - Hugging Face `transformers.Trainer` (accelerate underneath): `_inner_training_loop` trains;
   `evaluate`, `evaluation_loop`, `predict`, `prediction_loop` do not.
+- fastai's `Learner` (`fastai/learner.py`): `_do_epoch_train` trains; `_do_epoch_validate`
+  (fit's validation, `validate`, `get_preds`) does not.
 - Anything else is a plain loop: the first DataLoader iterated is followed (the usual
   `for epoch ...: for batch in train_loader` comes before any validation pass), and the probe
   says so.
@@ -28,6 +30,8 @@ _LIGHTNING_EVAL = ("evaluation_loop.py", "prediction_loop.py")
 _HF = f"transformers{os.sep}trainer"
 _HF_TRAIN = ("_inner_training_loop",)
 _HF_EVAL = ("evaluate", "evaluation_loop", "predict", "prediction_loop", "prediction_step")
+_FASTAI = f"fastai{os.sep}learner.py"
+_FASTAI_TRAIN, _FASTAI_EVAL = ("_do_epoch_train",), ("_do_epoch_validate", "get_preds")
 MAX_DEPTH = 60  # frames looked at: a loop's iter() is a few dozen frames below it
 
 
@@ -44,6 +48,11 @@ def loop_role(frame: Any = None) -> tuple[str | None, str]:
                 return EVAL, f"Lightning's {base[:-3].replace('_', ' ')} (not training)"
             if base in _LIGHTNING_TRAIN:
                 return TRAIN, "Lightning's fit loop"
+        elif path.endswith(_FASTAI):
+            if name in _FASTAI_EVAL:
+                return EVAL, f"fastai's Learner.{name} (not training)"
+            if name in _FASTAI_TRAIN:
+                return TRAIN, "fastai's Learner.fit"
         elif _HF in path:
             if name in _HF_EVAL:
                 return EVAL, f"the Hugging Face Trainer's {name} (not training)"

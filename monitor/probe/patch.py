@@ -292,6 +292,13 @@ def _patch_combined(module: Any) -> None:
     _patch_outer(module.CombinedLoader, when=_several)
 
 
+def _patch_fastai(module: Any) -> None:
+    """fastai: its DataLoader is no torch DataLoader (it drives torch's loader iterators
+    itself, over a _FakeLoader): timed at its own __iter__, a loader kind of its own
+    (monitor/probe/loaders.py fastai_settings)."""
+    _patch_outer(module.DataLoader)
+
+
 def _patch_nodes(module: Any) -> None:
     """torchdata.nodes: its Loader drives the nodes (a ParallelMapper's worker threads or
     processes, a Batcher, a Prefetcher), no torch DataLoader inside: timed at its __iter__
@@ -305,6 +312,7 @@ TARGETS = {
     "lightning.pytorch.utilities.combined_loader": _patch_combined,
     "pytorch_lightning.utilities.combined_loader": _patch_combined,
     "torchdata.nodes.loader": _patch_nodes,
+    "fastai.data.load": _patch_fastai,
 }
 
 

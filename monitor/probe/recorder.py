@@ -33,6 +33,7 @@ from monitor.probe.loaders import (
     batch_size,
     change_loader,
     describe_loader,
+    is_fastai_loader,
     is_nodes_loader,
     loader_settings,
     not_retunable,
@@ -233,6 +234,8 @@ class Recorder:
         if is_nodes_loader(loader):
             text = (f"timing {what} ({why}): its settings read from its nodes; they change "
                     "in the script")
+        elif is_fastai_loader(loader):
+            text = f"timing the training loader ({why}): {what}"
         elif base_loader(loader) is None:
             text = f"timing {what} ({why}): not a torch DataLoader, only its wait is timed"
         elif role == TRAIN:
