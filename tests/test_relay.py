@@ -108,7 +108,8 @@ def test_a_locked_store_never_holds_the_loop_and_its_steps_arrive_once_freed(tmp
             (tmp_path / "go").touch()
             looped = wait_for(lambda: (tmp_path / "looped").exists() or p.poll() is not None,
                               timeout=120) and (tmp_path / "looped").exists()
-            assert looped, f"the loop waited on the locked store: {p.poll()}"
+            assert looped, ("the loop waited on the locked store" if p.poll() is None else
+                            f"monitor run ended {p.poll()}: {p.communicate()[1][-2000:]}")
         finally:
             lock.execute("COMMIT")
             lock.close()

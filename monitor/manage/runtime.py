@@ -48,6 +48,7 @@ from monitor.manage.collector_process import CollectorProcess
 from monitor.manage.context import machine_context
 from monitor.manage.jobs import JobHolder
 from monitor.manage.session import SessionManager
+from monitor.probe.writer import transient
 from monitor.sampling.collector import Collector
 from monitor.sampling.host import usable_cores
 from monitor.store import ATTACHED, RUNNING, Store
@@ -81,8 +82,15 @@ class Runtime:
         self._closed = False
 
     def start(self) -> Runtime:
-        """Close runs whose recording process is gone, then start sampling."""
-        self.orphans_closed = self.store.close_orphans()
+        """Close runs whose recording process is gone, then start sampling. A store another
+        writer holds locked past its busy timeout leaves them for the next start: `monitor
+        run` died there once ("database is locked"), and its script with it."""
+        try:
+            self.orphans_closed = self.store.close_orphans()
+        except Exception as exc:
+            if not transient(exc):
+                raise
+            self.orphans_closed = []
         self.collector.start()
         atexit.register(self.close)
         return self

@@ -61,7 +61,11 @@ class Collector:
         self.gpu.follow_pids({pid} if pid is not None else set())
 
     def start(self) -> Collector:
-        self.publish_inventory()
+        try:
+            self.publish_inventory()
+        except Exception as exc:  # a store another writer holds locked: the loop publishes
+            self.errors += 1      # it at its next flush (a dead `monitor run` once, here)
+            self.last_error = f"inventory: {type(exc).__name__}: {exc}"
         if self._thread is None or not self._thread.is_alive():
             self._stop.clear()
             self._thread = threading.Thread(target=self._loop, name="starvation-collector",

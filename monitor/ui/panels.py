@@ -102,10 +102,14 @@ def render_explain(a: Assessment,
     for i, adv in enumerate(dg.advice, 1):
         st.text(f"{i}. {adv.reason}")
     first = next((x for x in dg.advice if x.param in SLIDER_PARAMS), None)
-    if first is not None and on_apply is not None and st.button(
-            f"Apply: {first.param} = {first.value}", key="apply_advice", type="primary"):
-        on_apply(first.param, first.value, first.predicted_throughput, first.limit)
-        st.rerun()  # the whole page, so the sidebar's sliders move to the new settings
+    if first is not None and on_apply is not None:
+        # the values bound to the button as it was drawn: a click applies what its label
+        # said, not the advice the click's own rerun computes (on a busy box the advice moved
+        # between the two: "Apply: num_workers = 1" applied 2); the callback runs before the
+        # rerun, so the sidebar's sliders are drawn at the new settings
+        st.button(f"Apply: {first.param} = {first.value}", key="apply_advice", type="primary",
+                  on_click=on_apply, args=(first.param, first.value,
+                                           first.predicted_throughput, first.limit))
     with st.expander("Explain: the numbers behind the verdict"):
         rows = evidence_rows(a.features.to_dict())
         st.table(pd.DataFrame(rows, columns=["measure", "value"]).set_index("measure"))
