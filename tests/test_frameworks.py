@@ -168,6 +168,24 @@ def test_fastai_fit_stores_every_training_step_with_its_loaders_settings(tmp_pat
     assert Store(cb).run(int(runs["id"].iloc[0]))["status"] == "finished"
 
 
+def test_pyg_evaluation_on_the_training_loader_is_no_training_and_graphs_are_samples(
+        tmp_path, no_leaks):
+    """PyG's mutag_gin.py calls `test(train_loader)` after each `train()` (once: 600 steps
+    stored for 300, "epochs": 40 for 20): only the training passes are steps and epochs, the
+    evaluation passes counted apart; a batch's samples are its graphs (num_graphs), not its
+    nodes."""
+    db = tmp_path / "g.db"
+    out, err, d = finish(start(db, sys.executable, "pyg_mutag.py", "4"))
+    assert out.count("epoch ") == 4, out
+    steps = Store(db).steps(d["run_id"])
+    assert len(steps) == 4 * 15 and d["epochs"] == 4, (len(steps), d["epochs"])
+    assert d["evaluation_passes"] == 4, d
+    assert set(steps["samples"]) == {10}, set(steps["samples"])
+    said = {json.loads(x).get("samples_from") for x in
+            Store(db).events(d["run_id"], kinds=("loader",))["data"]}
+    assert said == {"DataBatch.num_graphs"}, said
+
+
 def test_a_training_loop_in_a_thread_of_its_own_is_timed(tmp_path, no_leaks):
     """Ray Train runs the train function in its `TrainingThread`, the main thread iterating
     no loader: that thread's loop is the training loop (once refused as "not the training
