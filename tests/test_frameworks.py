@@ -186,6 +186,36 @@ def test_pyg_evaluation_on_the_training_loader_is_no_training_and_graphs_are_sam
     assert said == {"DataBatch.num_graphs"}, said
 
 
+def test_ray_train_stores_every_step_of_both_ranks_with_host_evidence(tmp_path, no_leaks):
+    """Ray Train's TorchTrainer, 2 workers, unmodified under `monitor run` (once: 0 of 64
+    steps, "iterated by thread 'TrainingThread(...)'"): every step of ranks 0 and 1, the run
+    named after the driver's script, the rank processes (Ray's, not this driver's children)
+    sampled, and the loader re-tunable (Ray's wrapper builds its iterator from the
+    DataLoader it wraps at every epoch)."""
+    db = tmp_path / "ray.db"
+    p = start(db, sys.executable, "ray_train.py")
+    out, err, d = finish(p, timeout=280)
+    assert "fit done: 32 batches an epoch" in out, out[-2000:]
+    store = Store(db)
+    steps = store.steps(d["run_id"])
+    per = steps.groupby(["rank", "epoch"]).size().to_dict()
+    assert per == {(r, e): 32 for r in (0, 1) for e in (0, 1, 2)}, (per, err[-3000:])
+    assert set(steps["samples"]) == {8}
+    ranks = store.ranks(d["run_id"])
+    assert sorted(ranks["rank"].astype(int)) == [0, 1] and d["world_size"] == 2
+    assert d["config"]["workload"] == "attached:ray_train.py", d["config"]
+    assert d["config"]["num_workers"] == 1
+    assert d["retune"] == {"possible": True, "why": None}, d["retune"]
+    # the rank processes sampled while they stepped: their own host rows
+    start_ts, end_ts = float(steps["ts"].min()), float(steps["ts"].max())
+    host = store.host_samples(start_ts, end_ts)
+    rows = host[host["rank"].notna() & host["proc_cpu_pct"].notna()]
+    assert set(rows["rank"].astype(int)) == {0, 1}, host[["ts", "rank", "proc_cpu_pct"]]
+    assert (rows["proc_runq_pct"].dropna() >= 0).all(), rows["proc_runq_pct"].tolist()
+    assert d["verdict_family"] != "no data", d["verdict_text"]
+    assert "no /proc schedstat here" not in d["verdict_text"], d["verdict_text"]
+
+
 def test_a_training_loop_in_a_thread_of_its_own_is_timed(tmp_path, no_leaks):
     """Ray Train runs the train function in its `TrainingThread`, the main thread iterating
     no loader: that thread's loop is the training loop (once refused as "not the training

@@ -271,21 +271,26 @@ def _loading(steps: pd.DataFrame, nw: int, cpu: dict, span_s: float, share: floa
 
 
 def _split(steps: pd.DataFrame, nw: int, cpu: dict, span_s: float, cpu_s: float | None,
-           wall_s: float | None) -> dict[str, Any]:
+           wall_s: float | None, sampled: bool = True) -> dict[str, Any]:
     """Where one loader's time per sample goes, measured (DESIGN.md: CPU wait, blocked):
     on a CPU (cpu_s), runnable but waiting for one (the run queue, from schedstat), and
     blocked, the rest (storage, locks, sleep). Storage is never inferred from wall - CPU:
     without schedstat the split is missing and says so; reads per sample (/proc io) are the
-    storage evidence."""
+    storage evidence. `sampled`: the host sampler has rows in the window (a run shorter
+    than its pass, a rank it could not read, has none: that is what is missing then, not
+    the kernel's figures)."""
     out: dict[str, Any] = {"runq": None, "blocked": None, "read_kb": None, "missing": ()}
     samples = float(steps["samples"].sum()) if not steps.empty else 0.0
     runq = cpu["main_runq"] if nw == 0 else cpu["workers_runq"]
     read = cpu["main_read"] if nw == 0 else cpu["workers_read"]
     missing = []
-    if runq is None:
-        missing.append("CPU wait (no /proc schedstat here)")
-    if read is None:
-        missing.append("reads (no /proc io here)")
+    if not sampled and (runq is None or read is None):
+        missing.append("CPU wait and reads (no host sample of the loaders in this window)")
+    else:
+        if runq is None:
+            missing.append("CPU wait (no /proc schedstat here)")
+        if read is None:
+            missing.append("reads (no /proc io here)")
     out["missing"] = tuple(missing)
     if samples <= 0:
         return out
@@ -332,7 +337,8 @@ def features(
     cpu = _cpu(h)
     nw = int(config.get("num_workers") or 0)
     cpu_s, wall_s = _loading(steps, nw, cpu, span_s, s.data_wait_share)
-    split = _split(steps, nw, cpu, span_s, cpu_s, wall_s)
+    sampled = not h.empty and "proc_cpu_pct" in h.columns and h["proc_cpu_pct"].notna().any()
+    split = _split(steps, nw, cpu, span_s, cpu_s, wall_s, sampled)
 
     def share(x: float | None) -> float | None:
         return x / wall_s if x is not None and wall_s else None

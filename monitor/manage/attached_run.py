@@ -34,7 +34,7 @@ from monitor.manage.result import gpu_figures, result
 from monitor.manage.runtime import Runtime
 from monitor.manage.session import remove_left_segments
 from monitor.probe.epoch_plan import EVERY_ENV
-from monitor.probe.patch import DB_ENV, RUN_ENV
+from monitor.probe.patch import DB_ENV, RUN_ENV, SCRIPT_ENV
 from monitor.probe.phases import ENV as PHASES_ENV
 from monitor.probe.writer import transient
 from monitor.store import ATTACHED, FAILED, FINISHED, RUNNING, STOPPED, Store, StoreError, explain
@@ -294,7 +294,7 @@ def run_attached(args: argparse.Namespace) -> int:
     run_id = store.create_run(args.name or script, ATTACHED,
                               {"preset": "custom", "workload": f"{ATTACHED_PREFIX}{script}"})
     relay = Relay(store.path.resolve(), run_id)  # NOTE [the relay]
-    env = {**script_env(store, run_id), **relay.env()}
+    env = {**script_env(store, run_id), **relay.env(), SCRIPT_ENV: script}
     if every is not None:
         env[EVERY_ENV] = str(every)
     if not args.phases:

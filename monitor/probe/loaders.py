@@ -116,9 +116,13 @@ def fastai_settings(loader: Any) -> dict[str, Any]:
 
 def base_loader(loader: Any) -> Any:
     """The torch DataLoader whose settings a loader runs on: itself, the first stage of a
-    webdataset WebLoader, the first of a Lightning CombinedLoader's loaders; else None."""
+    webdataset WebLoader, the first of a Lightning CombinedLoader's loaders, the DataLoader
+    a wrapper iterates each epoch (Ray Train's `_WrappedDataLoader` keeps it as
+    `_dataloader`, copies its attributes, and builds its iterator from it at every
+    __iter__: its own settings reach nothing); else None."""
     if is_dataloader(loader):
-        return loader
+        inner = vars(loader).get("_dataloader") if hasattr(loader, "__dict__") else None
+        return inner if inner is not None and is_dataloader(inner) else loader
     for inner in (getattr(loader, "pipeline", None), getattr(loader, "flattened", None)):
         if isinstance(inner, list) and inner and is_dataloader(inner[0]):
             return inner[0]
@@ -227,8 +231,10 @@ def worker_procs(loader: Any, it: Any) -> list[Any]:
     base = base_loader(loader)
     held = held_iterator(base) if base is not None else None
     own = getattr(base, "_iterator", None) if base is not loader else None
+    # ... or this epoch's iterator a wrapper keeps (Ray Train's `dataloader_iter`)
+    kept = held_iterator(loader) if base is not loader else None
     workers = (getattr(it, "_workers", None) or getattr(held and held[1], "_workers", [])
-               or getattr(own, "_workers", []))
+               or getattr(own, "_workers", []) or getattr(kept and kept[1], "_workers", []))
     return [w for w in workers or [] if getattr(w, "pid", None)]
 
 

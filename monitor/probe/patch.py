@@ -36,6 +36,9 @@ from monitor.ring import ENV as RELAY_ENV
 from monitor.store import ATTACHED, ENV_VAR, FINISHED, Store
 
 RUN_ENV = "STARVATION_MONITOR_RUN_ID"
+# the script `monitor run` started, by name: a rank in a process of a framework's own
+# (Ray's default_worker.py) records its run under the script's name, not its process's
+SCRIPT_ENV = "STARVATION_MONITOR_SCRIPT"
 DB_ENV = ENV_VAR  # the store the recorder writes (monitor/store/core.py)
 
 
@@ -50,7 +53,7 @@ def recorder(name: str | None = None) -> Recorder:
     with _recorder_lock:
         if _recorder is None:
             store = Store(os.environ.get(DB_ENV) or None)
-            script = os.path.basename(sys.argv[0] or "python")
+            script = os.environ.get(SCRIPT_ENV) or os.path.basename(sys.argv[0] or "python")
             env_run = os.environ.get(RUN_ENV)
             cfg = {"preset": "custom", "workload": f"{ATTACHED_PREFIX}{script}"}
             job = job_key()

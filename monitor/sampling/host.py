@@ -311,7 +311,7 @@ class HostSampler:
         of it (its last schedstat on-CPU) is taken off."""
         now = time.monotonic()
         pids = [w.pid for w in workers]
-        cur = {"t": now, "main": procfs.schedstat(main.pid, self.proc),
+        cur = {"t": now, "pid": main.pid, "main": procfs.schedstat(main.pid, self.proc),
                "main_read": procfs.storage_reads(main.pid, self.proc),
                "workers": {p: procfs.schedstat(p, self.proc) for p in pids},
                "reads": {p: procfs.storage_reads(p, self.proc) for p in pids},
@@ -320,7 +320,9 @@ class HostSampler:
         out: dict[str, float | None] = dict(proc_runq_pct=None, workers_runq_pct=None,
                                             workers_reaped_cpu_pct=None, proc_read_kb_s=None,
                                             workers_read_kb_s=None)
-        if prev is None or now <= prev["t"]:
+        if prev is None or now <= prev["t"] or prev.get("pid") != main.pid:
+            # (a key whose process changed, a rank reported again from another process:
+            # its counters are not this one's; a difference read -4,538% once)
             return out
         dt = now - prev["t"]
         a, b = prev["main"], cur["main"]
