@@ -63,6 +63,9 @@ def test_every_training_step_is_stored_once_with_its_batch_size(kind, tmp_path, 
             Store(db).events(d["run_id"], kinds=("loader",))["data"]}
     if kind in SAMPLES_FROM:
         assert said == {SAMPLES_FROM[kind]}, said
+    if kind.startswith("multi_epochs"):  # one iterator kept across epochs (timm, and
+        # Ultralytics' InfiniteDataLoader, made lazily): its batches' workers still read
+        assert [w["batches"] > 0 for w in d["workers"]] == [True, True], d["workers"]
     # an evaluation pass over the training loader is counted apart, never as training
     assert d["evaluation_passes"] == (EPOCHS if kind == "eval_pass" else 0), d
     if kind == "eval_pass":

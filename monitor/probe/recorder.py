@@ -33,6 +33,7 @@ from monitor.probe.loaders import (
     batch_size,
     change_loader,
     describe_loader,
+    held_iterator,
     is_fastai_loader,
     is_nodes_loader,
     loader_settings,
@@ -151,6 +152,7 @@ class Recorder:
         loader = self.timed_loader
         base = base_loader(loader) if loader is not None else None
         figures = workers.report(base if base is not None else loader, batch)
+        self._hook_held(loader, base)
         if self.probe.count_samples is None and batch is not None:  # how samples are counted
             self.probe.count_samples, self.probe.samples_from = sample_counter(
                 batch, batch_size(base if base is not None else loader))
@@ -168,6 +170,22 @@ class Recorder:
         self._event("loader", f"epoch {self.epoch}: batch {figures['batch_bytes'] / 1e6:.1f} "
                     f"MB in {figures['batch_tensors']} tensors, {figures['in_flight']} in "
                     "flight", {**figures, "epoch": self.epoch})
+
+    def _hook_held(self, loader: Any, base: Any) -> None:
+        """A loader that keeps its DataLoader iterator across epochs (timm's
+        MultiEpochsDataLoader, Ultralytics' InfiniteDataLoader, made lazily at the first
+        batch) or this epoch's on an attribute (Ray Train's wrapper): its epochs' iterators
+        are generators, so the worker of each batch is read from the iterator it keeps,
+        hooked here at an epoch's first batch (once: the hook stays with it). Ultralytics'
+        worker table once read 0 batches for both workers."""
+        for obj in (base, loader):
+            held = held_iterator(obj) if obj is not None else None
+            if held is not None:
+                workers.hook(held[1], self.probe, None)
+                if not self.worker_procs:
+                    self.worker_procs = [w for w in getattr(held[1], "_workers", None) or []
+                                         if getattr(w, "pid", None)]
+                return
 
     def _workers_ready(self, ready_s: list[float]) -> None:
         """Each worker's first batch, seconds after the epoch's iter() (by worker index)."""
