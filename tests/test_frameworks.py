@@ -186,6 +186,7 @@ def test_pyg_evaluation_on_the_training_loader_is_no_training_and_graphs_are_sam
     assert said == {"DataBatch.num_graphs"}, said
 
 
+@pytest.mark.timeout(600)  # Ray starts its own cluster: 150 s here quiet, more when busy
 def test_ray_train_stores_every_step_of_both_ranks_with_host_evidence(tmp_path, no_leaks):
     """Ray Train's TorchTrainer, 2 workers, unmodified under `monitor run` (once: 0 of 64
     steps, "iterated by thread 'TrainingThread(...)'"): every step of ranks 0 and 1, the run
@@ -194,7 +195,7 @@ def test_ray_train_stores_every_step_of_both_ranks_with_host_evidence(tmp_path, 
     DataLoader it wraps at every epoch)."""
     db = tmp_path / "ray.db"
     p = start(db, sys.executable, "ray_train.py")
-    out, err, d = finish(p, timeout=280)
+    out, err, d = finish(p, timeout=560)
     assert "fit done: 32 batches an epoch" in out, out[-2000:]
     store = Store(db)
     steps = store.steps(d["run_id"])
