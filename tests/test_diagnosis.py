@@ -476,3 +476,18 @@ def test_advice_for_a_torchdata_nodes_pipeline_is_in_its_terms():
     thread = in_loader_terms(dg, {**cfg, "worker_method": "thread"}).advice[0]
     assert thread.predicted_throughput is None and thread.uncertain
     assert in_loader_terms(dg, {"num_workers": 2}) is dg  # a DataLoader's: as it was
+
+
+def test_the_demo_page_says_why_it_may_not_starve_as_described_on_a_busy_box():
+    """The starving demo is calibrated for the whole box: with other jobs taking cores, the
+    page says how many and what that leaves, rather than show the preset's nature wrong."""
+    from monitor.ui.view import demo_note
+
+    demo = LoaderConfig.build(preset="starving", num_workers=2)
+    assert demo_note(feat(demo, other_cpu_cores=0.1)) is None  # a quiet box: as described
+    busy = demo_note(feat(demo, other_cpu_cores=1.6))
+    assert busy.startswith("Other jobs on this machine take 1.6 of its 2 cores.") and \
+        "with 0.4 cores left, two workers may still starve it" in busy, busy
+    assert "should still feed it" in demo_note(feat(demo, other_cpu_cores=0.5))
+    other = LoaderConfig.build(preset="cpu-bound", num_workers=2)
+    assert demo_note(feat(other, other_cpu_cores=1.6)) is None  # not the demo

@@ -156,6 +156,9 @@ def live_region(watching: bool = False) -> None:
     a, changing = steady_verdict(st.session_state.setdefault("_verdicts", {}),
                                        str(run_id), a, seq, time.monotonic())
     panels.render_verdict(a, changing)
+    note = views.demo_note(a.features)
+    if note:
+        st.caption(plain(note))
     live_now = run_id == manager.run_id and manager.is_alive() and not rt.jobs.running()
     panels.render_explain(a, apply_advice if live_now else None)
     panels.render_outcomes(said.outcomes)
