@@ -28,6 +28,9 @@ $(VENV)/.runtime: requirements.txt constraints.txt | $(PY)
 
 $(VENV)/.dev: requirements-dev.txt $(VENV)/.runtime
 	$(PIP) -r requirements-dev.txt
+	$(PIP) --no-deps "fastai>=2.8"  # without torchvision: see requirements-dev.txt
+	$(PY) -c "import importlib.util as u, sys; sys.exit(u.find_spec('torchvision') is not None \
+		and 'torchvision is installed: it breaks Lightning on this torch; pip uninstall it')"
 	touch $@
 
 # The same command a pip-installed user runs: Streamlit's settings (no usage statistics,

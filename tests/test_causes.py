@@ -262,7 +262,10 @@ def test_a_worker_killed_by_the_oom_killer_is_named():
     f = limits.failure("RuntimeError: DataLoader worker (pid 123) is killed by signal: "
                        "Killed.", None)
     assert f is not None and f.cause == limits.OOM and f.no_more_workers
-    assert limits.failure("ValueError: bad sample 7", None) is None
+    # a dataset's own exception is no resource run out: the loader's error, in its words
+    own = limits.failure("ValueError: bad sample 7", None)
+    assert own.cause == limits.LOADER_ERROR and own.text == \
+        "the loader failed: ValueError: bad sample 7"
 
 
 def test_a_worker_that_died_unsaid_at_the_memory_limit_is_named_the_oom_killers():

@@ -195,8 +195,8 @@ def held_iterator(loader: Any) -> tuple[str, Any] | None:
     base = getattr(sys.modules.get("torch.utils.data.dataloader"), "_BaseDataLoaderIter", None)
     if base is None:
         return None
-    for name, value in vars(loader).items():
-        if name != "_iterator" and isinstance(value, base):
+    for name, value in (getattr(loader, "__dict__", None) or {}).items():  # (a generator:
+        if name != "_iterator" and isinstance(value, base):                # none)
             return name, value
     return None
 
