@@ -481,7 +481,7 @@ def test_advice_for_a_torchdata_nodes_pipeline_is_in_its_terms():
 def test_the_demo_page_says_why_it_may_not_starve_as_described_on_a_busy_box():
     """The starving demo is calibrated for the whole box: with other jobs taking cores, the
     page says how many and what that leaves, rather than show the preset's nature wrong."""
-    from monitor.ui.view import demo_note
+    from monitor.ui.demo_note import demo_note
 
     demo = LoaderConfig.build(preset="starving", num_workers=2)
     assert demo_note(feat(demo, other_cpu_cores=0.1)) is None  # a quiet box: as described

@@ -16,6 +16,7 @@ from monitor.ui import view as views
 from monitor.ui.autotune_panel import render_autotune
 from monitor.ui.compare_panel import ask_compare_with_previous, render_compare
 from monitor.ui.controls import render_controls, render_watching, shown_step_ms
+from monitor.ui.demo_note import demo_note
 from monitor.ui.job_panel import render_job_tab
 from monitor.ui.resources import get_runtime, prometheus_arg
 from monitor.ui.sweep_panel import render_sweep_controls, render_sweep_progress
@@ -156,7 +157,7 @@ def live_region(watching: bool = False) -> None:
     a, changing = steady_verdict(st.session_state.setdefault("_verdicts", {}),
                                        str(run_id), a, seq, time.monotonic())
     panels.render_verdict(a, changing)
-    note = views.demo_note(a.features)
+    note = demo_note(a.features)
     if note:
         st.caption(plain(note))
     live_now = run_id == manager.run_id and manager.is_alive() and not rt.jobs.running()
