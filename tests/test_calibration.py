@@ -34,7 +34,10 @@ def test_a_fresh_figure_within_the_noise_keeps_the_stored_one():
 def test_a_store_calibrated_on_a_busy_box_is_measured_again(tmp_path, no_leaks):
     db = tmp_path / "c.db"
     store = Store(db)
-    planted = 0.05  # ten times what loading a starving sample costs on this box
+    # a hundred times what loading a starving sample costs on a quiet box, and past anything a
+    # saturated one measures (0.036 s seen): a 10x figure was once within the noise of a
+    # saturated box's fresh one, so the stored figure rightly stood
+    planted = 0.5
     store.set_calibration("sample_cost_s:starving", planted)
     with sqlite3.connect(db) as conn:  # measured an hour ago, under that hour's load
         conn.execute("UPDATE calibration SET ts = ts - 3600")
@@ -48,5 +51,5 @@ def test_a_store_calibrated_on_a_busy_box_is_measured_again(tmp_path, no_leaks):
     # the figure is this hour's, whatever its load)
     assert cost is not None and cost != planted and age < 600, (cost, age)
     # the step follows the fresh figure: 0.8x a batch's loading, so at 0 workers the loop
-    # waits for most of each step (a planted 10x figure would leave it waiting ~10%)
+    # waits for most of each step (a planted stale figure would leave it waiting ~1%)
     assert d["data_wait_share"] > 0.3, d["data_wait_share"]

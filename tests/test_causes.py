@@ -92,7 +92,10 @@ def test_workers_left_idle_by_a_one_shard_iterable_dataset(tmp_path, no_leaks):
     four = bare("idle_shards", "--workers", "4", "--seconds", "3")
     assert "workers delivering 1 of 4" in four.stdout, four.stdout
     assert rate(four) <= 1.05 / (8 * 0.002), rate(four)  # more workers: no gain past one
-    rc, d = monitored(tmp_path / "i.db", "idle_shards", "--workers", "4", "--seconds", "4")
+    # judged past IDLE_WORKER_MIN_BATCHES in the window (a saturated box ran 10 batches in
+    # 4 s, too few to judge): a batch count, not a time, makes the evidence
+    rc, d = monitored(tmp_path / "i.db", "idle_shards", "--workers", "4", "--seconds", "4",
+                      "--min-batches", "80")
     assert rc == 0
     f = finding(d, causes.IDLE_WORKERS)
     assert f["numbers"]["idle"] == [1, 2, 3] and f["numbers"]["workers"] == 4

@@ -222,6 +222,8 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--seconds", type=float, default=8.0)
     ap.add_argument("--epochs", type=int, default=0, help="run exactly this many epochs")
+    ap.add_argument("--min-batches", type=int, default=0,
+                    help="run on past --seconds until this many batches (a busy box's evidence)")
     ap.add_argument("--epoch-seconds", type=float, default=0.0,
                     help="with --epochs: an epoch also ends after this long")
     ap.add_argument("--sharing", default=None, help="torch's sharing strategy (the fds fix)")
@@ -242,7 +244,10 @@ def main() -> None:
     first = None
     epochs = 0
     # epochs until the time is up, or exactly --epochs of them
-    while (epochs < a.epochs) if a.epochs else (time.perf_counter() - start <= a.seconds):
+    def more() -> bool:
+        return time.perf_counter() - start <= a.seconds or n < a.min_batches
+
+    while (epochs < a.epochs) if a.epochs else more():
         epochs += 1
         began = time.perf_counter()
         for i, batch in enumerate(loader):
@@ -256,7 +261,7 @@ def main() -> None:
                 makers.update(int(w) for w in batch[:, 1].tolist())
             samples += len(batch) if isinstance(batch, torch.Tensor) else \
                 len(batch["x"]) if isinstance(batch, dict) else 1
-            if not a.epochs and time.perf_counter() - start > a.seconds:
+            if not a.epochs and not more():
                 break
             if a.epoch_seconds and time.perf_counter() - began > a.epoch_seconds:
                 break
