@@ -23,13 +23,106 @@ MAX_STEP_TIME_MS = 10_000.0
 MODEL_SIZES: tuple[str, ...] = ("auto", "small", "medium", "large")
 DEFAULT_PREFETCH = 2  # torch's own default batches per worker
 MAX_WORKERS_CEILING = 1024  # a sanity bound; the machine's limit is passed to build()
-# The DataLoader settings this tool measures, advises and moves (the sliders, the sweep's
-# parameters, a user workload's defaults), in the order they are shown.
-LOADER_SETTINGS = ("num_workers", "batch_size", "prefetch_factor", "pin_memory",
-                   "persistent_workers", "in_order")
-# Those a built DataLoader can change at its next iter() (an attached script's loader, the
-# live autotuner's moves).
-LIVE_SETTINGS = ("num_workers", "prefetch_factor", "pin_memory", "persistent_workers", "in_order")
+
+
+@dataclass(frozen=True, slots=True)
+class Setting:
+    """One DataLoader setting this tool measures, advises and moves, declared once: its type,
+    range, default, whether it applies only with worker processes (and its value without
+    them), whether a built loader changes it at its next iter() (`live`), and the words
+    shown beside it. Validation, `normalise`, the DataLoader's keyword arguments, the probe's
+    reader, the CLI's flags and `--param` parsing, the page's widgets, the Job tab, the
+    Prometheus labels and the Grafana annotation are derived from SETTINGS (a test walks
+    each of them: tests/test_settings.py)."""
+
+    name: str
+    kind: type  # int or bool
+    default: Any
+    low: int = 0
+    high: int = 0
+    unit: str = ""  # what a whole number counts ("samples")
+    note: str = ""  # said after an out-of-range value
+    worker_only: bool = False  # applies only with num_workers >= 1
+    off: Any = None  # its value with num_workers=0 (worker-only settings)
+    live: bool = False  # a built DataLoader changes it at its next iter()
+    passed_at_default: bool = True  # False: given to DataLoader only when changed (newer torch)
+    help: str = ""
+    choices: tuple[int, ...] = ()  # the values a page offers on its slider, where not a range
+    short: str = ""  # a table's column head (the name where empty)
+
+    def __post_init__(self) -> None:
+        if not self.short:
+            object.__setattr__(self, "short", self.name)
+
+    @staticmethod
+    def shown(value: Any) -> str:
+        """A value in a table: on/off, '-' where unset."""
+        return "-" if value is None else ("on" if value else "off") if isinstance(value, bool) \
+            else str(value)
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+    def parse(self, text: str) -> Any:
+        """A value as written on a command line ('4', 'on', 'false'); ValueError saying what
+        this setting takes."""
+        v = text.strip().lower()
+        if self.kind is bool:
+            if v not in ("0", "1", "on", "off", "true", "false"):
+                raise ValueError(f"{self.name}: use on/off (or true/false), not {text!r}")
+            return v in ("1", "on", "true")
+        try:
+            return int(v)
+        except ValueError:
+            raise ValueError(f"{self.name}: {text!r} is not a whole number") from None
+
+    def check(self, value: Any, num_workers: int) -> None:
+        """ConfigError, saying what to do, for a value this setting does not take."""
+        if value is None and self.worker_only:
+            return  # unset: torch's default
+        if self.kind is bool:
+            if not isinstance(value, bool):
+                raise ConfigError(f"{self.name} must be true or false ({self.help})")
+        else:
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise ConfigError(f"{self.name} must be a whole number of {self.unit}"
+                                  + (f" ({self.note})" if self.note else ""))
+            if not self.low <= value <= self.high:
+                raise ConfigError(f"{self.name}={value} is out of range: use {self.low} to "
+                                  f"{self.high} {self.unit}"
+                                  + (f" ({self.note})" if self.note else ""))
+        if self.worker_only and num_workers == 0 and value != self.off:
+            raise ConfigError(f"{self.name}={value!r} needs worker processes: set "
+                              f"num_workers >= 1, or leave {self.name} at its default")
+
+
+# in the order they are shown
+SETTINGS: tuple[Setting, ...] = (
+    Setting("num_workers", int, 0, 0, MAX_WORKERS_CEILING, "worker processes",
+            note="num_workers=0 loads in the main process", live=True,
+            help="worker processes; 0 loads in the training process"),
+    Setting("batch_size", int, 32, 1, MAX_BATCH_SIZE, "samples", help="samples a batch",
+            short="batch",
+            choices=(1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 1024)),
+    Setting("prefetch_factor", int, DEFAULT_PREFETCH, 1, MAX_PREFETCH_FACTOR,
+            "batches per worker", worker_only=True, off=None, live=True,
+            help="batches each worker loads ahead (needs num_workers >= 1; default 2)",
+            short="prefetch"),
+    Setting("pin_memory", bool, False, live=True, short="pin",
+            help="page-locked host memory for faster host-to-GPU copies"),
+    Setting("persistent_workers", bool, False, worker_only=True, off=False, live=True,
+            short="pers",
+            help="keep workers between epochs (needs num_workers >= 1)"),
+    Setting("in_order", bool, True, worker_only=True, off=True, live=True,
+            passed_at_default=False,  # torch before 2.6 has none: passed only when off
+            short="order",
+            help="off: batches are handed over as the workers finish them, so one slow "
+                 "sample does not hold the ones queued behind it (needs num_workers >= 1)"),
+)
+SETTING = {s.name: s for s in SETTINGS}
+LOADER_SETTINGS = tuple(SETTING)
+LIVE_SETTINGS = tuple(s.name for s in SETTINGS if s.live)
 # A run's settings as the page's sidebar and `monitor compare` show them.
 SHOWN_SETTINGS = ("preset", "workload", *LOADER_SETTINGS, "step_time_ms", "model_size")
 WORKER_CEILING_X = 3  # the worker ceiling: this many loaders per usable core
@@ -73,9 +166,7 @@ def normalise(settings: dict[str, Any], clear: bool = True) -> dict[str, Any]:
     if isinstance(nw, int) and not isinstance(nw, bool) and nw == 0:
         if not clear:
             return out
-        out["prefetch_factor"] = None
-        out["persistent_workers"] = False
-        out["in_order"] = True  # batches of the main process come in order
+        out.update({s.name: s.off for s in SETTINGS if s.worker_only})
     elif out.get("prefetch_factor") is None:
         out["prefetch_factor"] = DEFAULT_PREFETCH
     return out
@@ -122,45 +213,9 @@ class LoaderConfig:
             )
 
     def _check_loader(self) -> None:
-        if isinstance(self.num_workers, bool) or not isinstance(self.num_workers, int):
-            raise ConfigError("num_workers must be a whole number (0 loads in the main process)")
-        if self.num_workers < 0:
-            raise ConfigError(
-                f"num_workers={self.num_workers} is negative: use num_workers=0 to load in the "
-                "main process, or a positive count of worker processes"
-            )
-        if self.num_workers > MAX_WORKERS_CEILING:
-            raise ConfigError(f"num_workers={self.num_workers} is more than this tool allows "
-                              f"({MAX_WORKERS_CEILING})")
-        if isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int):
-            raise ConfigError("batch_size must be a whole number of samples, at least 1")
-        if not 1 <= self.batch_size <= MAX_BATCH_SIZE:
-            raise ConfigError(
-                f"batch_size={self.batch_size} is out of range: use 1 to {MAX_BATCH_SIZE}"
-            )
-        if self.prefetch_factor is not None:
-            if self.num_workers == 0:
-                raise ConfigError(
-                    "prefetch_factor only applies with worker processes: leave it unset "
-                    "with num_workers=0, or set num_workers >= 1"
-                )
-            if isinstance(self.prefetch_factor, bool) or not isinstance(self.prefetch_factor, int):
-                raise ConfigError("prefetch_factor must be a whole number of batches per worker")
-            if not 1 <= self.prefetch_factor <= MAX_PREFETCH_FACTOR:
-                raise ConfigError(
-                    f"prefetch_factor={self.prefetch_factor} is out of range: use 1 to "
-                    f"{MAX_PREFETCH_FACTOR} batches per worker"
-                )
-        if not isinstance(self.in_order, bool):
-            raise ConfigError("in_order must be true or false (false: batches as they finish)")
-        if not self.in_order and self.num_workers == 0:
-            raise ConfigError("in_order=False needs worker processes: set num_workers >= 1, "
-                              "or leave in_order on")
-        if self.persistent_workers and self.num_workers == 0:
-            raise ConfigError(
-                "persistent_workers needs worker processes: set num_workers >= 1, or turn "
-                "persistent_workers off"
-            )
+        nw = self.num_workers
+        for setting in SETTINGS:
+            setting.check(getattr(self, setting.name), nw if isinstance(nw, int) else 0)
 
     def _check_device(self) -> None:
         if self.step_time_ms is not None:
@@ -241,17 +296,32 @@ class LoaderConfig:
 
     def loader_kwargs(self) -> dict[str, Any]:
         """Keyword arguments for torch.utils.data.DataLoader."""
-        kw: dict[str, Any] = {
-            "batch_size": self.batch_size,
-            "num_workers": self.num_workers,
-            "pin_memory": self.pin_memory,
-        }
-        if self.num_workers > 0:
-            kw["prefetch_factor"] = prefetch_of(self)
-            kw["persistent_workers"] = self.persistent_workers
-            if not self.in_order:  # (torch before 2.6 has no in_order: only passed when off)
-                kw["in_order"] = False
+        kw: dict[str, Any] = {}
+        for s in SETTINGS:
+            value = prefetch_of(self) if s.name == "prefetch_factor" else getattr(self, s.name)
+            if (s.worker_only and self.num_workers == 0
+                    or not s.passed_at_default and value == s.default):
+                continue
+            kw[s.name] = value
         return kw
+
+
+def settings_label(settings: LoaderConfig | dict[str, Any]) -> str:
+    """The one settings labeller: 'num_workers=2, batch_size=32, prefetch_factor=2', plus each
+    switch away from its default ('pin_memory', 'in_order=False'); worker-only settings only
+    with workers, and a setting a dict lacks (an attached run's live ones) left out."""
+    d = settings.to_dict() if isinstance(settings, LoaderConfig) else settings
+    workers = bool(d.get("num_workers"))
+    parts = []
+    for s in SETTINGS:
+        v = d.get(s.name)
+        if s.name not in d or s.worker_only and not workers:
+            continue
+        if s.kind is not bool:
+            parts.append(f"{s.name}={v}")
+        elif v is not None and bool(v) != s.default:
+            parts.append(s.name if v else f"{s.name}=False")
+    return ", ".join(parts)
 
 
 def describe_change(old: LoaderConfig | dict[str, Any] | None,

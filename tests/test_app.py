@@ -37,6 +37,13 @@ def test_page_opens_on_the_starving_default_and_a_slider_reaches_the_manager(app
     assert manager.config.num_workers == 0
     assert any("simulated accelerator" in c.value for c in app.caption)
     assert app.sidebar.slider(key="cfg_prefetch_factor").disabled  # no workers yet
+    # a widget per declared loader setting (config.SETTINGS; tests/test_settings.py walks
+    # the other consumers)
+    from monitor.config import LOADER_SETTINGS
+
+    widgets = {w.key for kind in (app.sidebar.slider, app.sidebar.select_slider,
+                                  app.sidebar.toggle) for w in kind}
+    assert {f"cfg_{k}" for k in LOADER_SETTINGS} <= widgets, widgets
 
     app.sidebar.slider(key="cfg_num_workers").set_value(2).run()
     assert not app.exception
@@ -240,11 +247,16 @@ def test_attached_run_can_be_retuned_from_the_page(app, db_path):
     app.run()
     app.selectbox(key="selected_run").set_value(run).run()
     assert not app.exception
-    app.number_input(key=f"att_nw_{run}").set_value(2)
+    # a widget per live setting (config.SETTINGS), in_order among them
+    assert {w.key for w in app.toggle} >= {f"att_{k}_{run}" for k in (
+        "pin_memory", "persistent_workers", "in_order")}
+    app.slider(key=f"att_num_workers_{run}").set_value(2).run()
+    app.toggle(key=f"att_in_order_{run}").set_value(False)
     app.button(key=f"att_req_{run}").click().run()
     assert not app.exception
     (cid, kind, payload), = store.pending_control(run)
     assert kind == "config" and payload["num_workers"] == 2 and payload["prefetch_factor"] == 2
+    assert payload["in_order"] is False
 
 
 def test_auto_tune_switch_tunes_the_page_workload_by_itself(app, db_path, monkeypatch):

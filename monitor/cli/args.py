@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from monitor.config import MODEL_SIZES, PRESETS
+from monitor.config import MODEL_SIZES, PRESETS, SETTING, SETTINGS
 from monitor.store import ENV_VAR, default_path
 from monitor.thresholds import (
     BUDGET_ENV,
@@ -30,8 +30,6 @@ def _workload_options() -> argparse.ArgumentParser:
                    help="your own dataset instead of a preset: path/to/file.py:callable or "
                         "package.module:callable returning a Dataset (or a dict with "
                         "'dataset', optional 'collate_fn', 'model_step', loader defaults)")
-    w.add_argument("--batch-size", type=int, default=None,
-                   help="samples per batch (default: the preset's)")
     w.add_argument("--step-time-ms", type=float, default=None,
                    help="device time per step: the simulated accelerator's, or the CUDA "
                         "model's target with --model-size auto (default: the preset's)")
@@ -60,15 +58,17 @@ def metrics_options(p: argparse.ArgumentParser) -> None:
 
 
 def _loader_options(p: argparse.ArgumentParser, limit: int) -> None:
-    p.add_argument("--num-workers", type=int, default=None,
-                   help=f"DataLoader worker processes; 0 (the default) loads in the main "
-                        f"process (this machine: up to {limit})")
-    p.add_argument("--prefetch-factor", type=int, default=None,
-                   help="batches loaded ahead per worker (needs --num-workers >= 1; default 2)")
-    p.add_argument("--pin-memory", action="store_true",
-                   help="copy batches into page-locked memory (faster host-to-GPU copies)")
-    p.add_argument("--persistent-workers", action="store_true",
-                   help="keep workers alive between epochs (needs --num-workers >= 1)")
+    """A flag per declared loader setting (config.SETTINGS): a whole number, or a switch
+    with its --no- form; unset (None) where not given, so a preset's or a user workload's
+    own default stands."""
+    for s in SETTINGS:
+        if s.kind is bool:
+            p.add_argument(s.flag, action=argparse.BooleanOptionalAction, default=None,
+                           help=f"{s.help} (default: {'on' if s.default else 'off'})")
+        else:
+            more = {"num_workers": f" (this machine: up to {limit})",
+                    "batch_size": " (default: the preset's)"}.get(s.name, "")
+            p.add_argument(s.flag, type=int, default=None, help=s.help + more)
 
 
 def _measure(sub: argparse._SubParsersAction, common: argparse.ArgumentParser,
@@ -108,7 +108,7 @@ def _sweep(sub: argparse._SubParsersAction, common: argparse.ArgumentParser,
     s.add_argument("--param", action="append", default=[], metavar="NAME=V1,V2,...",
                    help="a swept setting, repeatable: num_workers=0,1,2,4 "
                         "prefetch_factor=1,2,4 batch_size=32,64 pin_memory=off,on "
-                        "persistent_workers=off,on (default: num_workers=0,1,2,...,3x cores)")
+                        "in_order=on,off (default: num_workers=0,1,2,...,3x cores)")
     s.add_argument("--seconds-per-config", type=float, default=8.0,
                    help="measured seconds per configuration after its first batch (default 8)")
     s.add_argument("--windows", type=int, default=3,
@@ -304,16 +304,8 @@ def parse_param(text: str) -> tuple[str, list[Any]]:
         raise ValueError(f"--param {text!r}: write NAME=V1,V2,... e.g. num_workers=0,1,2,4")
     if name not in SWEEP_PARAMS:
         raise ValueError(f"--param {name!r}: sweepable are {', '.join(SWEEP_PARAMS)}")
-    out: list[Any] = []
-    for v in values.split(","):
-        v = v.strip().lower()
-        if name in ("pin_memory", "persistent_workers"):
-            if v not in ("0", "1", "on", "off", "true", "false"):
-                raise ValueError(f"--param {name}: use on/off, not {v!r}")
-            out.append(v in ("1", "on", "true"))
-        else:
-            try:
-                out.append(int(v))
-            except ValueError:
-                raise ValueError(f"--param {name}: {v!r} is not a whole number") from None
+    try:
+        out = [SETTING[name].parse(v) for v in values.split(",")]
+    except ValueError as exc:
+        raise ValueError(f"--param {exc}") from None
     return name, list(dict.fromkeys(out))

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from monitor.cli.args import build_parser, parse_param
-from monitor.config import ConfigError, LoaderConfig, max_workers, normalise
+from monitor.config import SETTING, SETTINGS, ConfigError, LoaderConfig, max_workers, normalise
 from monitor.sampling.host import usable_cores
 from monitor.store import ENV_VAR, FAILED
 
@@ -36,17 +36,14 @@ def _config(args: argparse.Namespace, limit: int) -> LoaderConfig:
         print(f"workload {args.workload}: {info.get('kind')} {info.get('dataset')}"
               + (f", {info['length']} samples" if info.get("length") else ""), file=sys.stderr)
 
-    def pick(name: str, flag: object, fallback: object) -> object:
-        given = flag is not None and flag is not False  # 0 is a value; False is "not given"
-        return flag if given else defaults.get(name, fallback)
+    def pick(name: str, fallback: object) -> object:
+        flag = getattr(args, name)  # None: not given (a switch's --no- form gives False)
+        return flag if flag is not None else defaults.get(name, fallback)
 
-    batch = pick("batch_size", args.batch_size,
-                 preset_batch_size(args.preset) if not args.workload else 32)
-    kwargs = dict(
-        num_workers=pick("num_workers", args.num_workers, 0), batch_size=batch,
-        prefetch_factor=pick("prefetch_factor", args.prefetch_factor, None),
-        pin_memory=bool(pick("pin_memory", args.pin_memory, False)),
-        persistent_workers=bool(pick("persistent_workers", args.persistent_workers, False)),
+    fallback = {"batch_size": preset_batch_size(args.preset) if not args.workload else 32,
+                "prefetch_factor": None}  # unset: torch's default, filled below
+    kwargs = {s.name: pick(s.name, fallback.get(s.name, s.default)) for s in SETTINGS}
+    kwargs.update(
         step_time_ms=args.step_time_ms, model_size=args.model_size,
         epoch_samples=args.epoch_samples,
     )
@@ -113,16 +110,17 @@ def _measure(args: argparse.Namespace, config: LoaderConfig, rt: Any) -> int:
 
 
 def _print_results(results: list) -> None:
-    print(f"{'num_workers':>11} {'prefetch':>8} {'batch':>5} {'pin':>3} {'pers':>4}"
-          f"{'samples/s':>11} {'spread':>7} {'wait':>6} {'busy':>6} {'peak MB':>8}  status")
+    """The sweep's table: a column per declared loader setting, then the figures."""
+    cols = [(s.name, max(len(s.short), 3)) for s in SETTINGS]
+    print(" ".join(f"{s.short:>{w}}" for s, (_, w) in zip(SETTINGS, cols, strict=True))
+          + f"{'samples/s':>11} {'spread':>7} {'wait':>6} {'busy':>6} {'peak MB':>8}  status")
     for r in results:
         c = r.config
         num = (f"{r.throughput:>11.1f} {r.throughput_spread or 0:>7.1%} "
                f"{r.data_wait_share or 0:>6.2f} {r.device_busy_mean or 0:>6.2f} "
                f"{r.peak_memory_mb or 0:>8.0f}") if r.throughput else f"{'':>43}"
-        print(f"{c.num_workers:>11} {c.prefetch_factor or '-':>8} {c.batch_size:>5} "
-              f"{'on' if c.pin_memory else 'off':>3} {'on' if c.persistent_workers else 'off':>4}"
-              f"{num}  {r.status}{': ' + r.reason if r.reason else ''}")
+        cells = [f"{SETTING[name].shown(getattr(c, name)):>{w}}" for name, w in cols]
+        print(" ".join(cells) + f"{num}  {r.status}{': ' + r.reason if r.reason else ''}")
 
 
 def _point(r: Any) -> dict:

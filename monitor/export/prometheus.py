@@ -34,7 +34,7 @@ from prometheus_client.registry import CollectorRegistry
 from monitor.assess.devices import workload_gpu
 from monitor.assess.recent import read_recent, steady_verdict
 from monitor.assess.window import Context, Window, assess
-from monitor.config import LIVE_SETTINGS
+from monitor.config import LIVE_SETTINGS, LOADER_SETTINGS
 from monitor.diagnosis import VERDICTS
 from monitor.diagnosis.causes import CAUSES
 from monitor.frames.analysis import workers_memory_mb
@@ -80,8 +80,7 @@ METRICS: list[tuple[str, str, str, str]] = [
     ("cause", "stateset", _R + ", starvation_cause",
      "the cause the rank's verdict names over the last " + _KPI + " (its finding: "
      "head-of-line, shm-exhausted, ...; none where no finding holds): 1 for the current one"),
-    ("loader_info", "info", _R + ", num_workers, prefetch_factor, pin_memory, "
-     "persistent_workers, batch_size", "the loader settings in force"),
+    ("loader_info", "info", ", ".join((_R, *LOADER_SETTINGS)), "the loader settings in force"),
     ("run_info", "info", _R + ", name, kind, status, accelerator_kind, world_size",
      "what the run is; world_size: the job's ranks on every node"),
     ("workers", "gauge", _R, "live DataLoader worker processes"),
@@ -212,8 +211,7 @@ class StoreCollector:
                     self._recent(recent.window(rs.rank), (int(row.id), rs.rank), rs.config,
                                  now, rs.labels, gauges, (verdict, cause))
                 cfg = rs.config
-                loader.add_metric(rs.labels, {k: str(cfg.get(k)) for k in (*LIVE_SETTINGS,
-                                                                            "batch_size")})
+                loader.add_metric(rs.labels, {k: str(cfg.get(k)) for k in LOADER_SETTINGS})
                 info.add_metric(rs.labels, {
                     "name": str(row.name), "kind": str(row.kind), "status": str(row.status),
                     "accelerator_kind": str(run.get("accelerator_kind")),

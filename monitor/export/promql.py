@@ -19,6 +19,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from monitor.config import LOADER_SETTINGS
 from monitor.thresholds import KPI_WINDOW_S, STRAGGLER_MIN_S, STRAGGLER_RATIO
 
 RANK = "job_id, node_rank, rank, hostname"  # what names a rank across nodes
@@ -187,9 +188,7 @@ def dashboard() -> dict:
             "expr": f"starvation_loader_info{{{SEL}}} unless starvation_loader_info{{{SEL}}} "
                     "offset 1m",
             "step": "30s", "titleFormat": "loader settings · " + RANK_LEGEND,
-            "textFormat": "num_workers={{num_workers}} prefetch_factor={{prefetch_factor}} "
-                          "batch_size={{batch_size}} pin_memory={{pin_memory}} "
-                          "persistent_workers={{persistent_workers}}",
+            "textFormat": " ".join(f"{k}={{{{{k}}}}}" for k in LOADER_SETTINGS),
             "useValueForTime": False}]},
         "panels": panels(),
     }

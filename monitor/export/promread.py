@@ -20,12 +20,12 @@ from typing import Any
 
 import pandas as pd
 
+from monitor.config import LOADER_SETTINGS
 from monitor.export import promql
 
 RANGE = "30s"  # the rates' range: a few scrapes at any usual interval (15 s at most)
 TIMEOUT_S = 3.0
-LOADER_KEYS = ("num_workers", "prefetch_factor", "batch_size", "pin_memory",
-               "persistent_workers")
+LOADER_KEYS = LOADER_SETTINGS  # the labels of starvation_loader_info
 COLUMNS = ("node_rank", "hostname", "rank", "throughput", "data_wait_share",
            "wait_per_step_s", "verdict", *LOADER_KEYS, "gpu_util", "straggler")
 

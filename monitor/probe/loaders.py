@@ -13,7 +13,7 @@ import sys
 from typing import Any
 
 from monitor import control
-from monitor.config import ConfigError, LoaderConfig
+from monitor.config import SETTINGS, ConfigError, LoaderConfig
 
 FIXED_SETTINGS = ("batch_size", "drop_last", "sampler", "batch_sampler", "dataset",
                   "collate_fn", "shuffle")
@@ -103,15 +103,10 @@ def is_fastai_loader(obj: Any) -> bool:
 def fastai_settings(loader: Any) -> dict[str, Any]:
     """A fastai DataLoader's settings in the store's terms: `bs`, and its _FakeLoader's
     workers, pinning, persistence and prefetch (torch's iterators read them there)."""
-    fake = getattr(loader, "fake_l", None)
-    nw = int(getattr(fake, "num_workers", 0) or 0)
     bs = getattr(loader, "bs", None)
-    return {"preset": "custom", "loader_kind": "fastai", "num_workers": nw,
-            "batch_size": bs if isinstance(bs, int) and bs > 0 else 1,
-            "prefetch_factor": getattr(fake, "prefetch_factor", None) if nw > 0 else None,
-            "pin_memory": bool(getattr(fake, "pin_memory", False)),
-            "persistent_workers": bool(getattr(fake, "persistent_workers", False)),
-            "in_order": True}
+    return {**read_settings(getattr(loader, "fake_l", None),
+                            {"batch_size": bs if isinstance(bs, int) and bs > 0 else 1,
+                             "in_order": True}), "loader_kind": "fastai"}
 
 
 def base_loader(loader: Any) -> Any:
@@ -174,19 +169,34 @@ def loader_settings(loader: Any) -> dict[str, Any]:
     if is_fastai_loader(loader):
         return fastai_settings(loader)
     loader = base_loader(loader) if base_loader(loader) is not None else loader
-    nw = int(getattr(loader, "num_workers", 0) or 0)
-    return {
-        "preset": "custom", "num_workers": nw,
+    return read_settings(loader, {
         "batch_size": batch_size(loader) or 1,
-        "prefetch_factor": getattr(loader, "prefetch_factor", None) if nw > 0 else None,
-        "pin_memory": bool(getattr(loader, "pin_memory", False)),
         # a loader that holds one iterator for every epoch keeps its workers as persistent
         # workers would (timm's MultiEpochsDataLoader)
         "persistent_workers": bool(getattr(loader, "persistent_workers", False))
-        or (nw > 0 and held_iterator(loader) is not None),
-        # torch before 2.6 has no in_order: its loaders are always in order
-        "in_order": bool(getattr(loader, "in_order", True)) if nw > 0 else True,
-    }
+        or (int(getattr(loader, "num_workers", 0) or 0) > 0
+            and held_iterator(loader) is not None)})
+
+
+def read_settings(obj: Any, known: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Every declared setting (config.SETTINGS) of a DataLoader-like `obj` in the store's
+    terms, from its attribute of that name (a setting it lacks, as torch before 2.6 lacks
+    in_order: the default), those in `known` as given; worker-only ones at their value
+    without workers when it has none."""
+    known = known or {}
+    nw = int(known.get("num_workers", getattr(obj, "num_workers", 0)) or 0)
+    out: dict[str, Any] = {"preset": "custom"}
+    for s in SETTINGS:
+        if s.worker_only and nw == 0:
+            value = s.off
+        elif s.name in known:
+            value = known[s.name]
+        else:
+            value = getattr(obj, s.name, s.default)
+            value = (bool(value) if s.kind is bool
+                     else value if s.name == "prefetch_factor" else int(value or 0))
+        out[s.name] = value
+    return out
 
 
 def held_iterator(loader: Any) -> tuple[str, Any] | None:

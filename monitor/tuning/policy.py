@@ -39,7 +39,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from monitor.config import LIVE_SETTINGS, normalise, prefetch_of
+from monitor.config import LIVE_SETTINGS, normalise, prefetch_of, settings_label
 from monitor.diagnosis.rules import CORES_BOUND, HEALTHY
 from monitor.thresholds import (
     HOST_BUSIER_CORES,
@@ -378,6 +378,6 @@ def _key(settings: dict[str, Any]) -> tuple:
 
 
 def describe_settings(settings: dict[str, Any]) -> str:
-    """'num_workers=2, prefetch_factor=2' (plus pin/persistent when on)."""
-    return ", ".join(f"{k}={settings.get(k)}" for k in LIVE_SETTINGS
-                     if k in ("num_workers", "prefetch_factor") or settings.get(k))
+    """A move's settings as one label (config.settings_label): 'num_workers=2,
+    prefetch_factor=2', plus each switch away from its default."""
+    return settings_label(settings)

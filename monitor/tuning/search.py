@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from monitor.config import LIVE_SETTINGS, LOADER_SETTINGS, LoaderConfig
+from monitor.config import LIVE_SETTINGS, LOADER_SETTINGS, SETTINGS, LoaderConfig, settings_label
 from monitor.thresholds import KNEE_SHARE, MEMORY_HEADROOM, std_error
 from monitor.tuning.policy import Observation, Policy, loader_advice, memory_left_mb
 
@@ -67,16 +67,19 @@ def grid(base: LoaderConfig, params: dict[str, list[Any]]) -> list[LoaderConfig]
     for combo in itertools.product(*(params[n] for n in names)):
         values = dict(zip(names, combo, strict=True))
         if values.get("num_workers", base.num_workers) == 0:
-            values.pop("prefetch_factor", None)
-            values.pop("persistent_workers", None)
+            for setting in SETTINGS:
+                if setting.worker_only:
+                    values.pop(setting.name, None)
         seen.setdefault(base.replace(**values), None)
     return list(seen)
 
 
 def cost_key(cfg: LoaderConfig) -> tuple:
-    """Cheaper first: fewer processes, fewer batches in flight, smaller batches, no pinning."""
+    """Cheaper first: fewer processes, fewer batches in flight, smaller batches, then each
+    switch at its default before moved (no pinning, no kept workers, batches in order)."""
     return (cfg.num_workers, (cfg.prefetch_factor or 0) * max(cfg.num_workers, 1),
-            cfg.batch_size, cfg.pin_memory, cfg.persistent_workers)
+            cfg.batch_size, *(getattr(cfg, s.name) != s.default for s in SETTINGS
+                              if s.kind is bool))
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,13 +117,8 @@ def find_knee(results: Iterable[ConfigResult], tol: float = 1 - KNEE_SHARE,
 
 
 def describe(cfg: LoaderConfig) -> str:
-    """'num_workers=2, prefetch_factor=4, batch_size=32' (plus pin/persistent when on)."""
-    parts = [f"num_workers={cfg.num_workers}"]
-    if cfg.num_workers:
-        parts.append(f"prefetch_factor={cfg.prefetch_factor}")
-    parts.append(f"batch_size={cfg.batch_size}")
-    parts += [k for k in ("pin_memory", "persistent_workers") if getattr(cfg, k)]
-    return ", ".join(parts)
+    """A configuration's label (config.settings_label)."""
+    return settings_label(cfg)
 
 
 def _short(cfg: LoaderConfig, other: LoaderConfig) -> str:

@@ -23,13 +23,16 @@ import streamlit as st
 from monitor.config import (
     CUSTOM,
     LOADER_SETTINGS,
-    MAX_PREFETCH_FACTOR,
     MODEL_SIZES,
     PRESETS,
+    SETTING,
+    SETTINGS,
     SHOWN_SETTINGS,
     USER_STEP_TIME_MS,
+    WORKER_CEILING_X,
     ConfigError,
     LoaderConfig,
+    Setting,
     prefetch_of,
 )
 from monitor.manage.runtime import Runtime
@@ -38,7 +41,7 @@ from monitor.presets import PRESET_SPECS, calibrated_step_ms
 from monitor.ui.text import plain
 
 ECHO_S = 10.0  # how long a value the page replaced may still come back from a browser
-BATCH_SIZES = [1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 1024]
+BATCH_SIZES = list(SETTING["batch_size"].choices)
 KEYS = tuple(k for k in SHOWN_SETTINGS if k != "workload")  # the sidebar's widgets
 
 
@@ -103,14 +106,8 @@ def _read(base: LoaderConfig) -> LoaderConfig:
     if step == s.get("_step_synced"):  # not moved: keep the run's (None = calibrated) step
         step = base.step_time_ms if preset == base.preset else None
     return base.replace(
-        preset=preset, workload=workload, num_workers=int(s[_key("num_workers")]),
-        batch_size=int(s[_key("batch_size")]),
-        prefetch_factor=int(s[_key("prefetch_factor")]),
-        pin_memory=bool(s[_key("pin_memory")]),
-        persistent_workers=bool(s[_key("persistent_workers")]),
-        in_order=bool(s[_key("in_order")]),
-        step_time_ms=step, model_size=s[_key("model_size")],
-    )
+        preset=preset, workload=workload, step_time_ms=step, model_size=s[_key("model_size")],
+        **{x.name: x.kind(s[_key(x.name)]) for x in SETTINGS})
 
 
 def _echoes() -> bool:
@@ -178,26 +175,31 @@ def render_controls(rt: Runtime, simulated: bool) -> None:
                    + (f", {workload['length']:,} samples" if workload.get("length") else "")
                    + (f"; model_step {workload['model_step']}()"
                       if workload.get("model_step") else "; device simulated")))
-    nw_max = rt.max_workers
-    sb.slider("num_workers", 0, nw_max, key=_key("num_workers"), **args,
-              help=f"worker processes; 0 loads in the training process. This machine has "
-                   f"{nw_max // 3} usable cores (slider goes to 3x).")
-    sb.select_slider("batch_size", BATCH_SIZES, key=_key("batch_size"), **args)
     no_workers = int(st.session_state[_key("num_workers")]) == 0
-    sb.slider("prefetch_factor", 1, MAX_PREFETCH_FACTOR, key=_key("prefetch_factor"),
-              help="batches each worker loads ahead (needs num_workers >= 1)",
-              **{**args, "disabled": locked or no_workers})
-    sb.toggle("pin_memory", key=_key("pin_memory"), **args,
-              help="page-locked host memory for faster host-to-GPU copies")
-    sb.toggle("persistent_workers", key=_key("persistent_workers"),
-              help="keep workers between epochs (needs num_workers >= 1)",
-              **{**args, "disabled": locked or no_workers})
-    sb.toggle("in_order", key=_key("in_order"),
-              help="off: batches are handed over as the workers finish them, so one slow "
-                   "sample does not hold the ones queued behind it (needs num_workers >= 1)",
-              **{**args, "disabled": locked or no_workers})
+    for setting in SETTINGS:  # a widget per declared setting (config.SETTINGS)
+        setting_widget(sb, setting, key=_key(setting.name), high=rt.max_workers,
+                       **{**args, "disabled": locked or setting.worker_only and no_workers})
     _accelerator(sb, args, simulated, locked)
     _buttons(sb, manager, locked)
+
+
+def setting_widget(where: Any, setting: Setting, value: Any = None, high: int | None = None,
+                   **kw: Any) -> Any:
+    """The page's widget for a declared loader setting (the sidebar's and an attached run's
+    controls): a switch, a slider over its choices, or a slider over its range (num_workers
+    up to `high`, the machine's worker ceiling). `value`: its start where no session key
+    holds one."""
+    if value is not None:
+        kw["value"] = value
+    if setting.kind is bool:
+        return where.toggle(setting.name, help=setting.help, **kw)
+    if setting.choices:
+        return where.select_slider(setting.name, list(setting.choices), help=setting.help, **kw)
+    top, said = setting.high, setting.help
+    if setting.name == "num_workers" and high is not None:
+        top, said = high, (f"{said}. This machine has {max(1, high // WORKER_CEILING_X)} "
+                           f"usable cores (the slider goes to {WORKER_CEILING_X}x).")
+    return where.slider(setting.name, setting.low, top, help=said, **kw)
 
 
 STEP_SLIDER_MAX_MS = 500

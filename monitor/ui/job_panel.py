@@ -11,6 +11,7 @@ import time
 import pandas as pd
 import streamlit as st
 
+from monitor.config import LOADER_SETTINGS
 from monitor.export import promread
 from monitor.thresholds import STRAGGLER_MIN_S, STRAGGLER_RATIO
 from monitor.ui import charts
@@ -20,9 +21,7 @@ REFRESH_S = 2.0
 TABLE_MAX = 64  # ranks shown as a table of text; beyond, a scrolling grid
 SHOWN = {"node_rank": "node", "hostname": "host", "rank": "rank",
          "throughput": "samples/s", "data_wait_share": "data wait", "wait_per_step_s":
-         "wait per step (ms)", "verdict": "verdict", "num_workers": "num_workers",
-         "prefetch_factor": "prefetch_factor", "batch_size": "batch_size",
-         "pin_memory": "pin_memory", "persistent_workers": "persistent_workers",
+         "wait per step (ms)", "verdict": "verdict", **{k: k for k in LOADER_SETTINGS},
          "gpu_util": "GPU busy (DCGM)", "straggler": "straggler"}
 
 

@@ -15,8 +15,9 @@ from monitor.assess import outcomes, probe_notes
 from monitor.assess.devices import workload_gpu
 from monitor.assess.window import Assessment
 from monitor.config import (
+    LIVE_SETTINGS,
     LOADER_SETTINGS,
-    MAX_PREFETCH_FACTOR,
+    SETTING,
     ConfigError,
     LoaderConfig,
     prefetch_of,
@@ -26,6 +27,7 @@ from monitor.diagnosis.rules import HEALTHY
 from monitor.export.files import export_zip
 from monitor.store import ATTACHED, FAILED, RUNNING, Store
 from monitor.ui import charts
+from monitor.ui.controls import setting_widget
 from monitor.ui.text import plain
 from monitor.ui.view import View
 
@@ -223,26 +225,24 @@ def render_attached_controls(store: Store, run: dict, ranks: list[int], limit: i
         target = st.selectbox("ranks", ["all ranks", *ranks], key=f"att_rank_{run['id']}",
                               format_func=lambda r: r if isinstance(r, str) else f"rank {r}") \
             if len(ranks) > 1 else "all ranks"
-        c = st.columns(5)
-        nw = c[0].number_input("num_workers", 0, limit,
-                               min(int(cfg.get("num_workers") or 0), limit),
-                               key=f"att_nw_{run['id']}")
-        pf = c[1].number_input("prefetch_factor", 1, MAX_PREFETCH_FACTOR,
-                               prefetch_of(cfg),
-                               key=f"att_pf_{run['id']}", disabled=nw == 0)
-        pin = c[2].toggle("pin_memory", bool(cfg.get("pin_memory")), key=f"att_pin_{run['id']}")
-        pers = c[3].toggle("persistent_workers", bool(cfg.get("persistent_workers")),
-                           key=f"att_pers_{run['id']}", disabled=nw == 0)
-        order = c[4].toggle("in_order", cfg.get("in_order") is not False,
-                            key=f"att_order_{run['id']}", disabled=nw == 0)
+        live = [SETTING[k] for k in LIVE_SETTINGS]  # a widget per live setting
+        c = st.columns(len(live))
+        nw = int(cfg.get("num_workers") or 0)
+        asked: dict[str, Any] = {}
+        for col, s in zip(c, live, strict=True):
+            now = prefetch_of(cfg) if s.name == "prefetch_factor" else \
+                cfg.get(s.name) if cfg.get(s.name) is not None else s.default
+            asked[s.name] = setting_widget(
+                col, s, s.kind(min(now, limit) if s.name == "num_workers" else now),
+                high=limit, key=f"att_{s.name}_{run['id']}",
+                disabled=s.worker_only and asked.get("num_workers", nw) == 0)
         st.caption("batch_size, sampler and dataset are fixed when the script builds its "
                    "DataLoader: change those in the script.")
         if st.button("Request", key=f"att_req_{run['id']}"):
             try:
-                payload = LoaderConfig.live_request(cfg, limit, num_workers=int(nw),
-                                                    prefetch_factor=int(pf), pin_memory=bool(pin),
-                                                    persistent_workers=bool(pers),
-                                                    in_order=bool(order) or nw == 0)
+                if asked["num_workers"] == 0:  # worker-only ones do not apply: their off
+                    asked.update({s.name: s.off for s in live if s.worker_only})
+                payload = LoaderConfig.live_request(cfg, limit, **asked)
             except ConfigError as exc:
                 st.error(plain(exc))
             else:
