@@ -7,7 +7,7 @@ the CLI print.
 from __future__ import annotations
 
 import operator
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, make_dataclass
 from typing import Any
 
 _REQUIRED: Any = object()
@@ -29,35 +29,81 @@ def col(label: str, unit: str = "", default: Any = _REQUIRED) -> Any:
 
 
 @dataclass(frozen=True, slots=True)
-class StepRecord:
-    """One training step as the probe saw it. `ts` is the wall-clock time the batch arrived;
-    data wait is [ts - wait_s, ts] and compute is [ts, ts + compute_s]."""
+class StepField:
+    """One figure the probe measures per step (STEP_FIELDS)."""
 
-    run_id: int = col("run")
-    step: int = col("step")
-    epoch: int = col("epoch")
-    ts: float = col("batch received", "s")
-    wait_s: float = col("data wait", "s")
-    compute_s: float = col("compute", "s")
-    samples: int = col("samples in batch")
-    config_seq: int = col("config generation")
-    copy_s: float | None = col("host-to-device copy (CUDA)", "s", default=None)
-    rank: int = col("rank (torch.distributed RANK)", default=0)
-    # CUDA only, from events on the training stream (monitor/probe/device_clock.py):
-    device_idle_s: float | None = col("device idle before the step (CUDA events)", "s",
-                                      default=None)
-    device_span_s: float | None = col("device time of the step (CUDA events)", "s",
-                                      default=None)
+    name: str
+    type: str  # "int", "float", "int | None", "float | None" (the store's SQL type)
+    label: str
+    unit: str = ""
+
+    @property
+    def nullable(self) -> bool:
+        return self.type.endswith("| None")
+
+    @property
+    def integer(self) -> bool:
+        return self.type.startswith("int")
+
+
+# NOTE [a step's fields]
+# STEP_FIELDS is the one list of what the probe measures per step, in the order it travels:
+# the probe's tuple (monitor/probe/timing.py's record, its one producer), the ring's record
+# after its kind slot (monitor/ring.py builds its layout and its per-step `put` from this
+# list), the writer's and the relay's rows, and the steps table (StepRecord, made from it
+# below with the columns the store adds around it: the run, the rank, the device clock's
+# times). A new per-step figure is a line here and its value in the producer's tuple.
+# Times are seconds; `ts` is the probe's clock in the tuple and the ring, wall time stored.
+STEP_FIELDS: tuple[StepField, ...] = (
+    StepField("step", "int", "step"),
+    StepField("epoch", "int", "epoch"),
+    StepField("ts", "float", "batch received", "s"),  # data wait [ts - wait_s, ts], compute
+    StepField("wait_s", "float", "data wait", "s"),  # [ts, ts + compute_s]
+    StepField("compute_s", "float", "compute", "s"),
+    StepField("samples", "int", "samples in batch"),
+    StepField("config_seq", "int", "config generation"),
+    StepField("copy_s", "float | None", "host-to-device copy (CUDA)", "s"),
     # DataLoader workers only (monitor/probe/workers.py): the worker that produced the batch,
     # and the batches other workers had finished that the in-order queue held behind it
-    worker: int | None = col("DataLoader worker that produced the batch", default=None)
-    held: int | None = col("finished batches held behind this one (in-order queue)",
-                           default=None)
-    # The step's phases (monitor/probe/phases.py): device time where device_span_s is set
+    StepField("worker", "int | None", "DataLoader worker that produced the batch"),
+    StepField("held", "int | None", "finished batches held behind this one (in-order queue)"),
+    # the step's phases (monitor/probe/phases.py): device time where device_span_s is set
     # (CUDA events), else host time; None where not measured
-    forward_s: float | None = col("forward pass (outermost modules)", "s", default=None)
-    backward_s: float | None = col("backward pass", "s", default=None)
-    optimizer_s: float | None = col("optimizer step", "s", default=None)
+    StepField("forward_s", "float | None", "forward pass (outermost modules)", "s"),
+    StepField("backward_s", "float | None", "backward pass", "s"),
+    StepField("optimizer_s", "float | None", "optimizer step", "s"),
+)
+STEP_AT = {f.name: i for i, f in enumerate(STEP_FIELDS)}  # a field's place in the tuple
+PHASES_AT = STEP_AT["forward_s"]  # forward, backward, optimizer: three in a row
+assert [f.name for f in STEP_FIELDS[PHASES_AT:PHASES_AT + 3]] == [
+    "forward_s", "backward_s", "optimizer_s"]
+
+
+def _step_record() -> type:
+    """The steps table's record: the run, STEP_FIELDS, then what the store adds (the rank,
+    from the writer; the device clock's idle time and span, harvested after the step). Its
+    first eight fields are required; every later one defaults (None, or 0)."""
+    spec: list[tuple[str, str, Any]] = [("run_id", "int", col("run"))]
+    for k, f in enumerate(STEP_FIELDS):
+        spec.append((f.name, f.type, col(f.label, f.unit) if k < 7 else
+                     col(f.label, f.unit, default=None if f.nullable else 0)))
+    spec += [
+        ("rank", "int", col("rank (torch.distributed RANK)", default=0)),
+        # CUDA only, from events on the training stream (monitor/probe/device_clock.py)
+        ("device_idle_s", "float | None",
+         col("device idle before the step (CUDA events)", "s", default=None)),
+        ("device_span_s", "float | None",
+         col("device time of the step (CUDA events)", "s", default=None)),
+    ]
+    cls = make_dataclass("StepRecord", spec, frozen=True, slots=True, namespace={
+        "__doc__": "One training step as the probe saw it (STEP_FIELDS, NOTE [a step's "
+                   "fields]). `ts` is the wall-clock time the batch arrived; data wait is "
+                   "[ts - wait_s, ts] and compute is [ts, ts + compute_s]."})
+    cls.__module__ = __name__
+    return cls
+
+
+StepRecord = _step_record()
 
 
 @dataclass(frozen=True, slots=True)

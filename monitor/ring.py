@@ -5,12 +5,13 @@ The probe (monitor/probe/timing.py) writes each step as one fixed-size record in
 memory it maps, then bumps the header's count: two `struct.pack_into` calls, no lock, no
 system call, no store, no thread. `monitor run`'s own process maps the same memory (NOTE
 [the ring's pages]), reads what was added, and writes the rows to the store. A record is
-14 slots of 8 bytes; a None is NaN (a time) or -1 (a count). The ring wraps: a reader more
-than CAPACITY records behind loses the oldest, counted (the writer never waits). Events
-(rare: a loader report, a probe note) are JSON lines appended to `<ring>.events`; the reader
-asks the probe's watchdog thread to look for a stall by writing a byte to the FIFO
-`<ring>.poke`, on which that thread sleeps, waking for nothing else. Standard library only
-(the probe imports it: its fence).
+a kind slot and one 8-byte slot per field of STEP_FIELDS (monitor/records.py: the layout and
+the per-step `put` are made from that list); a None is NaN (a time) or -1 (a count). The
+ring wraps: a reader more than CAPACITY records behind loses the oldest, counted (the writer
+never waits). Events (rare: a loader report, a probe note) are JSON lines appended to
+`<ring>.events`; the reader asks the probe's watchdog thread to look for a stall by writing
+a byte to the FIFO `<ring>.poke`, on which that thread sleeps, waking for nothing else.
+Standard library only, and monitor/records.py (the probe imports it: its fence).
 
 # NOTE [the ring's pages]
 # A ring that is a file on a disk's filesystem (the temporary folder is one, often) costs the
@@ -37,6 +38,8 @@ import struct
 import time
 from typing import Any
 
+from monitor.records import PHASES_AT, STEP_AT, STEP_FIELDS
+
 ENV = "STARVATION_MONITOR_RELAY"  # the folder `monitor run` reads the rings from
 CAPACITY = 65_536  # records a ring holds (a 1 ms loop's 65 s): 7 MB, sparse until written
 MAGIC = b"SMRING01"
@@ -46,9 +49,10 @@ HEADER = struct.Struct("<8sqqqqqqdd")
 HEADER_SIZE = 128
 HEAD_AT, CONSUMED_AT, CLOSED_AT = 16, 24, 32
 COUNT = struct.Struct("<q")
-# kind, step, epoch, ts (clock), wait, compute, samples, config_seq, worker, held, copy,
-# forward, backward, optimizer
-RECORD = struct.Struct("<qqqdddqqqqdddd")
+# a record: its kind, then STEP_FIELDS in their order (ts on the probe's clock). A DEVICE
+# record carries a step's device times in the same slots: the idle time in ts, the span in
+# wait_s, whether phases were marked in held (1), the phases in theirs.
+RECORD = struct.Struct("<q" + "".join("q" if f.integer else "d" for f in STEP_FIELDS))
 STEP, DEVICE, STEP_PENDING = 0, 1, 2  # a step; a step's device times; a step awaiting them
 NAN = math.nan
 SUFFIX, EVENTS, POKE = ".ring", ".events", ".poke"
@@ -64,20 +68,63 @@ def _t(x: float) -> float | None:
     return None if x != x else x  # NaN: None
 
 
+_NULL_INT = tuple(i + 1 for i, f in enumerate(STEP_FIELDS) if f.integer and f.nullable)
+_NULL_FLOAT = tuple(i + 1 for i, f in enumerate(STEP_FIELDS) if not f.integer and f.nullable)
+
+
 def as_step(rec: tuple[Any, ...]) -> tuple[Any, ...]:
-    """A step record as the probe's buffer holds a step (monitor/probe/timing.py): (step,
-    epoch, ts, wait, compute, samples, config_seq, copy, worker, held, forward, backward,
-    optimizer), None where the ring has NaN or -1."""
-    _, step, epoch, ts, wait, compute, samples, cfg, worker, held, copy, fwd, bwd, opt = rec
-    return (step, epoch, ts, wait, compute, samples, cfg, _t(copy),
-            None if worker < 0 else worker, None if held < 0 else held, _t(fwd), _t(bwd),
-            _t(opt))
+    """A step record as the probe's tuple holds a step (STEP_FIELDS' order), None where the
+    ring has NaN or -1."""
+    out = list(rec)
+    for i in _NULL_INT:
+        if out[i] < 0:
+            out[i] = None
+    for i in _NULL_FLOAT:
+        if out[i] != out[i]:
+            out[i] = None
+    return tuple(out[1:])
+
+
+_TS, _WAIT, _HELD = STEP_AT["ts"] + 1, STEP_AT["wait_s"] + 1, STEP_AT["held"] + 1
+_PH = PHASES_AT + 1
 
 
 def as_device(rec: tuple[Any, ...]) -> tuple[int, tuple[Any, ...]]:
     """A DEVICE record as (step, (idle, span, its phases or None)): DeviceClock.harvest's."""
-    phases = (_t(rec[11]), _t(rec[12]), _t(rec[13])) if rec[9] == 1 else None
-    return rec[1], (_t(rec[3]), rec[4], phases)
+    phases = tuple(_t(x) for x in rec[_PH:_PH + 3]) if rec[_HELD] == 1 else None
+    return rec[STEP_AT["step"] + 1], (_t(rec[_TS]), rec[_WAIT], phases)
+
+
+def _put_source() -> str:
+    """RingWriter.put's code, made from STEP_FIELDS (as namedtuple makes its own): one
+    unpacking of the probe's tuple and one pack_into, each None as the ring's NaN or -1;
+    no loop and no *args on the training thread's path."""
+    names = [f.name for f in STEP_FIELDS]
+    slots = [f"(-1 if {f.name} is None else {f.name})" if f.integer and f.nullable else
+             f"(NAN if {f.name} is None else {f.name})" if f.nullable else f.name
+             for f in STEP_FIELDS]
+    return (f"def put(self, kind, rec):\n"
+            f"    {', '.join(names)}, = rec\n"
+            f"    head = self.head\n"
+            f"    RECORD.pack_into(self.mm, HEADER_SIZE + (head % self.capacity) * RECORD.size,"
+            f" kind, {', '.join(slots)})\n"
+            f"    self.head = head = head + 1\n"
+            f"    COUNT.pack_into(self.mm, HEAD_AT, head)  # after the record: the signal\n")
+
+
+def _made_put() -> Any:
+    space: dict[str, Any] = {"RECORD": RECORD, "HEADER_SIZE": HEADER_SIZE, "NAN": NAN,
+                             "COUNT": COUNT, "HEAD_AT": HEAD_AT}
+    exec(compile(_put_source(), "<monitor.ring put>", "exec"), space)
+    put = space["put"]
+    put.__doc__ = ("The per-step call: `rec`, the probe's tuple in STEP_FIELDS' order, as "
+                   "one record of `kind`, then the head count (the reader's signal).")
+    return put
+
+
+# a DEVICE record's slots before its step's times go in: no value anywhere
+_DEVICE = [DEVICE] + [(-1 if f.nullable else 0) if f.integer else (NAN if f.nullable else 0.0)
+                      for f in STEP_FIELDS]
 
 
 class RingWriter:
@@ -149,25 +196,20 @@ class RingWriter:
         mm[:HEADER.size] = header  # last: the reader takes the file once it has the magic
         return mm
 
-    def put(self, kind: int, step: int, epoch: int, ts: float, wait: float, compute: float,
-            samples: int, config_seq: int, worker: int | None, held: int | None,
-            copy: float | None, fwd: float | None, bwd: float | None,
-            opt: float | None) -> None:
-        head = self.head
-        RECORD.pack_into(self.mm, HEADER_SIZE + (head % self.capacity) * RECORD.size, kind,
-                         step, epoch, ts, wait, compute, samples, config_seq,
-                         -1 if worker is None else worker, -1 if held is None else held,
-                         NAN if copy is None else copy, NAN if fwd is None else fwd,
-                         NAN if bwd is None else bwd, NAN if opt is None else opt)
-        self.head = head = head + 1
-        COUNT.pack_into(self.mm, HEAD_AT, head)  # after the record: the reader's signal
+    put = _made_put()
 
     def put_device(self, step: int, idle: float | None, span: float,
                    phases: tuple[float | None, ...] | None) -> None:
-        """A step's device times, harvested after the step was put (STEP_PENDING)."""
-        fwd, bwd, opt = phases if phases is not None else (None, None, None)
-        self.put(DEVICE, step, 0, NAN if idle is None else idle, span, 0.0, 0, 0, None,
-                 1 if phases is not None else 0, None, fwd, bwd, opt)
+        """A step's device times, harvested after the step was put (STEP_PENDING), in the
+        slots RECORD's comment names."""
+        v = _DEVICE.copy()
+        v[STEP_AT["step"] + 1], v[_TS], v[_WAIT] = step, NAN if idle is None else idle, span
+        v[_HELD] = 1 if phases is not None else 0
+        v[_PH:_PH + 3] = [NAN if x is None else x for x in (phases or (None, None, None))]
+        head = self.head
+        RECORD.pack_into(self.mm, HEADER_SIZE + (head % self.capacity) * RECORD.size, *v)
+        self.head = head = head + 1
+        COUNT.pack_into(self.mm, HEAD_AT, head)
 
     def event(self, ts: float, kind: str, label: str, data: dict[str, Any] | None) -> None:
         """One event line (one write, no store); OSError when it cannot be written (the

@@ -46,7 +46,7 @@ import threading
 import time
 from typing import Any
 
-from monitor.probe.writer import transient
+from monitor.probe.writer import NO_DEVICE, TS_AT, step_row, transient
 from monitor.records import StepRecord
 from monitor.ring import (
     ALIVE,
@@ -243,13 +243,9 @@ class Relay:
         """A step record as the steps table's row (StepRecord's columns): device phases
         where the device clock timed it, else the host's (a row never mixes the two; as
         monitor/probe/writer.py's _row_of)."""
-        step, epoch, ts, wait, compute, samples, cfg, copy, worker, held, *host = as_step(rec)
-        idle = span = None
-        if dev is not None:
-            idle, span, phases = as_device(dev)[1]
-            host = list(phases or (None, None, None))
-        return (self.run_id, step, epoch, r.wall(ts), wait, compute, samples, cfg, copy,
-                r.rank, idle, span, worker, held, *host)
+        step = as_step(rec)
+        return step_row(self.run_id, r.rank, step, r.wall(step[TS_AT]),
+                        as_device(dev)[1] if dev is not None else NO_DEVICE)
 
     def _write(self) -> None:
         store = self.store

@@ -147,17 +147,17 @@ class Probe(StepWriter):
         step, ph, ring = self.step, self.phases, self.ring
         # unpacked here: a call with *args builds a tuple and takes CPython's slow call path
         fwd, bwd, opt = ph.take(t_next) if ph is not None else NO_PHASES
+        # the step in STEP_FIELDS' order (monitor/records.py, NOTE [a step's fields]): this
+        # is their one producer
+        rec = (step, epoch, t_got, t_got - t_req, t_next - t_got, samples, self.config_seq,
+               self.copy_s, self.batch_worker, self.batch_held, fwd, bwd, opt)
         if ring is not None:  # under `monitor run`: into the relay's ring (monitor/ring.py)
-            ring.put(STEP_PENDING if self.device.active else STEP, step, epoch, t_got,
-                     t_got - t_req, t_next - t_got, samples, self.config_seq,
-                     self.batch_worker, self.batch_held, self.copy_s, fwd, bwd, opt)
+            ring.put(STEP_PENDING if self.device.active else STEP, rec)
         else:
             buf = self._buffer
             if len(buf) == buf.maxlen:
                 self.dropped += 1  # the deque drops its oldest on this append
-            buf.append((step, epoch, t_got, t_got - t_req, t_next - t_got, samples,
-                        self.config_seq, self.copy_s, self.batch_worker, self.batch_held,
-                        fwd, bwd, opt))
+            buf.append(rec)
         if self.device.active:
             self._device_times()
         self.recent_steps.append(t_next - t_req)

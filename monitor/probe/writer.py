@@ -14,18 +14,28 @@ from collections.abc import Callable
 from typing import Any
 
 from monitor.probe.device_clock import HOLD_S
-from monitor.records import StepRecord, columns
+from monitor.records import PHASES_AT, STEP_AT, StepRecord
 from monitor.ring import DEVICE, RingWriter, as_device, as_step
 from monitor.ring import ENV as RELAY_ENV
 
 NO_DEVICE = (None, None, None)  # a step with no device times, or no phase marked on it
 RELAY_WAIT_S = 2.0  # the longest flush() waits for `monitor run` to store the ring's steps
 WRITE_GIVE_UP_S = 60.0  # a store failing this long stops recording (the training goes on)
-ROW = ("run_id", "step", "epoch", "ts", "wait_s", "compute_s", "samples", "config_seq",
-       "copy_s", "rank", "device_idle_s", "device_span_s", "worker", "held", "forward_s",
-       "backward_s", "optimizer_s")
-assert tuple(columns(StepRecord)) == ROW, "Probe._row_of builds the steps table's rows"
+TS_AT = STEP_AT["ts"]  # the probe's clock in the tuple: wall time in the row
 
+
+def step_row(run_id: int, rank: int, rec: tuple[Any, ...], ts: float,
+             device: tuple[Any, ...]) -> tuple[Any, ...]:
+    """A step in the probe's tuple (STEP_FIELDS' order) as the steps table's row
+    (StepRecord's columns): `ts` its wall time; `device` its (idle, span, phases) where the
+    device clock timed it, which then stand for the host's phases (a row never mixes the
+    two; DeviceClock.harvest). The writer's and the relay's one row builder."""
+    idle, span, phases = device
+    row = list(rec)
+    row[TS_AT] = ts
+    if span is not None:
+        row[PHASES_AT:PHASES_AT + 3] = phases or NO_DEVICE
+    return (run_id, *row, rank, idle, span)
 
 
 def relay_ring(probe: Any, say: Callable[[str], None]) -> RingWriter | None:
@@ -72,13 +82,9 @@ class StepWriter:
         self.flush(final=True)
 
     def _row_of(self, r: tuple[Any, ...]) -> tuple[Any, ...]:
-        """A buffered step as the steps table's row (StepRecord's column order: ROW). A step
-        the device clock timed has its phases in device time (None where no event marked
-        one), any other its host time: a row never mixes the two (DeviceClock.harvest)."""
-        idle, span, dev = self._device_s.pop(r[0], NO_DEVICE)
-        fwd, bwd, opt = (r[10], r[11], r[12]) if span is None else (dev or NO_DEVICE)
-        return (self.run_id, r[0], r[1], self.wall(r[2]), r[3], r[4], r[5], r[6], r[7],
-                self.rank, idle, span, r[8], r[9], fwd, bwd, opt)
+        """A buffered step as the steps table's row (step_row)."""
+        return step_row(self.run_id, self.rank, r, self.wall(r[TS_AT]),
+                        self._device_s.pop(r[0], NO_DEVICE))
 
     def flush(self, final: bool = False) -> None:
         """Write the buffered steps; those whose CUDA events are still outstanding wait for
@@ -96,9 +102,9 @@ class StepWriter:
             buf = self._buffer
             rows = self._unwritten + [buf.popleft() for _ in range(len(buf))]
             waiting = self.device.waiting() if self.device.active and not final else ()
-            hold = [r for r in rows if r[0] in waiting and now - r[2] < HOLD_S] \
+            hold = [r for r in rows if r[0] in waiting and now - r[TS_AT] < HOLD_S] \
                 if waiting else []
-            ready = [r for r in rows if r[0] not in waiting or now - r[2] >= HOLD_S] \
+            ready = [r for r in rows if r[0] not in waiting or now - r[TS_AT] >= HOLD_S] \
                 if hold else rows
             self._unwritten = hold
             if ready:
