@@ -285,7 +285,7 @@ def test_a_ring_in_memory_reaches_the_relay_even_from_a_script_killed_before_it_
     store = Store(tmp_path / "s.db")
     run_id = store.create_run("r", ATTACHED, {})
     relay = Relay(store.path, run_id)
-    relay._stop.set()  # its thread ends at once: the only read is stop()'s, after the death
+    relay._loop.stop_event.set()  # ends at once: stop() makes the one read, after the death
     relay.start()
     r = subprocess.run([sys.executable, "-c", WRITE_AND_DIE, relay.folder], env=ENV,
                        capture_output=True, text=True, timeout=120)
@@ -362,7 +362,7 @@ def test_a_ring_that_cannot_be_memory_is_a_file_the_relay_reads(tmp_path, monkey
     store = Store(tmp_path / "s.db")
     run_id = store.create_run("r", ATTACHED, {})
     relay = Relay(store.path, run_id)
-    relay._stop.set()  # one read, stop()'s
+    relay._loop.stop_event.set()  # one read, stop()'s
     relay.start()
     monkeypatch.setattr(ring.os, "memfd_create", no_fd, raising=False)
     w = RingWriter(relay.folder, 0, 0.0, 0.0)

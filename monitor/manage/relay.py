@@ -42,10 +42,10 @@ import shutil
 import socket
 import sys
 import tempfile
-import threading
 import time
 from typing import Any
 
+from monitor.periodic import Periodic
 from monitor.probe.writer import NO_DEVICE, TS_AT, step_row, transient
 from monitor.records import StepRecord
 from monitor.ring import (
@@ -98,9 +98,7 @@ class Relay:
         self.failing: str | None = None  # the store's error while it cannot be written
         self.stopped: str | None = None  # why it gave up (a store that cannot be written)
         self.errors = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name="starvation-relay",
-                                        daemon=True)
+        self._loop = Periodic("starvation-relay", self.cycle, PERIOD_S)
         self.store: Store | None = None
         self._alive: int | None = None
         self._sock: socket.socket | None = None  # where rings in memory arrive
@@ -122,20 +120,14 @@ class Relay:
                 self._sock = sock
             except OSError:
                 sock.close()
-        self._thread.start()
+        self._loop.start()
         return self
-
-    def _loop(self) -> None:
-        while not self._stop.wait(PERIOD_S):
-            self.cycle()
 
     def stop(self) -> int:
         """The script has ended: every ring read to its end, what is held written, the
         folder removed. Returns how many steps could not be stored (the store refused them
         to the end: `monitor run` says so)."""
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join(30)
+        self._loop.stop(30)
         try:
             self.cycle(final=True)
         finally:

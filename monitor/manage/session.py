@@ -26,6 +26,7 @@ import psutil
 from monitor import control
 from monitor.config import ConfigError, LoaderConfig
 from monitor.manage import spawn
+from monitor.periodic import Periodic
 from monitor.probe.workers import remove_dead_segments
 from monitor.store import FAILED, MANAGED, STOPPED, Store, explain
 
@@ -113,11 +114,7 @@ class SessionManager:
         self._forks = spawn.ForkServer() \
             if os.environ.get("STARVATION_MONITOR_FORKSERVER", "1") != "0" else None
         self._lock = threading.RLock()
-        self._closed = threading.Event()
-        self._reaper = threading.Thread(
-            target=self._reap_loop, args=(reap_interval,), name="starvation-reaper", daemon=True
-        )
-        self._reaper.start()
+        self._reaper = Periodic("starvation-reaper", self._reap, reap_interval).start()
         atexit.register(self.close)
 
     # -- commands ----------------------------------------------------------------------
@@ -212,9 +209,9 @@ class SessionManager:
 
     def close(self) -> None:
         """Stop the workload and the reaper (dashboard exit, CLI end)."""
-        if self._closed.is_set():
+        if self._reaper.stopping:
             return
-        self._closed.set()
+        self._reaper.stop(5)
         try:
             self.stop()
         finally:
@@ -271,18 +268,19 @@ class SessionManager:
             # for the next start-up, which closes the run with it
             self.store.note_failure(run_id, f"the store could not be written: {why}")
 
-    def _reap_loop(self, interval: float) -> None:
-        while not self._closed.wait(interval):
-            with self._lock:
-                proc, run_id = self._proc, self.run_id
-                if proc is None or run_id is None:
-                    continue
-                if proc.poll() is None:
-                    self._snapshot_children()
-                    self._follow_revert(run_id)
-                    continue
-                self._finish_dead(proc, run_id, "failed" if proc.returncode else "finished")
-                self._proc = None
+    def _reap(self) -> None:
+        """The workload's end noticed (its run closed), its children and reverts followed
+        meanwhile (monitor/periodic.py's thread, every reap_interval)."""
+        with self._lock:
+            proc, run_id = self._proc, self.run_id
+            if proc is None or run_id is None:
+                return
+            if proc.poll() is None:
+                self._snapshot_children()
+                self._follow_revert(run_id)
+                return
+            self._finish_dead(proc, run_id, "failed" if proc.returncode else "finished")
+            self._proc = None
 
     def _follow_revert(self, run_id: int) -> None:
         """The workload went back to its last good settings after a failed move: those are

@@ -31,6 +31,7 @@ from monitor.assess.window import Assessment, Context, assess
 from monitor.config import LoaderConfig
 from monitor.diagnosis import NO_DATA
 from monitor.diagnosis.rules import Advice
+from monitor.periodic import Periodic
 from monitor.store import Store
 from monitor.thresholds import VERDICT_MIN_STEPS
 
@@ -100,8 +101,8 @@ class LiveView:
         self.run_id, self.tty = run_id, tty
         self.stream = stream or sys.stderr
         self._read = reader or (lambda: read(store, run_id, ctx))
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._loop = Periodic("live-view", self.refresh,
+                              lambda: FIRST_EVERY_S if self._judging() else EVERY_S)
         self._live: Live | None = None
         self._relays: list[threading.Thread] = []
         self._lock = threading.Lock()  # the refresh thread and the relays both redraw
@@ -117,8 +118,7 @@ class LiveView:
     def start(self) -> LiveView:
         if self._live is not None:
             self._live.start()
-        self._thread = threading.Thread(target=self._loop, name="live-view", daemon=True)
-        self._thread.start()
+        self._loop.start()
         return self
 
     def relay(self, pipe: IO[bytes], to: IO[str]) -> None:
@@ -127,7 +127,7 @@ class LiveView:
             # newline="": a line ends at \n, \r\n or a lone \r (a progress bar redrawing)
             text = io.TextIOWrapper(pipe, encoding="utf-8", errors="replace", newline="")
             for chunk in iter(text.readline, ""):
-                if self._live is None or self._stop.is_set():
+                if self._live is None or self._loop.stopping:
                     to.write(chunk)
                     to.flush()
                 elif chunk.endswith("\r"):  # a redraw: the table's last row shows it
@@ -143,10 +143,6 @@ class LiveView:
 
     def _judging(self) -> bool:
         return str(self.shown.get("verdict", "")).startswith("judging")
-
-    def _loop(self) -> None:
-        while not self._stop.wait(FIRST_EVERY_S if self._judging() else EVERY_S):
-            self.refresh()
 
     def refresh(self) -> dict[str, str]:
         try:
@@ -171,9 +167,7 @@ class LiveView:
         """After the script exited: the relays drain its last output, the view ends."""
         for t in self._relays:
             t.join(timeout=5.0)
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=EVERY_S + 5.0)
+        self._loop.stop(EVERY_S + 5.0)
         if self._live is not None:
             with contextlib.suppress(Exception):
                 self._live.stop()

@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from monitor.periodic import Periodic
 from monitor.probe.timing import Probe
 from monitor.records import LOOP_ENDED, RESUMED, STALLED
 from monitor.thresholds import stall_limit_s
@@ -176,24 +177,25 @@ class Watchdog:
         self.stalled = False
         self.errors = 0
         self.on_launcher_gone: Callable[[], Any] | None = None  # NOTE [bound to monitor run]
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name="starvation-watchdog",
-                                        daemon=True)
+        # monitor/periodic.py: on its timer, or first asleep on the FIFO (_relayed)
+        self._loop = Periodic("starvation-watchdog", self._tick, self.period,
+                              before=lambda: self.poke_fd is None or self._relayed(),
+                              finish=self.probe.store.close, wake=self._poke)
 
     def start(self) -> Watchdog:
-        self._thread.start()
+        self._loop.start()
         return self
 
-    def stop(self) -> None:
-        """Stop watching; a stall still open is closed (the loop is over)."""
-        self._stop.set()
+    def _poke(self) -> None:
         if self.poke_fd is not None:
             try:
                 os.write(self.poke_fd, b"x")
             except OSError:
                 pass
-        if self._thread.is_alive() and self._thread is not threading.current_thread():
-            self._thread.join(5)
+
+    def stop(self) -> None:
+        """Stop watching; a stall still open is closed (the loop is over)."""
+        self._loop.stop(5)
         if self.stalled:
             self.stalled = False
             try:
@@ -209,16 +211,11 @@ class Watchdog:
             self.interval = self.probe.flush_interval = self.steady
         return self.interval
 
-    def _loop(self) -> None:
-        if self.poke_fd is not None and not self._relayed():
-            self.probe.store.close()
-            return
-        while not self._stop.wait(self.period()):
-            try:
-                self.check()
-            except Exception:  # a store that cannot be written is the writer's to report
-                self.errors += 1
-        self.probe.store.close()
+    def _tick(self) -> None:
+        try:
+            self.check()
+        except Exception:  # a store that cannot be written is the writer's to report
+            self.errors += 1
 
     def _relayed(self) -> bool:
         """Under the relay: asleep, the GIL released, until `monitor run` pokes (a ring
@@ -243,7 +240,7 @@ class Watchdog:
                 if self.on_launcher_gone is not None:
                     self.on_launcher_gone()
                 return True
-            if self._stop.is_set():
+            if self._loop.stopping:
                 return False
             try:
                 os.read(self.poke_fd, 64)

@@ -19,6 +19,7 @@ import threading
 import time
 from collections.abc import Callable
 
+from monitor.periodic import Periodic
 from monitor.records import GpuSample, GpuUtilSample, HostSample
 from monitor.sampling.gpu import GpuBackend, open_backend
 from monitor.sampling.host import HostSampler
@@ -45,8 +46,9 @@ class Collector:
         self.clock = clock
         self.errors = 0
         self.last_error: str | None = None
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._loop = Periodic("starvation-collector", self._tick, lambda: self.interval,
+                              at_once=True, finish=self.store.close, clock=clock)
+        self._last_flush = clock()
         self._host_buf: list[HostSample] = []
         self._gpu_buf: list[GpuSample] = []
         self._util_buf: list[GpuUtilSample] = []
@@ -66,17 +68,12 @@ class Collector:
         except Exception as exc:  # a store another writer holds locked: the loop publishes
             self.errors += 1      # it at its next flush (a dead `monitor run` once, here)
             self.last_error = f"inventory: {type(exc).__name__}: {exc}"
-        if self._thread is None or not self._thread.is_alive():
-            self._stop.clear()
-            self._thread = threading.Thread(target=self._loop, name="starvation-collector",
-                                            daemon=True)
-            self._thread.start()
+        self._last_flush = self.clock()
+        self._loop.start()
         return self
 
     def stop(self, timeout: float = 5.0) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout)
+        self._loop.stop(timeout)
         self.flush()
 
     def sample_once(self) -> None:
@@ -126,20 +123,14 @@ class Collector:
             self.errors += 1
             self.last_error = f"store write failed: {exc}"
 
-    def _loop(self) -> None:
-        next_t = self.clock()
-        last_flush = next_t
-        while not self._stop.is_set():
-            self.sample_once()
-            now = self.clock()
-            if now - last_flush >= self.flush_interval:
-                self.flush()
-                last_flush = now
-            next_t += self.interval
-            if next_t < now:  # fell behind (suspended, overloaded): sample at once, then
-                next_t = now  # back on the interval from here; never a burst of catch-ups
-            self._stop.wait(max(0.0, next_t - self.clock()))
-        self.store.close()
+    def _tick(self) -> None:
+        """One pass, and the buffers written each flush_interval (monitor/periodic.py keeps
+        the schedule: a pass that fell behind is followed by one at once, never a burst)."""
+        self.sample_once()
+        now = self.clock()
+        if now - self._last_flush >= self.flush_interval:
+            self.flush()
+            self._last_flush = now
 
 
 # The sampler's scheduling priority where the user may raise it (root; CAP_SYS_NICE): a pass

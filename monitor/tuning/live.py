@@ -20,7 +20,6 @@ Ranks of a job are tuned apart, each within its share of the host's worker budge
 from __future__ import annotations
 
 import os
-import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -30,6 +29,7 @@ from monitor import control, thresholds
 from monitor.assess.window import Context, Window, assess
 from monitor.config import LIVE_SETTINGS, in_flight
 from monitor.frames.analysis import rank_rows, run_rows, span, starts
+from monitor.periodic import Periodic
 from monitor.store import ATTACHED, RUNNING
 from monitor.thresholds import (
     AUTOTUNE_MIN_STEPS,
@@ -238,9 +238,8 @@ class LiveTuner:
         self.request = request
         self.ranks: dict[int, RankTuner] = {}
         self.seen: dict[tuple[int, int], float] = {}  # (rank, step) read in the last LAG_S
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name="starvation-autotune",
-                                        daemon=True)
+        self._loop = Periodic("starvation-autotune", self._tick, interval,
+                              on_error=self._failed, finish=self._finish)
         self.errors: list[str] = []
 
     def start(self) -> LiveTuner:
@@ -248,35 +247,33 @@ class LiveTuner:
         self.store.set_meta(control.autotune_key(self.run_id), control.ON)
         self.store.add_event(self.run_id, control.AUTOTUNE, "auto-tune on: measuring each "
                              f"{self.cadence.unit}", {"cadence": self.cadence.kind})
-        self._thread.start()
+        self._loop.start()
         return self
 
     def stop(self) -> None:
-        self._stop.set()
-        if self._thread.is_alive() and self._thread is not threading.current_thread():
-            self._thread.join(10)
+        self._loop.stop(10)
 
     @property
     def alive(self) -> bool:
-        return self._thread.is_alive()
+        return self._loop.alive
 
     @property
     def settled(self) -> bool:
         return bool(self.ranks) and all(t.announced for t in self.ranks.values())
 
-    def _loop(self) -> None:
+    def _tick(self) -> bool:
+        return self.step() is not False and not self.settled
+
+    def _failed(self, exc: BaseException) -> None:
+        """The job goes on; the note says why tuning stopped."""
+        self.errors.append(f"{type(exc).__name__}: {exc}")
+        self.store.add_event(self.run_id, control.AUTOTUNE, f"auto-tune stopped: {exc}", {})
+
+    def _finish(self) -> None:
         try:
-            while not self._stop.wait(self.interval):
-                if self.step() is False or self.settled:
-                    break
-        except Exception as exc:  # the job goes on; the note says why tuning stopped
-            self.errors.append(f"{type(exc).__name__}: {exc}")
-            self.store.add_event(self.run_id, control.AUTOTUNE, f"auto-tune stopped: {exc}", {})
+            self.store.set_meta(control.autotune_key(self.run_id), control.OFF)
         finally:
-            try:
-                self.store.set_meta(control.autotune_key(self.run_id), control.OFF)
-            finally:
-                self.store.close()  # this thread's connection
+            self.store.close()  # this thread's connection
 
     def _new_steps(self) -> pd.DataFrame:
         """Steps not read before. Ranks flush on their own clocks, so each read goes back
