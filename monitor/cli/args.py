@@ -5,6 +5,7 @@ import argparse
 from typing import Any
 
 from monitor.config import MODEL_SIZES, PRESETS, SETTING, SETTINGS
+from monitor.manage import outputs
 from monitor.store import ENV_VAR, default_path
 from monitor.thresholds import (
     BUDGET_ENV,
@@ -47,14 +48,6 @@ def _workload_options() -> argparse.ArgumentParser:
     w.add_argument("--json", action="store_true",
                    help="print one JSON object as the last line of stdout")
     return w
-
-
-def metrics_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--metrics-port", type=int, default=None, metavar="PORT",
-                   help="serve Prometheus metrics on http://ADDRESS:PORT/metrics while it runs")
-    p.add_argument("--metrics-address", default="127.0.0.1", metavar="ADDRESS",
-                   help="address for --metrics-port (default 127.0.0.1: this machine only; "
-                        "0.0.0.0 lets a cluster's Prometheus scrape it)")
 
 
 def _loader_options(p: argparse.ArgumentParser, limit: int) -> None:
@@ -151,7 +144,7 @@ def _run(sub: argparse._SubParsersAction) -> None:
     )
     r.add_argument("--name", default=None, help="run name (default: the script's file name)")
     _db(r)
-    metrics_options(r)
+    outputs.add_flags(r)  # --metrics-port, --live, ...: monitor/manage/outputs.py
     r.add_argument("--autotune", action="store_true",
                    help="tune the script's loader by itself, epoch by epoch: measure, try the "
                         "next setting (applied at the next iter(loader)), keep it only if it "
@@ -163,11 +156,6 @@ def _run(sub: argparse._SubParsersAction) -> None:
                         "for a map-style dataset with a batch sampler, whose epoch order is "
                         "then drawn at iter(loader) and resumed after the change; other "
                         "loaders wait for the epoch, and the run says why")
-    r.add_argument("--live", action=argparse.BooleanOptionalAction, default=None,
-                   help="show throughput, data-wait share, verdict, the top advice and "
-                        "workers every 2 s on stderr (default: on when stderr is a terminal, "
-                        "as a live table with the script's output above it; otherwise one "
-                        "plain line each time)")
     r.add_argument("--json", action="store_true",
                    help="after the script ends, print the summary (as measure --json) as the "
                         "last line of stdout")

@@ -15,6 +15,7 @@ writes) and closes it before returning. See METRICS for the list.
 """
 from __future__ import annotations
 
+import math
 import socket
 import threading
 import time
@@ -309,3 +310,31 @@ def serve(db: str, ctx: Context, port: int, address: str = "127.0.0.1") -> Any:
         raise ExporterError(f"cannot serve metrics on {address}:{port} ({exc.strerror or exc})"
                             ": pick a free port with --metrics-port") from None
     return server
+
+
+class MetricsOutput:
+    """/metrics served while a run lasts, as an output of its follow (monitor/assess/
+    follow.py, monitor/manage/outputs.py): made (the port bound, ExporterError when it
+    cannot be) before the run exists, shut down at close. Its scrape reads the store
+    (StoreCollector), so the rows it is handed are not kept."""
+
+    name = "prometheus"
+
+    def __init__(self, db: str, ctx: Context, port: int, address: str = "127.0.0.1") -> None:
+        self.server = serve(db, ctx, port, address)
+
+    def start(self, run_id: int) -> None:
+        """(Every run of the store is served, this one among them.)"""
+
+    def on_rows(self, steps: Any, samples: Any) -> None:
+        """(A scrape reads the store.)"""
+
+    def on_verdict(self, a: Any) -> None:
+        """(A scrape assesses the window itself.)"""
+
+    def verdict_every(self) -> float:
+        return math.inf
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()

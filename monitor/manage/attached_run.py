@@ -25,9 +25,8 @@ from monitor.assess.stall import STALL_KINDS, stuck_at_end
 from monitor.assess.window import LOADER_KINDS, Context, assess_run, loader_notes
 from monitor.config import ATTACHED_PREFIX
 from monitor.diagnosis import NO_DATA, limits
-from monitor.export.prometheus import ExporterError
 from monitor.frames import analysis
-from monitor.manage import spawn, terminal
+from monitor.manage import outputs, spawn, terminal
 from monitor.manage.context import learn
 from monitor.manage.relay import Relay
 from monitor.manage.result import gpu_figures, result
@@ -281,15 +280,13 @@ def run_attached(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     store = rt.store
-    if args.metrics_port is not None:  # before the run exists: a busy port creates nothing
-        try:
-            rt.serve_metrics(args.metrics_port, args.metrics_address)
-        except ExporterError as exc:
-            rt.close()
-            print(f"error: {exc}", file=sys.stderr)
-            return 2
-        print(f"starvation-monitor: metrics on http://{args.metrics_address}:"
-              f"{args.metrics_port}/metrics", file=sys.stderr)
+    try:  # before the run exists: an output that cannot be had (a busy port) creates nothing
+        outs = outputs.make(args, rt)
+    except outputs.OutputError as exc:
+        rt.close()
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    view = next((o for o in outs if isinstance(o, terminal.LiveView)), None)
     script = next((Path(c).name for c in cmd[1:] if c.endswith(".py")), Path(cmd[0]).name)
     run_id = store.create_run(args.name or script, ATTACHED,
                               {"preset": "custom", "workload": f"{ATTACHED_PREFIX}{script}"})
@@ -300,8 +297,7 @@ def run_attached(args: argparse.Namespace) -> int:
     if not args.phases:
         env[PHASES_ENV] = "0"
     rt.start()
-    live_on = terminal.wanted(args.live)
-    live_tty = live_on and sys.stderr.isatty()
+    live_tty = view is not None and view.tty
     relay.start()
     try:
         # its own process group, so signals reach the script and its DataLoader workers
@@ -309,6 +305,8 @@ def run_attached(args: argparse.Namespace) -> int:
         proc = spawn.start_script(cmd, env, piped=live_tty)
     except OSError as exc:
         relay.stop()
+        for out in outs:
+            out.close()
         store.finish_run(run_id, FAILED, f"could not start {cmd[0]!r}: {exc}")
         rt.close()
         print(f"error: could not start {cmd[0]!r}: {exc}", file=sys.stderr)
@@ -320,20 +318,17 @@ def run_attached(args: argparse.Namespace) -> int:
     cadence = Cadence("steps", every) if every else Cadence("epoch")
     tuner = LiveTuner(store, run_id, rt.context(), cadence=cadence).start() \
         if args.autotune else None
-    view = None
-    if live_on:
-        view = terminal.LiveView(store, run_id, rt.context(), tty=live_tty).start()
-        if live_tty:  # the script's output relayed above the live table
-            view.relay(proc.stdout, sys.stdout)
-            view.relay(proc.stderr, sys.stderr)
+    rt.follow(run_id, outs)  # the outputs asked for (monitor/manage/outputs.py)
+    if view is not None and live_tty:  # the script's output relayed above the live table
+        view.relay(proc.stdout, sys.stdout)
+        view.relay(proc.stderr, sys.stderr)
     rc, asked = _supervise(proc, rt)
     pid_kept.join(timeout=PID_RETRY_S)
     lost = relay.stop()  # every step the script put, stored, before its end is judged
     if lost:
         print(f"starvation-monitor: {lost} steps of run {run_id} could not be stored "
               f"({relay.failing or 'the store refused them'})", file=sys.stderr)
-    if view is not None:
-        view.stop()
+    rt.unfollow(run_id)  # the outputs closed: the terminal's view ends before the summary
     if tuner is not None:
         tuner.stop()
     code = rc if rc >= 0 else 128 - rc  # the script's own exit status, as a shell gives it

@@ -23,6 +23,8 @@ cite it.
   each other.
   Owners:
   6. Runtime.close (CLI commands, benches, the dashboard at interpreter exit): stop the
+     follows of live runs and close their outputs (an attached run's are stopped by
+     `monitor run` once the script has ended and the relay stored its last steps), the
      page's autotuners (they only request; the job keeps its last applied setting), cancel a
      running sweep or tune (it owns the manager's workload), then close the manager
      (1, then 3, then its fork server), then stop the collector (it flushes its last
@@ -42,6 +44,7 @@ from typing import Any
 
 from monitor import control
 from monitor.assess import outcomes
+from monitor.assess.follow import Follow, Output
 from monitor.assess.window import Context
 from monitor.config import LoaderConfig, max_workers
 from monitor.manage.collector_process import CollectorProcess
@@ -79,6 +82,7 @@ class Runtime:
         self.metrics_server: Any = None
         self.metrics_error: str | None = None  # why /metrics could not be served
         self.autotunes: dict[int, LiveTuner] = {}  # the page's Auto-tune switches, by run
+        self.follows: dict[int, Follow] = {}  # live runs' outputs (assess/follow.py), by run
         self._closed = False
 
     def start(self) -> Runtime:
@@ -101,6 +105,20 @@ class Runtime:
         from monitor.export.prometheus import serve
 
         self.metrics_server = serve(str(self.store.path), self.context(), port, address)
+
+    def follow(self, run_id: int, outputs: list[Output]) -> Follow:
+        """Feed `outputs` (monitor/manage/outputs.py makes them from flags) the run's new rows
+        and its assessed window until unfollow() or close()."""
+        f = self.follows[run_id] = Follow(self.store, run_id, self.context,
+                                          outputs).start()
+        return f
+
+    def unfollow(self, run_id: int) -> Follow | None:
+        """Stop a run's follow and close its outputs (the run has ended)."""
+        f = self.follows.pop(run_id, None)
+        if f is not None:
+            f.stop()
+        return f
 
     def context(self) -> Context:
         """The machine's limits for an assessment, read now (cgroup throttling changes)."""
@@ -152,6 +170,8 @@ class Runtime:
             return
         self._closed = True
         try:
+            for run_id in list(self.follows):
+                self.unfollow(run_id)
             for tuner in list(self.autotunes.values()):
                 tuner.stop()
             self.jobs.stop()

@@ -18,7 +18,6 @@ import sys
 import textwrap
 import threading
 import time
-from collections.abc import Callable
 from typing import IO, Any
 
 from rich.console import Console
@@ -26,24 +25,14 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from monitor.assess.recent import read_recent
-from monitor.assess.window import Assessment, Context, assess
+from monitor.assess.window import Assessment
 from monitor.config import LoaderConfig
 from monitor.diagnosis import NO_DATA
 from monitor.diagnosis.rules import Advice
-from monitor.periodic import Periodic
-from monitor.store import Store
 from monitor.thresholds import VERDICT_MIN_STEPS
 
 EVERY_S = 2.0
 FIRST_EVERY_S = 0.25  # until the first verdict: it shows within a refresh of being known
-
-
-def read(store: Store, run_id: int, ctx: Context, now: float | None = None,
-         ) -> Assessment | None:
-    """The run's recent window assessed, as the page's KPI row shows it."""
-    rec = read_recent(store, run_id, now if now is not None else time.time())
-    return assess(rec.window(), ctx) if rec is not None else None
 
 
 def status(a: Assessment | None) -> dict[str, str]:
@@ -92,34 +81,43 @@ def table(run_id: int, s: dict[str, str]) -> Table:
 
 
 class LiveView:
-    """The refreshing view of one run; `relay(stream, to)` copies the script's output above
-    it. Started after the script, stopped before the end-of-run summary."""
+    """The refreshing view of one run, an output of its live follow (monitor/assess/
+    follow.py): each assessment it is handed redraws it (the table on a terminal, a plain
+    line every EVERY_S elsewhere). `relay(stream, to)` copies the script's output above it.
+    Started with the run, closed before the end-of-run summary."""
 
-    def __init__(self, store: Store, run_id: int, ctx: Context, tty: bool,
-                 stream: IO[str] | None = None,
-                 reader: Callable[[], Assessment | None] | None = None) -> None:
-        self.run_id, self.tty = run_id, tty
+    name = "terminal"
+
+    def __init__(self, tty: bool, stream: IO[str] | None = None) -> None:
+        self.run_id: int | None = None
+        self.tty = tty
         self.stream = stream or sys.stderr
-        self._read = reader or (lambda: read(store, run_id, ctx))
-        self._loop = Periodic("live-view", self.refresh,
-                              lambda: FIRST_EVERY_S if self._judging() else EVERY_S)
         self._live: Live | None = None
         self._relays: list[threading.Thread] = []
-        self._lock = threading.Lock()  # the refresh thread and the relays both redraw
+        self._lock = threading.Lock()  # the follow's thread and the relays both redraw
+        self._closed = False
         self.shown: dict[str, str] = status(None)
         self.progress = ""  # the script's last progress-bar line (ended by a lone \r)
         self._printed = 0.0  # when the last plain line was printed
         if tty:
             self.console = Console(file=self.stream, force_terminal=True)
+
+    def start(self, run_id: int) -> None:
+        self.run_id = run_id
+        if self.tty:
             self._live = Live(table(run_id, status(None)), console=self.console,
                               auto_refresh=False, redirect_stdout=False,
                               redirect_stderr=False)
-
-    def start(self) -> LiveView:
-        if self._live is not None:
             self._live.start()
-        self._loop.start()
-        return self
+
+    def on_rows(self, steps: Any, samples: Any) -> None:
+        """(It shows the assessed window, not rows.)"""
+
+    def verdict_every(self) -> float:
+        return FIRST_EVERY_S if self._judging() else EVERY_S
+
+    def on_verdict(self, a: Assessment | None) -> None:
+        self.refresh(a)
 
     def relay(self, pipe: IO[bytes], to: IO[str]) -> None:
         """Copy the script's lines from `pipe` to the terminal above the live table."""
@@ -127,7 +125,7 @@ class LiveView:
             # newline="": a line ends at \n, \r\n or a lone \r (a progress bar redrawing)
             text = io.TextIOWrapper(pipe, encoding="utf-8", errors="replace", newline="")
             for chunk in iter(text.readline, ""):
-                if self._live is None or self._loop.stopping:
+                if self._live is None or self._closed:
                     to.write(chunk)
                     to.flush()
                 elif chunk.endswith("\r"):  # a redraw: the table's last row shows it
@@ -144,30 +142,27 @@ class LiveView:
     def _judging(self) -> bool:
         return str(self.shown.get("verdict", "")).startswith("judging")
 
-    def refresh(self) -> dict[str, str]:
-        try:
-            s = status(self._read())
-        except Exception as exc:  # a store read failed: say so, keep the script running
-            s = {"verdict": f"cannot read the store: {exc}"}
+    def refresh(self, a: Assessment | None) -> dict[str, str]:
+        s = status(a)
         was, self.shown = self._judging(), s
         if self._live is not None:
             self._draw()
         elif not (was and self._judging()) or time.monotonic() - self._printed >= EVERY_S:
             self._printed = time.monotonic()  # a plain line: every EVERY_S, and the first
-            print(line(self.run_id, s), file=self.stream, flush=True)  # verdict at once
+            print(line(self.run_id or 0, s), file=self.stream, flush=True)  # verdict at once
         return s
 
     def _draw(self) -> None:
         with self._lock:
             rows = {**self.shown, **({"script": self.progress} if self.progress else {})}
             if self._live is not None:
-                self._live.update(table(self.run_id, rows), refresh=True)
+                self._live.update(table(self.run_id or 0, rows), refresh=True)
 
-    def stop(self) -> None:
+    def close(self) -> None:
         """After the script exited: the relays drain its last output, the view ends."""
         for t in self._relays:
             t.join(timeout=5.0)
-        self._loop.stop(EVERY_S + 5.0)
+        self._closed = True
         if self._live is not None:
             with contextlib.suppress(Exception):
                 self._live.stop()

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 
 from monitor import control, thresholds
+from monitor.assess.follow import Follower
 from monitor.assess.window import Context, Window, assess
 from monitor.config import LIVE_SETTINGS, in_flight
 from monitor.frames.analysis import rank_rows, run_rows, span, starts
@@ -65,7 +66,6 @@ def window_s() -> float:
         return max(2.0, float(os.environ.get(WINDOW_ENV) or WINDOW_S))
     except ValueError:
         return WINDOW_S
-LAG_S = 5.0  # how far back each read looks for steps a rank flushed late
 
 
 @dataclass(frozen=True, slots=True)
@@ -237,7 +237,7 @@ class LiveTuner:
         self.cadence = cadence or Cadence()
         self.request = request
         self.ranks: dict[int, RankTuner] = {}
-        self.seen: dict[tuple[int, int], float] = {}  # (rank, step) read in the last LAG_S
+        self.follower = Follower(store, run_id)  # the steps not read before, per rank
         self._loop = Periodic("starvation-autotune", self._tick, interval,
                               on_error=self._failed, finish=self._finish)
         self.errors: list[str] = []
@@ -275,22 +275,6 @@ class LiveTuner:
         finally:
             self.store.close()  # this thread's connection
 
-    def _new_steps(self) -> pd.DataFrame:
-        """Steps not read before. Ranks flush on their own clocks, so each read goes back
-        LAG_S before the newest step read and drops the (rank, step) pairs already seen."""
-        top = max(self.seen.values(), default=None)
-        steps = self.store.steps(self.run_id, since=top - LAG_S if top is not None else None)
-        if steps.empty:
-            return steps
-        if "rank" not in steps.columns:
-            steps = steps.assign(rank=0)
-        ids = list(zip(steps["rank"].astype(int), steps["step"].astype(int), strict=True))
-        fresh = [i not in self.seen for i in ids]
-        self.seen.update(zip(ids, steps["ts"].astype(float), strict=True))
-        newest = max(self.seen.values())
-        self.seen = {i: t for i, t in self.seen.items() if t >= newest - LAG_S}
-        return steps[fresh]
-
     def _refused(self, tuner: RankTuner) -> None:
         """A request the job refused (say, a setting its loader cannot take) is a failed
         move: the policy goes back to the best, which the job never left."""
@@ -313,7 +297,7 @@ class LiveTuner:
         ranks = {int(r["rank"]): r["config"] or {} for _, r in info.iterrows()} \
             or {0: run.get("config") or {}}
         world = len(ranks)
-        steps = self._new_steps()
+        steps = self.follower.steps()
         for r, config in ranks.items():
             tuner = self.ranks.setdefault(
                 r, RankTuner(r, max(1, self.ctx.max_workers // world), self.cadence))

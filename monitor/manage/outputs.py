@@ -1,0 +1,95 @@
+"""The outputs `monitor run` can give a live run, each an Output of its follow
+(monitor/assess/follow.py), each one entry of KINDS with its flags: the CLI adds every kind's
+flags to `run`, and `run_attached` makes the ones asked for before the run exists (a port
+that cannot be had creates nothing) and hands them to Runtime.follow. A new output is its
+own file and one entry here. Nothing heavy is imported until an output is made (`monitor
+--help` and the start of every run stay fast)."""
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from monitor.assess.follow import Output
+
+
+class Kind(Protocol):
+    """One kind of output: its flags, and the output the parsed flags ask for (None: not
+    asked). `make` raises OutputError, saying what to do, when it cannot be had."""
+
+    def add_flags(self, p: argparse.ArgumentParser) -> None: ...
+
+    def make(self, args: argparse.Namespace, rt: Any) -> Output | None: ...
+
+
+class OutputError(RuntimeError):
+    """An output asked for that cannot be had; the message says what to do."""
+
+
+class Metrics:
+    """Prometheus's /metrics while the run lasts (monitor/export/prometheus.py)."""
+
+    def add_flags(self, p: argparse.ArgumentParser) -> None:
+        p.add_argument("--metrics-port", type=int, default=None, metavar="PORT",
+                       help="serve Prometheus metrics on http://ADDRESS:PORT/metrics while "
+                            "it runs")
+        p.add_argument("--metrics-address", default="127.0.0.1", metavar="ADDRESS",
+                       help="address for --metrics-port (default 127.0.0.1: this machine "
+                            "only; 0.0.0.0 lets a cluster's Prometheus scrape it)")
+
+    def make(self, args: argparse.Namespace, rt: Any) -> Output | None:
+        if getattr(args, "metrics_port", None) is None:
+            return None
+        from monitor.export.prometheus import ExporterError, MetricsOutput
+
+        try:
+            out = MetricsOutput(str(rt.store.path), rt.context(), args.metrics_port,
+                                args.metrics_address)
+        except ExporterError as exc:
+            raise OutputError(str(exc)) from None
+        print(f"starvation-monitor: metrics on http://{args.metrics_address}:"
+              f"{args.metrics_port}/metrics", file=sys.stderr)
+        return out
+
+
+class Terminal:
+    """The live view on stderr (monitor/manage/terminal.py)."""
+
+    def add_flags(self, p: argparse.ArgumentParser) -> None:
+        p.add_argument("--live", action=argparse.BooleanOptionalAction, default=None,
+                       help="show throughput, data-wait share, verdict, the top advice and "
+                            "workers every 2 s on stderr (default: on when stderr is a "
+                            "terminal, as a live table with the script's output above it; "
+                            "otherwise one plain line each time)")
+
+    def make(self, args: argparse.Namespace, rt: Any) -> Output | None:
+        from monitor.manage import terminal
+
+        if not terminal.wanted(getattr(args, "live", None)):
+            return None
+        return terminal.LiveView(tty=sys.stderr.isatty())
+
+
+KINDS: tuple[Kind, ...] = (Metrics(), Terminal())
+
+
+def add_flags(p: argparse.ArgumentParser) -> None:
+    for kind in KINDS:
+        kind.add_flags(p)
+
+
+def make(args: argparse.Namespace, rt: Any) -> list[Output]:
+    """The outputs the flags ask for, in KINDS' order; OutputError for the first that cannot
+    be had (those made before it are closed)."""
+    made: list[Output] = []
+    try:
+        for kind in KINDS:
+            out = kind.make(args, rt)
+            if out is not None:
+                made.append(out)
+    except OutputError:
+        for out in made:
+            out.close()
+        raise
+    return made
