@@ -102,7 +102,7 @@ def wait_for(pred, timeout: float, every: float = 0.1):
         v = pred()
         if v:
             return v
-        time.sleep(every)
+        time.sleep(every)  # sleep-ok: a poll's interval, under a deadline
     return pred()
 
 

@@ -1,7 +1,7 @@
 """What the attach probe says of itself, read from a run's `probe` events (written by
-monitor/probe/recorder.py and patch.py): timing or recording that stopped (the probe's own
-failure: the training went on untouched), and a timed loader that requested settings cannot
-reach. The run's JSON, its summary and the page read them here."""
+monitor/probe/recorder.py and monitor/probe/patch.py): timing or recording that stopped (the
+probe's own failure: the training went on untouched), and a timed loader that requested
+settings cannot reach. The run's JSON, its summary and the page read them here."""
 from __future__ import annotations
 
 import json

@@ -1,2 +1,2 @@
-"""The command line: `python -m monitor` / `starvation-monitor`. main.py dispatches and
-prints, args.py holds the flags, compare.py the compare command."""
+"""The command line (`python -m monitor`, `starvation-monitor`): flags parsed, the command
+dispatched, its result printed; nothing here decides what is measured or advised."""

@@ -1,7 +1,7 @@
-"""Why the device starves, what limits throughput, and what to change: pure functions over
-the store's frames. features.py measures a window, bound.py models it (its docstring states
-the equations), rules.py names the verdict and orders advice, thresholds.py holds every
-threshold. monitor/assess/window.py is the one caller that puts them together.
+"""Why the device starves, what limits throughput and what to change: pure functions from a
+window's measured features to a verdict, the causes found, the bound (whose model and
+equations bound.py's docstring states) and ordered advice. Thresholds live in
+monitor/thresholds.py; monitor/assess/window.py is the one caller that puts them together.
 """
 from __future__ import annotations
 

@@ -1,3 +1,3 @@
 """Pure math over the store's frames, below both assess/ and diagnosis/ (docs/DESIGN.md,
-layout): analysis.py holds the definitions' formulas (data wait, compute, share, throughput,
-epoch stalls) over step and host frames. It reads no store and decides nothing."""
+layout): the definitions' formulas (data wait, compute, share, throughput, epoch stalls)
+over step and host frames. It reads no store and decides nothing."""

@@ -1,4 +1,4 @@
-"""The processes we start and own: runtime.py (the composition root, NOTE [shutdown
-protocol]), session.py (managed workloads), measure.py (a managed run start to finish),
-attached_run.py (a user's script under the probe), collector_process.py, workload_spec.py,
-and spawn.py, the one way a child is started."""
+"""The processes we start and own, and their lifetimes: the composition root (runtime.py,
+NOTE [shutdown protocol]), managed workloads and the runs they make, a user's script under
+the probe with its relay and outputs, the sampler's process, and the one way a child is
+started."""

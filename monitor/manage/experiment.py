@@ -1,7 +1,7 @@
 """Sweeps and tunes against real workloads: each configuration is a managed run of its own
 (a fresh workload process, so none inherits another's warm workers or caches), measured by
 monitor/manage/measure.py and assessed by monitor/assess/window.py; the search itself is
-search.py's."""
+monitor/tuning/search.py's."""
 from __future__ import annotations
 
 import math

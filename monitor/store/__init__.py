@@ -1,6 +1,5 @@
-"""The SQLite store: the only channel between the workload, the collector and the page.
-core.py composes one part per table (runs.py, series.py, rollups.py, control.py, meta.py,
-retention.py) over one file (db.py); schema.py is the schema, errors.py its errors."""
+"""The SQLite store: the only channel between the workload, the collector and the page. One
+part per table over one file, its schema, its errors; WAL, batched writes."""
 from __future__ import annotations
 
 from monitor.store.core import (

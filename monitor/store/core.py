@@ -101,7 +101,6 @@ class Store:
     events = _Part("series", Series.events)
     steps = _Part("series", Series.steps)
     first_steps = _Part("series", Series.first_steps)
-    step_totals = _Part("series", Series.step_totals)
     rank_totals = _Part("series", Series.rank_totals)
     last_step_ts = _Part("series", Series.last_step_ts)
     generation_total = _Part("series", Series.generation_total)

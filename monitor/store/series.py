@@ -96,16 +96,6 @@ class Series:
         return self.db.frame("SELECT * FROM steps WHERE run_id = ? ORDER BY ts LIMIT ?",
                              (run_id, n))
 
-    def step_totals(self, run_ids: Sequence[int]) -> dict[int, dict[str, float]]:
-        """Per run: steps, samples and the sums of wait, compute and both, in one query."""
-        out: dict[int, dict[str, float]] = {}
-        for (run, _), t in self.rank_totals(run_ids).items():
-            sums = {k: v for k, v in t.items() if k not in ("first_ts", "last_row")}
-            mine = out.setdefault(run, dict.fromkeys(sums, 0.0))
-            for k, v in sums.items():
-                mine[k] += v
-        return out
-
     def rank_totals(self, run_ids: Sequence[int], after: Mapping[int, int] | None = None
                     ) -> dict[tuple[int, int], dict[str, float]]:
         """Per (run, rank): steps, samples and the sums of wait, compute and both (the

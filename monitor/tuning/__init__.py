@@ -1,3 +1,3 @@
-"""Sweep and tune: search.py is the pure search (grid, knee, memory skips, the hill climb);
-experiment.py runs it against real workloads; jobs.py runs experiments in the background for
-the page."""
+"""Sweep and tune: the pure search (grid, knee, memory skips, the hill climb), the policy that
+moves a loader one judged step at a time, and the live tuner that drives it on a running
+job through control requests. Running experiments against real workloads is manage/'s."""

@@ -1,1 +1,2 @@
-"""The page: figures (charts.py, no streamlit), panels and controls (streamlit)."""
+"""The page: figures built from frames (no streamlit), and the panels, controls and fragments
+that show them; what the page reads, and when it redraws."""

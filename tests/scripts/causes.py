@@ -65,7 +65,7 @@ class Cached(Dataset):
     def __getitem__(self, i: int):
         if i not in CACHE:
             CACHE[i] = torch.rand(self.rows, 1024)  # 1 MB by default, kept forever
-        time.sleep(0.004)
+        time.sleep(0.004)  # sleep-ok: the workload's modelled work
         return CACHE[i][0, :4].clone()
 
 
@@ -79,7 +79,7 @@ class OneSlow(Dataset):
         return self.n
 
     def __getitem__(self, i: int):
-        time.sleep(0.15 if i % 32 == 0 else 0.001)
+        time.sleep(0.15 if i % 32 == 0 else 0.001)  # sleep-ok: the workload's modelled work
         return torch.full((4,), float(i))
 
 
@@ -111,7 +111,7 @@ class Files(Dataset):
             data = os.read(fd, 16 * 1024)
         finally:
             os.close(fd)
-        time.sleep(0.004)
+        time.sleep(0.004)  # sleep-ok: the workload's modelled work
         return torch.tensor(len(data))
 
 

@@ -37,7 +37,7 @@ class Numbers(Dataset):
         return self.n
 
     def __getitem__(self, i: int):
-        time.sleep(0.001)
+        time.sleep(0.001)  # sleep-ok: the workload's modelled work
         return torch.full((4,), float(i)), i
 
 
@@ -198,7 +198,7 @@ def plain(kind: str, workers: int, epochs: int) -> None:
         batches = samples = total = 0
         for batch in loader:
             x, y = pairs(batch)
-            time.sleep(0.005)  # the "step"
+            time.sleep(0.005)  # sleep-ok: the "step"
             batches, samples, total = batches + 1, samples + len(y), total + int(y.sum())
         print(f"epoch {epoch}: {batches} batches, {samples} samples, checksum {total}",
               flush=True)
@@ -237,7 +237,7 @@ def combined(workers: int, epochs: int) -> None:
 
         def training_step(self, batch, _):
             (xa, ya), (xb, yb) = batch
-            time.sleep(0.005)
+            time.sleep(0.005)  # sleep-ok: the workload's modelled work
             self.batches += 1
             self.total += int(ya.sum()) + int(yb.sum())
             return self.net(xa).mean() + self.net(xb).mean()

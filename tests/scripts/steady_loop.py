@@ -15,7 +15,7 @@ class Sleepy(Dataset):
         return 256
 
     def __getitem__(self, i):
-        time.sleep(0.00075)
+        time.sleep(0.00075)  # sleep-ok: the workload's modelled work
         return torch.zeros(4)
 
 
@@ -27,7 +27,7 @@ def main():
     end = time.monotonic() + seconds
     while time.monotonic() < end:
         for _ in loader:
-            time.sleep(0.012)
+            time.sleep(0.012)  # sleep-ok: the workload's modelled work
             if time.monotonic() >= end or (stop and os.path.exists(stop)):
                 end = time.monotonic()
                 break

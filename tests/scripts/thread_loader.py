@@ -15,7 +15,7 @@ class Slow(Dataset):
         return 96
 
     def __getitem__(self, i):
-        time.sleep(0.008)
+        time.sleep(0.008)  # sleep-ok: the workload's modelled work
         return torch.full((4,), float(i))
 
 
@@ -36,7 +36,7 @@ def main():
     loader = DataLoader(Slow(), batch_size=8)
     for _epoch in range(2):
         for _ in watch(batches(loader)):
-            time.sleep(0.08)  # the step: slower than loading, so the queue stays full
+            time.sleep(0.08)  # sleep-ok: the step: slower than loading, so the queue stays full
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ class Slow(Dataset):
         return 96
 
     def __getitem__(self, i):
-        time.sleep(0.004)
+        time.sleep(0.004)  # sleep-ok: the workload's modelled work
         return torch.full((4,), float(i)), i % 2
 
 
@@ -24,12 +24,12 @@ def main():
     for epoch in range(2):
         n = 0
         for x, _y in train:
-            time.sleep(0.01)  # the "step"
+            time.sleep(0.01)  # sleep-ok: the "step"
             n += len(x)
         for _ in val:  # not timed: only the first loader iterated is
             pass
         print(f"epoch {epoch} done: {n} samples, num_workers={train.num_workers}", flush=True)
-        time.sleep(epoch_pause)  # room for the test to request a change
+        time.sleep(epoch_pause)  # sleep-ok: room for the test to request a change
     sys.exit(code)
 
 

@@ -9,5 +9,5 @@ from monitor import watch
 loader = DataLoader(TensorDataset(torch.arange(64.0)), batch_size=8)
 for _epoch in range(2):
     for (_x,) in watch(loader, name="explicit"):
-        time.sleep(0.005)
+        time.sleep(0.005)  # sleep-ok: the workload's modelled work
 print("done", flush=True)
