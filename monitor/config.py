@@ -128,6 +128,13 @@ WORKER_CEILING_X = 3  # the worker ceiling: this many loaders per usable core
 ATTACHED_PREFIX = "attached:"  # the workload name of a user's own script
 
 
+def attached_config(script: str, settings: dict[str, Any] | None = None) -> dict[str, Any]:
+    """An attached run's recorded config: its loader's settings (none yet when `monitor run`
+    creates the run) under the script's workload name. The one builder (the launcher, the
+    probe's recorder and its loader report use it)."""
+    return {"preset": CUSTOM, **(settings or {}), "workload": f"{ATTACHED_PREFIX}{script}"}
+
+
 class ConfigError(ValueError):
     """An invalid setting; the message says which one and what to do."""
 

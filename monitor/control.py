@@ -20,7 +20,9 @@ from __future__ import annotations
 
 from typing import Any
 
-CONFIG, STOP = "config", "stop"  # request kinds
+from monitor.records import CONFIG
+
+STOP = "stop"  # request kinds: CONFIG (the event of that name) and STOP
 SOURCE, RANK = "source", "rank"  # payload keys that are not loader settings
 AUTOTUNE = "autotune"  # the live tuner's source and event kind
 ON, OFF, SETTLED = "on", "off", "settled"

@@ -12,6 +12,16 @@ from typing import Any
 
 _REQUIRED: Any = object()
 
+# The events table's kinds, each named here once (who writes it: who reads it). A config
+# event shares its name with the control request of that kind (monitor/control.py).
+PROBE = "probe"  # the attach probe's notes on itself: assess/probe_notes.py, the run's JSON
+EPOCH = "epoch"  # an epoch began, its worker pids: manage/session.py, assess/window.py
+CONFIG = "config"  # the run's settings now (applied): assess/window.py, outcomes, history
+EVALUATION = "evaluation"  # an evaluation pass over the training loader: the run's JSON
+LOADER = "loader"  # the timed loader's report (its batch's bytes, ...): assess/window.py
+WORKERS_READY = "workers ready"  # when each worker's first batch came: assess/window.py
+LOADER_ERROR = "loader error"  # an exception the loader raised: assess/window.py, limits
+SHM = "shm"  # /dev/shm segments of killed processes removed: the run's events
 # Event kinds of the stall watchdog (monitor/probe/watchdog.py writes, assess/stall.py reads).
 STALLED, RESUMED = "stalled", "resumed"
 STALL_KINDS = (STALLED, RESUMED)

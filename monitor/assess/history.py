@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 
 from monitor.config import LIVE_SETTINGS, in_flight
+from monitor.records import CONFIG
 from monitor.thresholds import HISTORY_FINAL_S, HISTORY_SKIP_STEPS
 
 if TYPE_CHECKING:
@@ -33,7 +34,7 @@ def config_events(events: pd.DataFrame | None, rank: int | None = None,
     i opened generation `config_seq` i (the probe counts one per applied change)."""
     if events is None or events.empty or "kind" not in events.columns:
         return []
-    cfg = events[events["kind"] == "config"].sort_values("ts")
+    cfg = events[events["kind"] == CONFIG].sort_values("ts")
     rows = [(float(t), _data(d), str(x)) for t, d, x in
             zip(cfg["ts"], cfg["data"], cfg["label"], strict=True)]
     return [r for r in rows if rank is None or r[1].get("rank") in (None, rank)]

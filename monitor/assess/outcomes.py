@@ -21,7 +21,8 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 
 from monitor.config import LIVE_SETTINGS, in_flight
-from monitor.frames.analysis import rank_rows
+from monitor.frames.analysis import loop_rate, rank_rows
+from monitor.records import CONFIG
 from monitor.thresholds import (
     OUTCOME_MAX_STEPS,
     OUTCOME_MIN_STEPS,
@@ -57,7 +58,7 @@ def outcomes(events: pd.DataFrame, steps: pd.DataFrame) -> list[dict[str, Any]]:
     if events.empty or "data" not in events.columns:
         return []
     ev = events.assign(d=events["data"].map(_data)).sort_values("ts")
-    configs = ev[ev["kind"] == "config"]
+    configs = ev[ev["kind"] == CONFIG]
     out: list[dict[str, Any]] = []
     for _, e in ev.iterrows():
         d = e["d"]
@@ -89,9 +90,9 @@ def outcomes(events: pd.DataFrame, steps: pd.DataFrame) -> list[dict[str, Any]]:
         s = s.iloc[skip:skip + OUTCOME_MAX_STEPS]
         row["steps"] = len(s)
         row["final"] = ended or len(s) == OUTCOME_MAX_STEPS
-        loop = float(s["wait_s"].sum() + s["compute_s"].sum())
-        if len(s) >= OUTCOME_MIN_STEPS and loop > 0:
-            row["measured"] = float(s["samples"].sum()) / loop
+        rate = loop_rate(s)
+        if len(s) >= OUTCOME_MIN_STEPS and rate > 0:
+            row["measured"] = rate
             row["error"] = row["predicted"] / row["measured"] - 1
     return out
 
@@ -114,11 +115,11 @@ def _predicts(data: Any) -> bool:
 def of_run(store: Store, run_id: int) -> list[dict[str, Any]]:
     """A run's outcomes, from its events and, for each prediction, its steps within SPAN_S
     (the page asks every second: a final outcome is kept, not read again)."""
-    ev = store.events(run_id, kinds=("config", "autotune", ADVICE))
+    ev = store.events(run_id, kinds=(CONFIG, "autotune", ADVICE))
     has = ev["data"].map(_predicts).astype(bool) if not ev.empty else None
     if has is None or not has.any():
         return []
-    configs, out = ev[ev["kind"] == "config"], []
+    configs, out = ev[ev["kind"] == CONFIG], []
     for i in ev.index[has]:
         key = (str(store.path), run_id, int(ev.at[i, "id"]) if "id" in ev.columns else i)
         row = _FINAL.get(key)

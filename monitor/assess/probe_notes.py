@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from monitor.records import PROBE
+
 NO_LOADER = ("no torch DataLoader was iterated by this script; to time another iterator use "
              "`from monitor import watch` and `for batch in watch(your_iterator): ...`")
 
@@ -14,7 +16,7 @@ NO_LOADER = ("no torch DataLoader was iterated by this script; to time another i
 def _rows(events: Any) -> list[tuple[str, dict[str, Any]]]:
     if events is None or events.empty:
         return []
-    ev = events[events["kind"] == "probe"]
+    ev = events[events["kind"] == PROBE]
     return [(str(label), json.loads(raw) if isinstance(raw, str) else {})
             for label, raw in zip(ev["label"], ev["data"], strict=True)]
 

@@ -27,7 +27,7 @@ from monitor.diagnosis.kinds import in_loader_terms
 from monitor.diagnosis.rules import HEALTHY
 from monitor.diagnosis.straggler import RankFigures, straggler_diagnosis, stragglers
 from monitor.frames import analysis
-from monitor.records import CpuBudget
+from monitor.records import CONFIG, EPOCH, LOADER, LOADER_ERROR, STALLED, WORKERS_READY, CpuBudget
 from monitor.thresholds import (
     KPI_WINDOW_S,
     STEADY_MAX_S,
@@ -161,7 +161,7 @@ def steady_window(store: Store, run_id: int) -> Window | None:
         steps = settled
     start, end = analysis.span(steps)
     report, errors = loader_notes(store.events(run_id, kinds=LOADER_KINDS))
-    events = store.events(run_id, kinds=("config",))
+    events = store.events(run_id, kinds=(CONFIG,))
     caption, note = f"steady state of the final settings ({end - start:.0f} s)", ""
     ranks = steps["rank"].dropna().unique() if "rank" in steps.columns else []
     late = history.unrecorded_change(events, int(steps["config_seq"].max()),
@@ -185,11 +185,11 @@ def run_history(store: Store, run_id: int, steps: pd.DataFrame,
     if len(ranks) > 1:
         return ()
     if events is None:
-        events = store.events(run_id, kinds=("config",))
+        events = store.events(run_id, kinds=(CONFIG,))
     return history.generations(store, run_id, events, int(ranks[0]) if len(ranks) else None)
 
 
-LOADER_KINDS = ("loader", "epoch", "workers ready", "loader error", "stalled")
+LOADER_KINDS = (LOADER, EPOCH, WORKERS_READY, LOADER_ERROR, STALLED)
 
 
 def loader_notes(events: pd.DataFrame) -> tuple[dict[str, Any] | None, tuple[str, ...]]:
@@ -202,18 +202,18 @@ def loader_notes(events: pd.DataFrame) -> tuple[dict[str, Any] | None, tuple[str
             d = json.loads(text) if text else {}
             out[int(d.get("rank") or 0)] = d
         return out
-    reports, pids, ready = last("loader"), last("epoch"), last("workers ready")
+    reports, pids, ready = last(LOADER), last(EPOCH), last(WORKERS_READY)
     for r, d in reports.items():  # the workers by index (the iterator's order), their start
         d["worker_pids"] = pids.get(r, {}).get("worker_pids")
         if ready.get(r, {}).get("epoch") == d.get("epoch"):
             d["ready_s"] = ready[r].get("ready_s")
     report = None
-    rep = events[events["kind"] == "loader"]
+    rep = events[events["kind"] == LOADER]
     if not rep.empty:
         report = {**reports[int(json.loads(rep["data"].iloc[-1]).get("rank") or 0)],
                   "by_rank": reports}
     errors = tuple(str(x) for k, x in zip(events["kind"], events["label"], strict=True)
-                   if k == "loader error" or (k == "stalled" and "Open files:" in str(x)))
+                   if k == LOADER_ERROR or (k == STALLED and "Open files:" in str(x)))
     return report, errors
 
 
@@ -237,7 +237,7 @@ def recent_window(run: dict[str, Any], steps: pd.DataFrame, host: pd.DataFrame,
                   ranks: pd.DataFrame | None = None) -> Window:
     """The page's live window: the last KPI_WINDOW_S, or less after a loader change."""
     steps = steps[steps["ts"] >= end - KPI_WINDOW_S]
-    cfg = events[events["kind"] == "config"] if not events.empty else events
+    cfg = events[events["kind"] == CONFIG] if not events.empty else events
     caption = f"last {KPI_WINDOW_S:.0f} s"
     if len(cfg) > 1:
         since = float(cfg["ts"].iloc[-1])
@@ -384,10 +384,9 @@ def _assess_job(window: Window, ctx: Context, ranks: list[int], base: dict) -> A
         own[r] = diagnose(f, ctx.max_workers, ctx.prediction_scales)
     rep = max(per, key=lambda r: per[r].data_wait_share)
     steps = window.steps
-    wait, compute = float(steps["wait_s"].sum()), float(steps["compute_s"].sum())
     job = dataclasses.replace(
         per[rep], steps=len(steps), throughput=sum(f.throughput for f in per.values()),
-        data_wait_share=wait / (wait + compute) if wait + compute > 0 else math.nan,
+        data_wait_share=analysis.data_wait_share(steps),
         device_busy_mean=statistics.mean(f.device_busy_mean for f in per.values()))
     slow = stragglers({r: f.wait_per_step_s for r, f in per.items()})
     dg = straggler_diagnosis(job, per, own, slow) if slow else own[rep]

@@ -13,7 +13,7 @@ import pandas as pd
 
 from monitor.diagnosis.finding import Finding
 from monitor.diagnosis.rules import Advice
-from monitor.frames.analysis import epoch_stalls
+from monitor.frames.analysis import data_wait_share, epoch_stalls, loop_rate
 from monitor.thresholds import (
     HISTORY_MIN_STEPS,
     PER_SAMPLE_MAX_S,
@@ -39,9 +39,8 @@ def per_sample(steps: pd.DataFrame, report: dict[str, Any] | None,
         return None
     batch = float(steps["samples"].median())
     samples, wait = float(steps["samples"].sum()), float(steps["wait_s"].sum())
-    loop = wait + float(steps["compute_s"].sum())
-    if batch < PER_SAMPLE_MIN_BATCH or samples <= 0 or loop <= 0 or \
-            wait / loop < PER_SAMPLE_WAIT_SHARE:
+    share = data_wait_share(steps)
+    if batch < PER_SAMPLE_MIN_BATCH or samples <= 0 or not share >= PER_SAMPLE_WAIT_SHARE:
         return None
     per = wait / samples
     on_cpu = per * (1.0 - min(max(cpu_wait_share or 0.0, 0.0), 1.0))
@@ -53,7 +52,7 @@ def per_sample(steps: pd.DataFrame, report: dict[str, Any] | None,
     # batch per median compute), the most any workers it advises can reach too (a sum of
     # compute with a few preempted steps in it read below their prediction once)
     up_to = batch / max(float(steps["compute_s"].median()), 1e-9)
-    now = samples / loop
+    now = loop_rate(steps)
     # workers share that cost out (measured bare: 0 -> 2 workers read -15% to +95%, box
     # by box), the batched fetch removes it (4-8 times either): the fix first, workers after
     where = "in the main process" if nw == 0 else f"in each of {nw} workers"

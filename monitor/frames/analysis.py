@@ -36,6 +36,20 @@ def data_wait_share(steps: pd.DataFrame) -> float:
     return wait / total if total > 0 else float("nan")
 
 
+def loop_rate(steps: pd.DataFrame) -> float:
+    """Samples per second of the loop's own steps (data wait + compute), NaN without any:
+    the rate a measured stretch of steps ran at, however the steps sit in time (the
+    outcome of a change, a part of a window for its noise)."""
+    loop = float(steps["wait_s"].sum() + steps["compute_s"].sum()) if not steps.empty else 0.0
+    return float(steps["samples"].sum()) / loop if loop > 0 else float("nan")
+
+
+def cv(values: pd.Series) -> float:
+    """The coefficient of variation of a series (NaN where its mean is not positive)."""
+    _, c = series_stats(values)
+    return c if c is not None else float("nan")
+
+
 def starts(steps: pd.DataFrame) -> pd.Series:
     """When each step began: when it asked for its batch (a step's data wait is
     [ts - wait_s, ts], monitor/records.py)."""
@@ -177,11 +191,10 @@ def summarize(steps: pd.DataFrame) -> Summary:
         return Summary(0, 0.0, nan, nan, nan, nan)
     start, end = span(steps)
     busy = busy_series(steps, start=start, end=end)["busy"]
-    mean = float(busy.mean())
-    cv = float(busy.std(ddof=0) / mean) if mean > 0 else float("nan")
     return Summary(
         steps=len(steps), window_s=end - start, throughput=throughput(steps),
-        data_wait_share=data_wait_share(steps), device_busy_mean=mean, device_busy_cv=cv,
+        data_wait_share=data_wait_share(steps), device_busy_mean=float(busy.mean()),
+        device_busy_cv=cv(busy),
         between_epochs_s=max(0.0, (end - start) - stepping_s(steps)),
     )
 
@@ -268,9 +281,8 @@ def device_timing(steps: pd.DataFrame) -> dict[str, float] | None:
     if not total > 0:
         return None
     busy = span / (idle + span).where(idle + span > 0)
-    mean = float(busy.mean())
-    return {"idle_share": float(idle.sum()) / total, "busy_mean": mean,
-            "busy_cv": float(busy.std(ddof=0) / mean) if mean > 0 else math.nan,
+    return {"idle_share": float(idle.sum()) / total, "busy_mean": float(busy.mean()),
+            "busy_cv": cv(busy),
             "idle_per_step_s": float(idle.mean()), "measured": float(len(both))}
 
 

@@ -23,7 +23,7 @@ from monitor.assess import outcomes
 from monitor.assess import probe_notes as notes
 from monitor.assess.stall import STALL_KINDS, stuck_at_end
 from monitor.assess.window import LOADER_KINDS, Context, assess_run, loader_notes
-from monitor.config import ATTACHED_PREFIX
+from monitor.config import attached_config
 from monitor.diagnosis import NO_DATA, limits
 from monitor.frames import analysis
 from monitor.manage import outputs, spawn, terminal
@@ -36,6 +36,7 @@ from monitor.probe.epoch_plan import EVERY_ENV
 from monitor.probe.patch import DB_ENV, RUN_ENV, SCRIPT_ENV
 from monitor.probe.phases import ENV as PHASES_ENV
 from monitor.probe.writer import transient
+from monitor.records import EVALUATION, PROBE, SHM
 from monitor.store import ATTACHED, FAILED, FINISHED, RUNNING, STOPPED, Store, StoreError, explain
 from monitor.thresholds import AUTOTUNE_MIN_STEPS
 from monitor.tuning.live import Cadence, LiveTuner
@@ -55,7 +56,7 @@ def summary(store: Store, run_id: int, ctx: Context) -> dict[str, Any]:
     steps = store.steps(run_id)
     out["epochs"] = int(steps["epoch"].nunique()) if not steps.empty else 0
     # passes over the training loader with gradients off (evaluation): not in the steps
-    out["evaluation_passes"] = len(store.events(run_id, kinds=("evaluation",)))
+    out["evaluation_passes"] = len(store.events(run_id, kinds=(EVALUATION,)))
     out.update(probe_notes(store, run_id, steps.empty))
     if out.get("verdict_family") == NO_DATA and not steps.empty and run.get("status") != RUNNING:
         out["verdict_text"] = " ".join(
@@ -92,7 +93,7 @@ def named_failure(store: Store, run_id: int) -> str | None:
 def probe_notes(store: Store, run_id: int, no_steps: bool) -> dict[str, Any]:
     """What the probe said of itself (monitor/assess/probe_notes.py); for a run with no
     steps, why none were timed, stored as the run's probe event."""
-    ev = store.events(run_id, kinds=("probe",))
+    ev = store.events(run_id, kinds=(PROBE,))
     out: dict[str, Any] = {"retune": notes.retune(ev)}
     stop = notes.timing_stopped(ev)
     said = store.meta(control.probe_stopped_key(run_id, 0))
@@ -102,7 +103,7 @@ def probe_notes(store: Store, run_id: int, no_steps: bool) -> dict[str, Any]:
     text = notes.no_loader_text(ev) if no_steps and stop is None else None
     if text is not None:
         if not (ev["label"] == text).any():
-            store.add_event(run_id, "probe", text, {"no_loader": True})
+            store.add_event(run_id, PROBE, text, {"no_loader": True})
         stop = {"what": "no loader", "text": text, "at_step": 0, "error": text,
                 "loader": None, "where": None}
     if stop is not None:
@@ -289,7 +290,7 @@ def run_attached(args: argparse.Namespace) -> int:
     view = next((o for o in outs if isinstance(o, terminal.LiveView)), None)
     script = next((Path(c).name for c in cmd[1:] if c.endswith(".py")), Path(cmd[0]).name)
     run_id = store.create_run(args.name or script, ATTACHED,
-                              {"preset": "custom", "workload": f"{ATTACHED_PREFIX}{script}"})
+                              attached_config(script))
     relay = Relay(store.path.resolve(), run_id)  # NOTE [the relay]
     env = {**script_env(store, run_id), **relay.env(), SCRIPT_ENV: script}
     if every is not None:
@@ -335,7 +336,7 @@ def run_attached(args: argparse.Namespace) -> int:
     try:
         left = remove_left_segments(store, run_id, proc.pid)
         if left:
-            store.add_event(run_id, "shm", f"removed {len(left)} /dev/shm segments the job's "
+            store.add_event(run_id, SHM, f"removed {len(left)} /dev/shm segments the job's "
                             "killed processes left", {"removed": left})
         status, error = end_status(rc, asked)
         stuck = stuck_at_end(store.events(run_id, kinds=STALL_KINDS))

@@ -47,7 +47,7 @@ from typing import Any
 
 from monitor.periodic import Periodic
 from monitor.probe.writer import NO_DEVICE, TS_AT, step_row, transient
-from monitor.records import StepRecord
+from monitor.records import PROBE, StepRecord
 from monitor.ring import (
     ALIVE,
     DEVICE,
@@ -286,4 +286,4 @@ class Relay:
             f"{lost} steps dropped: the relay could not keep up" if lost else "no step lost")
         with contextlib.suppress(Exception):
             assert self.store is not None
-            self.store.add_event(self.run_id, "probe", text, {"dropped": lost})
+            self.store.add_event(self.run_id, PROBE, text, {"dropped": lost})

@@ -28,6 +28,7 @@ from monitor.config import ConfigError, LoaderConfig
 from monitor.manage import spawn
 from monitor.periodic import Periodic
 from monitor.probe.workers import remove_dead_segments
+from monitor.records import EPOCH, SHM
 from monitor.store import FAILED, MANAGED, STOPPED, Store, explain
 
 
@@ -83,7 +84,7 @@ def remove_left_segments(store: Store, run_id: int, pid: int,
     between torch's making a segment and its unlinking (the kernel's OOM killer; a stop's
     SIGKILL on a busy box) leaves one holding memory for good."""
     pids = {pid, *(seen or ())}
-    for raw in store.events(run_id, kinds=("epoch",))["data"]:
+    for raw in store.events(run_id, kinds=(EPOCH,))["data"]:
         pids.update((json.loads(raw or "{}") or {}).get("worker_pids") or [])
     return remove_dead_segments(pids)
 
@@ -253,7 +254,7 @@ class SessionManager:
         with contextlib.suppress(Exception):  # a store that fails is said below, once
             left = remove_left_segments(self.store, run_id, proc.pid, seen)
             if left:
-                self.store.add_event(run_id, "shm", f"removed {len(left)} /dev/shm segments "
+                self.store.add_event(run_id, SHM, f"removed {len(left)} /dev/shm segments "
                                      "the workload's killed processes left", {"removed": left})
         code = proc.returncode
         try:

@@ -24,7 +24,7 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-from monitor.config import ATTACHED_PREFIX
+from monitor.config import attached_config
 from monitor.probe.epoch_plan import MidEpoch, every_steps
 from monitor.probe.identity import job_key, rank_identity
 from monitor.probe.lifeline import bind_to_parent
@@ -32,6 +32,7 @@ from monitor.probe.loaders import is_dataloader
 from monitor.probe.loops import EVAL, loop_role, on_training_thread
 from monitor.probe.recorder import Recorder
 from monitor.probe.timing import TimedIterator
+from monitor.records import PROBE
 from monitor.ring import ENV as RELAY_ENV
 from monitor.store import ATTACHED, ENV_VAR, FINISHED, Store
 
@@ -55,7 +56,7 @@ def recorder(name: str | None = None) -> Recorder:
             store = Store(os.environ.get(DB_ENV) or None)
             script = os.environ.get(SCRIPT_ENV) or os.path.basename(sys.argv[0] or "python")
             env_run = os.environ.get(RUN_ENV)
-            cfg = {"preset": "custom", "workload": f"{ATTACHED_PREFIX}{script}"}
+            cfg = attached_config(script)
             job = job_key()
             if env_run:
                 run_id = int(env_run)
@@ -126,7 +127,7 @@ def _no_recorder(exc: Exception, loader: Any) -> None:
     try:
         run_id = int(os.environ[RUN_ENV])
         Store(os.environ.get(DB_ENV) or None).add_event(
-            run_id, "probe", text, {"stopped": "timing", "loader": type(loader).__name__,
+            run_id, PROBE, text, {"stopped": "timing", "loader": type(loader).__name__,
                                     "where": "starting the recorder", "at_step": 0,
                                     "error": f"{type(exc).__name__}: {exc}"})
     except Exception:

@@ -37,6 +37,7 @@ from monitor.probe.samples import sample_counter
 from monitor.probe.timing import Probe, TimedIterator
 from monitor.probe.watchdog import RELAY_GONE, Watchdog
 from monitor.probe.writer import relay_ring
+from monitor.records import EPOCH, EVALUATION, LOADER, LOADER_ERROR, PROBE, WORKERS_READY
 from monitor.store import Store
 
 FLUSH_S, FLUSH_STEADY_S = 0.5, 2.0  # writes while young, then (NOTE [the writer's wake])
@@ -158,7 +159,7 @@ class Recorder(LoaderRequests):
             if id(ds) not in self.pickled:  # once a dataset: a worker's pickle, counted
                 self.pickled[id(ds)] = workers.pickled_bytes(ds)
             figures["dataset_pickled_bytes"] = self.pickled[id(ds)]
-        self._event("loader", f"epoch {self.epoch}: batch {figures['batch_bytes'] / 1e6:.1f} "
+        self._event(LOADER, f"epoch {self.epoch}: batch {figures['batch_bytes'] / 1e6:.1f} "
                     f"MB in {figures['batch_tensors']} tensors, {figures['in_flight']} in "
                     "flight", {**figures, "epoch": self.epoch})
 
@@ -180,7 +181,7 @@ class Recorder(LoaderRequests):
 
     def _workers_ready(self, ready_s: list[float]) -> None:
         """Each worker's first batch, seconds after the epoch's iter() (by worker index)."""
-        self._event("workers ready", f"epoch {self.epoch}: {len(ready_s)} workers ready by "
+        self._event(WORKERS_READY, f"epoch {self.epoch}: {len(ready_s)} workers ready by "
                     f"{max(ready_s):.2f} s", {"epoch": self.epoch, "ready_s": ready_s})
 
     def _loader_error(self, exc: BaseException) -> None:
@@ -189,7 +190,7 @@ class Recorder(LoaderRequests):
         text = workers.error_text(exc)
         if "killed by signal" not in text and (how := workers.exit_note(self.worker_procs, exc)):
             text = f"{text}; {how}"
-        self._event("loader error", text, {"error": text, "at_step": self.probe.step})
+        self._event(LOADER_ERROR, text, {"error": text, "at_step": self.probe.step})
         self.loader_failed = True
         workers.remove_dead_segments(w.pid for w in self.worker_procs)  # (after the event)
 
@@ -214,7 +215,7 @@ class Recorder(LoaderRequests):
             text = (f"timing stopped for {cls} ({where}): {why}. Your training goes on "
                     "untouched; its later steps are not recorded")
             self._say(text)
-            self._event("probe", text, {"stopped": "timing", "loader": cls, "where": where,
+            self._event(PROBE, text, {"stopped": "timing", "loader": cls, "where": where,
                                         "error": why, "at_step": self.probe.step})
         except Exception:  # nothing of ours reaches the loop, even from here
             pass
@@ -255,7 +256,7 @@ class Recorder(LoaderRequests):
             text = (f"timing {what}: the first loader iterated ({why}); later ones "
                     "(validation) are not timed")
         self._say(text)
-        self._event("probe", text)
+        self._event(PROBE, text)
 
     def evaluation_pass(self, loader: Any) -> bool:
         """Whether this iter() of the training loader is an evaluation pass, not training:
@@ -270,7 +271,7 @@ class Recorder(LoaderRequests):
                 "gradients off): not a training epoch, not timed")
         if self.eval_passes == 1:
             self._say(text)
-        self._event("evaluation", f"{text} ({self.eval_passes} so far)",
+        self._event(EVALUATION, f"{text} ({self.eval_passes} so far)",
                     {"passes": self.eval_passes, "after_epoch": self.epoch})
         return True
 
@@ -279,7 +280,7 @@ class Recorder(LoaderRequests):
         if id(loader) in self.skipped or id(loader) == self.loader_id:
             return
         self.skipped.add(id(loader))
-        self._event("probe", f"not timed: {describe_loader(loader)}: {why}")
+        self._event(PROBE, f"not timed: {describe_loader(loader)}: {why}")
 
     def inside_timed(self, loader: Any) -> bool:
         """Whether iter(loader) runs inside the timed loader's own iter() or next(): a stage
@@ -300,7 +301,7 @@ class Recorder(LoaderRequests):
             self.phases_said.add(text)
             if loud:
                 self._say(text)
-            self._event("probe", text, {"phases": "off" if "off:" in text else "note"})
+            self._event(PROBE, text, {"phases": "off" if "off:" in text else "note"})
 
     def _event(self, kind: str, label: str, data: dict[str, Any] | None = None) -> None:
         """Handed to the probe's writer (the watchdog's thread): never a wait on the store
@@ -336,7 +337,7 @@ class Recorder(LoaderRequests):
         self._say(f"recording stopped: {exc}. Your training goes on; its steps are no "
                   "longer recorded.")
         try:  # the store may take this one line yet (a lock that cleared, a full disk freed)
-            self.store.add_event(self.run_id, "probe", f"recording stopped: {exc}",
+            self.store.add_event(self.run_id, PROBE, f"recording stopped: {exc}",
                                  {"stopped": "recording", "error": str(exc),
                                   "at_step": self.probe.step, "rank": self.rank})
         except Exception:
@@ -373,7 +374,7 @@ class Recorder(LoaderRequests):
         if self.fixed is None:
             self.fixed = not_retunable(loader)
             if self.fixed is not None:
-                self._event("probe", f"not re-tunable live: {self.fixed}",
+                self._event(PROBE, f"not re-tunable live: {self.fixed}",
                             {"retunable": False, "why": self.fixed})
 
     def _fill_batch_size(self, loader: Any) -> None:
@@ -392,4 +393,4 @@ class Recorder(LoaderRequests):
         self.worker_procs = worker_procs(loader, it)
         pids = [w.pid for w in self.worker_procs]
         if pids:
-            self._event("epoch", f"epoch {self.epoch}", {"worker_pids": pids})
+            self._event(EPOCH, f"epoch {self.epoch}", {"worker_pids": pids})

@@ -12,10 +12,11 @@ import time
 from typing import Any
 
 from monitor import control
-from monitor.config import ATTACHED_PREFIX, describe_change
+from monitor.config import attached_config, describe_change
 from monitor.probe.epoch_plan import why_not_resumable
 from monitor.probe.identity import accelerator_kind, cuda_device, where
 from monitor.probe.loaders import change_loader, loader_settings
+from monitor.records import CONFIG
 from monitor.ring import REPORT
 
 AWAIT_TUNER_S = 2.0  # the longest an epoch start waits for a searching autotuner
@@ -55,7 +56,7 @@ class LoaderRequests:
         if self.epoch == 0:
             settings = loader_settings(loader)
             self._report(settings)
-            self._event("config", "start", settings)
+            self._event(CONFIG, "start", settings)
         self._apply_requests(loader)
 
     def apply_pending(self, loader: Any, at_step: int) -> bool:
@@ -115,7 +116,7 @@ class LoaderRequests:
             extra: dict[str, Any] = {"pid": os.getpid()} if self.world_size == 1 else {}
             if device is not None:
                 extra["device"] = device
-            record = {"config": {**settings, "workload": f"{ATTACHED_PREFIX}{self.script}"},
+            record = {"config": attached_config(self.script, settings),
                       "accelerator_kind": kind,
                       "accelerator": f"your script's own step ({kind})", **extra}
         if self.probe.ring is not None:

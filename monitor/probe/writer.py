@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from monitor.probe.device_clock import HOLD_S
-from monitor.records import PHASES_AT, STEP_AT, StepRecord
+from monitor.records import PHASES_AT, PROBE, STEP_AT, StepRecord
 from monitor.ring import DEVICE, RingWriter, as_device, as_step
 from monitor.ring import ENV as RELAY_ENV
 
@@ -175,7 +175,7 @@ class StepWriter:
                    else "no step lost")) if since is not None else \
             f"{lost} steps dropped: the store could not keep up"
         try:
-            self.store.add_event(self.run_id, "probe", text, {"dropped": lost,
+            self.store.add_event(self.run_id, PROBE, text, {"dropped": lost,
                                                               "rank": self.rank})
         except Exception:
             pass

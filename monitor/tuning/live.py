@@ -29,7 +29,7 @@ from monitor import control, thresholds
 from monitor.assess.follow import Follower
 from monitor.assess.window import Context, Window, assess
 from monitor.config import LIVE_SETTINGS, in_flight
-from monitor.frames.analysis import rank_rows, run_rows, span, starts
+from monitor.frames.analysis import loop_rate, rank_rows, run_rows, span, starts
 from monitor.periodic import Periodic
 from monitor.store import ATTACHED, RUNNING
 from monitor.thresholds import (
@@ -193,13 +193,8 @@ def std_error(steps: pd.DataFrame, in_flight: int) -> float | None:
     if parts < 2:
         return None
     size = n // parts
-    rates = []
-    for i in range(parts):
-        g = steps.iloc[i * size:(i + 1) * size]
-        loop = float(g["wait_s"].sum() + g["compute_s"].sum())
-        if loop > 0:
-            rates.append(float(g["samples"].sum()) / loop)
-    return thresholds.std_error(rates)
+    rates = [loop_rate(steps.iloc[i * size:(i + 1) * size]) for i in range(parts)]
+    return thresholds.std_error([r for r in rates if r == r])
 
 
 def observation(window: Window, ctx: Context, settings: dict[str, Any],

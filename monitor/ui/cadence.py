@@ -7,6 +7,8 @@ from typing import Any
 
 import pandas as pd
 
+from monitor.records import CONFIG
+
 # The page's own live run refreshes every FRESH_REFRESH_S for FRESH_S after it starts or its
 # settings change (a slider, Apply, Auto-tune: the effect shows at once), then every
 # STEADY_REFRESH_S: a refresh costs the server ~45 ms of CPU, and at one a second a tab took
@@ -18,7 +20,7 @@ def live_period(run: dict, events: pd.DataFrame, now: float) -> float:
     """How often the live region of the page's own run refreshes now."""
     last = float(run.get("started_at") or 0.0)
     if events is not None and not events.empty and "kind" in events.columns:
-        changes = events.loc[events["kind"] == "config", "ts"]
+        changes = events.loc[events["kind"] == CONFIG, "ts"]
         if len(changes):
             last = max(last, float(changes.max()))
     return FRESH_REFRESH_S if now - last < FRESH_S else STEADY_REFRESH_S

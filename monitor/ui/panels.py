@@ -25,6 +25,7 @@ from monitor.config import (
 from monitor.diagnosis import NO_DATA, evidence_rows
 from monitor.diagnosis.rules import HEALTHY
 from monitor.export.files import export_zip
+from monitor.records import PROBE
 from monitor.store import ATTACHED, FAILED, RUNNING, Store
 from monitor.ui import charts
 from monitor.ui.controls import setting_widget
@@ -216,7 +217,7 @@ def render_attached_controls(store: Store, run: dict, ranks: list[int], limit: i
     probe at the script's next iter(loader), i.e. the next epoch; for a job, by every rank or
     by the one picked. `limit` is the worker ceiling (config.max_workers) the sidebar has."""
     cfg = run["config"] or {}
-    fixed = probe_notes.retune(store.events(int(run["id"]), kinds=("probe",)))
+    fixed = probe_notes.retune(store.events(int(run["id"]), kinds=(PROBE,)))
     if not fixed["possible"]:  # a request would only be refused: say why instead
         st.info(plain(f"This script's loader cannot be re-tuned live: {fixed['why']}."))
         return

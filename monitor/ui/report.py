@@ -19,11 +19,11 @@ from monitor import control
 from monitor.assess.compare import CompareError, compare
 from monitor.assess.window import assess, steady_window
 from monitor.diagnosis import SIMULATED
-from monitor.records import STALL_KINDS
+from monitor.records import PROBE, STALL_KINDS
 from monitor.store import Store
 from monitor.ui import compare_text, view
 
-EVENT_KINDS = (control.CONFIG, control.AUTOTUNE, *STALL_KINDS, "probe")
+EVENT_KINDS = (control.CONFIG, control.AUTOTUNE, *STALL_KINDS, PROBE)
 CHART_ORDER = ("chart_util", "chart_thr", "chart_wait", "chart_host", "chart_phases")
 STYLE = """body{font-family:system-ui,sans-serif;margin:2em auto;max-width:1100px;color:#222}
 h1{font-size:1.5em}h2{font-size:1.15em;margin-top:1.6em;border-bottom:1px solid #ddd}
