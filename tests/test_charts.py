@@ -228,3 +228,27 @@ def test_the_phase_chart_draws_the_timed_steps_and_says_how_many_were_timed():
     assert {len(t.x) for t in fig.data} == {10}
     every = steps.assign(forward_s=0.002, backward_s=0.005, optimizer_s=0.001)
     assert charts.phases_figure(every).layout.title.text == "Where each step goes (host time)"
+
+
+def test_the_pages_rerun_rules_say_why_and_set_the_fragments_periods():
+    from monitor.ui import cadence
+
+    base = dict(fragment=True, running=True, watching=False, live_every=cadence.FRESH_REFRESH_S,
+                young_without_verdict=False, settings_moved=False, step_learned=False)
+    state: dict = {}
+    assert cadence.rerun(state, **base) is None and state["_live_every"] == 1.0
+    assert "ended" in cadence.rerun(state, **{**base, "running": False})
+    # a steady run: the live fragment's period changes once, then holds
+    assert "new period" in cadence.rerun(state, **{**base, "live_every": 2.0})
+    assert state["_live_every"] == 2.0 and cadence.rerun(state, **{**base, "live_every": 2.0}) \
+        is None
+    # a watched job: fast while young without a verdict, then the steady period
+    w = {**base, "watching": True, "live_every": None}
+    assert cadence.rerun(state, **{**w, "young_without_verdict": True}) is None
+    assert "watched fragment" in cadence.rerun(state, **w)
+    assert state["_watch_every"] == cadence.WATCH_REFRESH_S
+    # outside a fragment: only the sidebar's reasons
+    still = {**base, "fragment": False, "running": False}
+    assert cadence.rerun({}, **still) is None
+    assert "sidebar follows" in cadence.rerun({}, **{**still, "settings_moved": True})
+    assert "calibrated step" in cadence.rerun({}, **{**still, "step_learned": True})

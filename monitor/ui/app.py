@@ -23,8 +23,6 @@ from monitor.ui.sweep_panel import render_sweep_controls, render_sweep_progress
 from monitor.ui.text import plain
 
 st.set_page_config(page_title="Starvation Monitor", page_icon="📉", layout="wide")
-WATCH_REFRESH_S = 2.0  # a watched job's page: see watched()
-WATCH_FIRST_S = 0.5  # ... until it shows a first verdict (bench/first_verdict_page.py)
 RECORD_HINT = ("Record your job with `starvation-monitor run -- python train.py`: it shows "
                "here by itself.")
 
@@ -178,28 +176,15 @@ def live_region(watching: bool = False) -> None:
         panels.render_gpu_panel(view, devices, default_gpu)
     if view.run["kind"] == ATTACHED and view.run["status"] == RUNNING:
         panels.render_attached_controls(rt.store, view.run, ranks, rt.max_workers)
-    if view.run["status"] != RUNNING and st.session_state.get("_live_fragment"):
-        st.rerun()  # it ended: the still view takes over (an ended run is not re-read)
-    if not watching and running and st.session_state.get("_live_fragment"):
-        if every != st.session_state.setdefault("_live_every", cadence.FRESH_REFRESH_S):
-            st.session_state["_live_every"] = every
-            # the live fragment takes its new period (cadence.live_period); here, after every widget
-            # of the region was drawn: a widget a fragment run skips loses its state (the
-            # Auto-tune switch turned itself off when this ran before it)
-            st.rerun()
-    if watching and running and st.session_state.get("_live_fragment"):
-        # a young watched job with no verdict yet is read every WATCH_FIRST_S: its first
-        # verdict shows within a second of its first steps; then every WATCH_REFRESH_S
-        young = time.time() - float(view.run.get("started_at") or 0.0) < cadence.FRESH_S
-        want = WATCH_FIRST_S if young and a.diagnosis.verdict == NO_DATA else WATCH_REFRESH_S
-        if want != st.session_state.setdefault("_watch_every", WATCH_FIRST_S):
-            st.session_state["_watch_every"] = want
-            st.rerun()  # the watched fragment takes its new period (as the live one above)
-    if st.session_state.get("_synced") not in (None, manager.config):
-        st.rerun()  # the settings moved elsewhere (Auto-tune, another tab): the sidebar follows
-    if manager.config.step_time_ms is None and st.session_state.get("_step_synced") not in (
-            None, shown_step_ms(manager.config, rt.store)):
-        st.rerun()  # the calibrated step is known now: the sidebar shows the real one
+    young = time.time() - float(view.run.get("started_at") or 0.0) < cadence.FRESH_S
+    if cadence.rerun(
+            st.session_state, fragment=bool(st.session_state.get("_live_fragment")),
+            running=running, watching=watching, live_every=every,
+            young_without_verdict=young and a.diagnosis.verdict == NO_DATA,
+            settings_moved=st.session_state.get("_synced") not in (None, manager.config),
+            step_learned=manager.config.step_time_ms is None and st.session_state.get(
+                "_step_synced") not in (None, shown_step_ms(manager.config, rt.store))):
+        st.rerun()
 
 
 @st.fragment(run_every=st.session_state.get("_live_every", cadence.FRESH_REFRESH_S))
@@ -211,7 +196,7 @@ def live() -> None:
     live_region()
 
 
-@st.fragment(run_every=st.session_state.get("_watch_every", WATCH_FIRST_S))
+@st.fragment(run_every=st.session_state.get("_watch_every", cadence.WATCH_FIRST_S))
 def watched() -> None:
     """A running job this dashboard did not start (an attached script, a workload another
     dashboard started): refreshes every WATCH_REFRESH_S, so that the browser's redraws take

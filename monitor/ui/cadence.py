@@ -14,6 +14,10 @@ from monitor.records import CONFIG
 # STEADY_REFRESH_S: a refresh costs the server ~45 ms of CPU, and at one a second a tab took
 # 0.08 core of the cores the workload runs on (bench/ui_tick.py --soak).
 FRESH_REFRESH_S, STEADY_REFRESH_S, FRESH_S = 1.0, 2.0, 20.0
+# a watched job's page is read every WATCH_REFRESH_S, and every WATCH_FIRST_S while it is
+# young and has no verdict yet: its first verdict shows within a second of its first steps
+# (bench/first_verdict_page.py)
+WATCH_REFRESH_S, WATCH_FIRST_S = 2.0, 0.5
 
 
 def live_period(run: dict, events: pd.DataFrame, now: float) -> float:
@@ -66,3 +70,29 @@ def drawn_figures(state: dict[str, Any], key: Any, figs: dict, now: float, watch
         return figs
     hold = SECONDARY_HOLD_S if watching or period == STEADY_REFRESH_S else FRESH_HOLD_S
     return held_figures(state, key, figs, now, hold)
+
+
+def rerun(state: dict[str, Any], *, fragment: bool, running: bool, watching: bool,
+          live_every: float | None, young_without_verdict: bool, settings_moved: bool,
+          step_learned: bool) -> str | None:
+    """Whether the page reruns whole after its live region was drawn, and why (None: not):
+    the rules of when the page redraws all of itself, in one place. `state` is the page's
+    session state (the fragments' periods are set in it here). Each runs after every
+    widget of the region was drawn: a widget a fragment run skips loses its state (the
+    Auto-tune switch turned itself off when a rerun came before it)."""
+    if fragment and not running:
+        return "it ended: the still view takes over (an ended run is not re-read)"
+    if fragment and running and not watching and live_every is not None and \
+            live_every != state.setdefault("_live_every", FRESH_REFRESH_S):
+        state["_live_every"] = live_every
+        return "the live fragment takes its new period (live_period)"
+    if fragment and running and watching:
+        want = WATCH_FIRST_S if young_without_verdict else WATCH_REFRESH_S
+        if want != state.setdefault("_watch_every", WATCH_FIRST_S):
+            state["_watch_every"] = want
+            return "the watched fragment takes its new period"
+    if settings_moved:
+        return "the settings moved elsewhere (Auto-tune, another tab): the sidebar follows"
+    if step_learned:
+        return "the calibrated step is known now: the sidebar shows the real one"
+    return None
