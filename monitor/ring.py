@@ -12,6 +12,7 @@ never waits). Events (rare: a loader report, a probe note) are JSON lines append
 `<ring>.events`; the reader asks the probe's watchdog thread to look for a stall by writing
 a byte to the FIFO `<ring>.poke`, on which that thread sleeps, waking for nothing else.
 Standard library only, and monitor/records.py (the probe imports it: its fence).
+(NOTE [the ring's pages] below.)"""
 
 # NOTE [the ring's pages]
 # A ring that is a file on a disk's filesystem (the temporary folder is one, often) costs the
@@ -26,7 +27,7 @@ Standard library only, and monitor/records.py (the probe imports it: its fence).
 # its room, and the product measures it. Where that cannot be (no memfd, no socket, Python
 # before 3.9), the ring is a file with its blocks reserved up front (posix_fallocate: a full
 # disk is an error when the ring is made, and the probe writes from its own thread).
-"""
+
 from __future__ import annotations
 
 import json

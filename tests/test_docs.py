@@ -85,3 +85,25 @@ def test_an_unmarked_sleep_is_caught(tmp_path):
     f = tmp_path / "t.py"
     f.write_text("import time\ntime.sleep(1)\ntime.sleep(0.1)  # sleep-ok: a poll\n")
     assert sleeps_unmarked(f) == [2]
+
+
+def test_each_note_is_one_comment_block_and_every_citation_finds_it():
+    """One NOTE format (torch's): `# NOTE [name]` alone on a comment line where the code
+    lives, its text the comment lines under it; elsewhere it is cited by name."""
+    files = [p for top in ("monitor", "workloads", "tests", "bench", "docs")
+             for p in sorted(ROOT.glob(f"{top}/**/*")) if p.suffix in (".py", ".md")]
+    defined: dict[str, list[str]] = {}
+    cited: dict[str, set[str]] = {}
+    for p in files:
+        text = p.read_text()
+        for m in re.finditer(r"^# NOTE \[([^\]]+)\]$", text, re.M):
+            defined.setdefault(m.group(1), []).append(str(p.relative_to(ROOT)))
+        if p.name == "test_docs.py":
+            continue  # (this file names the format)
+        for m in re.finditer(r"NOTE \[([^\]]+)\]", text):  # a name may wrap a line
+            name = " ".join(re.sub(r'["#]', " ", m.group(1)).split())
+            cited.setdefault(name, set()).add(str(p.relative_to(ROOT)))
+    assert {k: v for k, v in defined.items() if len(v) > 1} == {}  # each defined once
+    assert sorted(set(cited) - set(defined)) == []  # every citation finds its note
+    for p, doc in docstrings():  # none defined in a docstring
+        assert not re.search(r"^\s*#?\s*NOTE \[[^\]]+\]\s*(--|:)?\s*$", doc, re.M), p

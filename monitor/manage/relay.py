@@ -1,5 +1,6 @@
 """`monitor run`'s relay: the attached script's steps read from its rings (monitor/ring.py)
-and written to the store from this process, not from a thread inside the user's.
+and written to the store from this process, not from a thread inside the user's (NOTE [the
+relay] below)."""
 
 # NOTE [the relay]
 # A thread beside the training loop costs the loop each time it wakes, however little it does:
@@ -33,7 +34,6 @@ and written to the store from this process, not from a thread inside the user's.
 #    ms for a process holding torch): a script that exits inside that moment leaves its
 #    last steps in a ring nobody reads.
 # `watch()` in a script run without `monitor run` has no relay: its watchdog's thread writes.
-"""
 from __future__ import annotations
 
 import contextlib

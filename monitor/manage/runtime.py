@@ -1,41 +1,41 @@
 """The one composition root: a Store, a Collector, a SessionManager and the background jobs,
-put together the same way for the dashboard, the CLI, measure, attached runs and the benches.
+put together the same way for the dashboard, the CLI, measure, attached runs and the benches
+(NOTE [shutdown protocol] below)."""
 
-NOTE [shutdown protocol] -- the one place that says how things end. Functions that take part
-cite it.
-  Workload process (workloads/runner.py):
-  1. Stop request: SessionManager.stop writes a `stop` control row; the workload polls
-     control between steps (every 0.25 s), shuts its DataLoader workers down, flushes, marks
-     the run `stopped` and exits 0.
-  2. Parent gone: the workload watches its parent's PID (the fork server that forked it, or
-     the manager that spawned it); when it changes it stops as in 1, with the reason. The
-     fork server ends when the manager closes its stdin or dies (workloads/forkserver.py),
-     so a dead manager's workload stops either way.
-  3. SIGTERM: turned into SystemExit in the workload, so the same `finally` shuts workers
-     down, flushes and marks the run `stopped`. The manager sends it when a stop request is
-     not honoured within its timeout (a step stuck in the dataset), then SIGKILL.
-  4. Errors: any exception marks the run `failed` with the error text; workers are still
-     shut down. Exit code 1.
-  5. SIGKILL of the workload: nothing runs there. Its DataLoader workers see their parent
-     gone and exit; the manager's reaper marks the run failed with the exit status and
-     kills any remembered child still alive (session.py `_kill_tree`).
-  The first writer of a run's final status wins (Store.finish_run): 4 and 5 never overwrite
-  each other.
-  Owners:
-  6. Runtime.close (CLI commands, benches, the dashboard at interpreter exit): stop the
-     follows of live runs and close their outputs (an attached run's are stopped by
-     `monitor run` once the script has ended and the relay stored its last steps), the
-     page's autotuners (they only request; the job keeps its last applied setting), cancel a
-     running sweep or tune (it owns the manager's workload), then close the manager
-     (1, then 3, then its fork server), then stop the collector (it flushes its last
-     samples).
-  7. The CLI turns SIGTERM into KeyboardInterrupt so 6 runs from its `finally`; exit 130.
-  8. Attached runs (`monitor run`): the script is not ours to stop. Signals sent to the
-     wrapper are forwarded to the script; the wrapper waits for it and ends the run with the
-     script's status; the probe in the script flushes at exit (atexit). The script and its
-     DataLoader workers die with the wrapper (NOTE [bound to monitor run] in
-     monitor/probe/lifeline.py): a SIGKILL of the wrapper or its group leaves no orphan.
-"""
+# NOTE [shutdown protocol]
+# The one place that says how things end. Functions that take part cite it.
+#   Workload process (workloads/runner.py):
+#   1. Stop request: SessionManager.stop writes a `stop` control row; the workload polls
+#      control between steps (every 0.25 s), shuts its DataLoader workers down, flushes, marks
+#      the run `stopped` and exits 0.
+#   2. Parent gone: the workload watches its parent's PID (the fork server that forked it, or
+#      the manager that spawned it); when it changes it stops as in 1, with the reason. The
+#      fork server ends when the manager closes its stdin or dies (workloads/forkserver.py),
+#      so a dead manager's workload stops either way.
+#   3. SIGTERM: turned into SystemExit in the workload, so the same `finally` shuts workers
+#      down, flushes and marks the run `stopped`. The manager sends it when a stop request is
+#      not honoured within its timeout (a step stuck in the dataset), then SIGKILL.
+#   4. Errors: any exception marks the run `failed` with the error text; workers are still
+#      shut down. Exit code 1.
+#   5. SIGKILL of the workload: nothing runs there. Its DataLoader workers see their parent
+#      gone and exit; the manager's reaper marks the run failed with the exit status and
+#      kills any remembered child still alive (session.py `_kill_tree`).
+#   The first writer of a run's final status wins (Store.finish_run): 4 and 5 never overwrite
+#   each other.
+#   Owners:
+#   6. Runtime.close (CLI commands, benches, the dashboard at interpreter exit): stop the
+#      follows of live runs and close their outputs (an attached run's are stopped by
+#      `monitor run` once the script has ended and the relay stored its last steps), the
+#      page's autotuners (they only request; the job keeps its last applied setting), cancel a
+#      running sweep or tune (it owns the manager's workload), then close the manager
+#      (1, then 3, then its fork server), then stop the collector (it flushes its last
+#      samples).
+#   7. The CLI turns SIGTERM into KeyboardInterrupt so 6 runs from its `finally`; exit 130.
+#   8. Attached runs (`monitor run`): the script is not ours to stop. Signals sent to the
+#      wrapper are forwarded to the script; the wrapper waits for it and ends the run with the
+#      script's status; the probe in the script flushes at exit (atexit). The script and its
+#      DataLoader workers die with the wrapper (NOTE [bound to monitor run] in
+#      monitor/probe/lifeline.py): a SIGKILL of the wrapper or its group leaves no orphan.
 from __future__ import annotations
 
 import atexit

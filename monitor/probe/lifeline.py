@@ -1,29 +1,29 @@
-"""A process bound to its parent's life: the kernel kills it when the parent dies.
+"""A process bound to its parent's life: the kernel kills it when the parent dies (NOTE
+[bound to monitor run] below)."""
 
-NOTE [bound to monitor run]
-`monitor run` starts the script in a process group of its own (the terminal's Ctrl-C is the
-script's alone, as bare; monitor/manage/attached_run.py). A harness, a scheduler or
-`timeout -s KILL` that kills the launcher's group then killed `monitor run` and left the
-script training, holding its GPU, as an orphan; bare, the script dies with the group. So:
-1. The script is started with PR_SET_PDEATHSIG = SIGKILL (spawn.start_script): when
-   `monitor run` dies, however, the kernel kills the script at once, as the group's SIGKILL
-   would have bare. The setting survives exec. It fires when the *thread* that forked the
-   child ends, so `monitor run` starts the script from its main thread.
-2. A DataLoader worker (forked inside a loader's own __iter__, probe/patch.py) is bound the
-   same way to the process that forked it, so it goes within the second rather than at
-   torch's own check of its parent (every 5 s). Other children of the script are left as
-   they are: bare, they may outlive it.
-3. The parent is checked after the call: one that died between the fork and the prctl is
-   already gone and would never signal.
-4. Once the script's probe records under the relay (its ring made, its watchdog's thread
-   asleep on the FIFO that `monitor run` holds: NOTE [the relay], 5), it takes the binding
-   off itself (unbind) and its watchdog does the ending instead, so that nothing is lost:
-   woken by `monitor run`'s end, it takes back what the ring holds unstored, writes it,
-   ends the run as `failed`, "killed", and kills its own process group (its workers with
-   it). Before that (no loader iterated yet, a script that is not Python) the kernel's
-   SIGKILL ends it and whoever opens the store next ends the run (Runs.close_orphans).
-Linux only; elsewhere (no prctl) nothing is bound and everything runs as before.
-"""
+# NOTE [bound to monitor run]
+# `monitor run` starts the script in a process group of its own (the terminal's Ctrl-C is the
+# script's alone, as bare; monitor/manage/attached_run.py). A harness, a scheduler or
+# `timeout -s KILL` that kills the launcher's group then killed `monitor run` and left the
+# script training, holding its GPU, as an orphan; bare, the script dies with the group. So:
+# 1. The script is started with PR_SET_PDEATHSIG = SIGKILL (spawn.start_script): when
+#    `monitor run` dies, however, the kernel kills the script at once, as the group's SIGKILL
+#    would have bare. The setting survives exec. It fires when the *thread* that forked the
+#    child ends, so `monitor run` starts the script from its main thread.
+# 2. A DataLoader worker (forked inside a loader's own __iter__, probe/patch.py) is bound the
+#    same way to the process that forked it, so it goes within the second rather than at
+#    torch's own check of its parent (every 5 s). Other children of the script are left as
+#    they are: bare, they may outlive it.
+# 3. The parent is checked after the call: one that died between the fork and the prctl is
+#    already gone and would never signal.
+# 4. Once the script's probe records under the relay (its ring made, its watchdog's thread
+#    asleep on the FIFO that `monitor run` holds: NOTE [the relay], 5), it takes the binding
+#    off itself (unbind) and its watchdog does the ending instead, so that nothing is lost:
+#    woken by `monitor run`'s end, it takes back what the ring holds unstored, writes it,
+#    ends the run as `failed`, "killed", and kills its own process group (its workers with
+#    it). Before that (no loader iterated yet, a script that is not Python) the kernel's
+#    SIGKILL ends it and whoever opens the store next ends the run (Runs.close_orphans).
+# Linux only; elsewhere (no prctl) nothing is bound and everything runs as before.
 from __future__ import annotations
 
 import ctypes

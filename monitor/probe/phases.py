@@ -24,7 +24,12 @@ simulated accelerator) the phases are host time, and the reader labels them so.
 Sampled (NOTE [phase sampling]): past discovery, one step in each SAMPLE_S or so of loop is
 timed; on the others the roots' wrapper returns at its first test, backward and the optimizer
 step are torch's own, and the step stores no phases (None: not measured). A step of 1.5
-SAMPLE_S (60 ms) or more is timed every time.
+SAMPLE_S (60 ms) or more is timed every time (NOTE [phase sampling] below).
+
+Every hook body is guarded: an error in one removes them all and says why once (NOTE
+[fail-safe probe] in monitor/probe/patch.py); the training is untouched. Standard library
+and torch only (the probe's fence).
+"""
 
 # NOTE [phase sampling]
 # Timed, the phases cost a step 9 to 10 µs of Python (six clock reads, the bookkeeping, the
@@ -42,10 +47,6 @@ SAMPLE_S (60 ms) or more is timed every time.
 # The flag is read after the compile check, so dynamo never traces it. A window's shares are
 # its timed steps' (monitor/assess/phases.py).
 
-Every hook body is guarded: an error in one removes them all and says why once (NOTE
-[fail-safe probe] in monitor/probe/patch.py); the training is untouched. Standard library
-and torch only (the probe's fence).
-"""
 from __future__ import annotations
 
 import os

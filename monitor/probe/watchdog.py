@@ -26,7 +26,8 @@ from monitor.records import LOOP_ENDED, RESUMED, STALLED
 from monitor.thresholds import stall_limit_s
 
 TORCH_DATA = os.path.join("torch", "utils", "data")
-# NOTE [the writer's wake]: every wake of this thread costs the training loop more than the
+# NOTE [the writer's wake]
+# Every wake of this thread costs the training loop more than the
 # work it does. To run, the thread must take the GIL from a loop that releases it for a
 # moment at each torch call and takes it straight back; the waker loses those races (CPython's
 # convoy effect) for 2 ms to 1.6 s on the 2-core box, and meanwhile each of the loop's releases

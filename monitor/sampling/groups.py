@@ -1,22 +1,22 @@
-"""Who else wants this host's CPUs, and in which scheduling group.
+"""Who else wants this host's CPUs, and in which scheduling group (NOTE [scheduling groups]
+below)."""
 
-NOTE [scheduling groups]
-Linux's fair scheduler shares the CPUs between scheduling groups first, and between the
-tasks of a group second. A group is a cpu cgroup (v1 `cpu`, v2 with the cpu controller:
-Docker, Kubernetes, Slurm) weighted by its cpu.shares / cpu.weight, and, for tasks in the
-root cpu cgroup while /proc/sys/kernel/sched_autogroup_enabled is 1, an autogroup per
-session (each terminal, each ssh login, each `setsid`: another user's job), weighted by its
-nice. So more DataLoader workers take more CPU from a neighbour in their own group, and
-none from a neighbour in another group, which keeps its group's share: beside another
-session's two busy processes and a toggling one, 2 → 6 workers was predicted x1.57 by the
-per-task model and measured x0.98 bare (bench/predictions.py).
-
-Every SCAN_S the sampler reads, for every process but the job's own and the monitor's,
-its CPU (/proc/<pid>/stat) and its run-queue wait (/proc/<pid>/schedstat, the leader
-thread) since the last scan: its demand, the cores it wanted; and its group. The row
-holds, as JSON, the job's own group and each group's weight, demand and CPU
-(diagnosis/bound.py turns them into the share N loaders would get).
-"""
+# NOTE [scheduling groups]
+# Linux's fair scheduler shares the CPUs between scheduling groups first, and between the
+# tasks of a group second. A group is a cpu cgroup (v1 `cpu`, v2 with the cpu controller:
+# Docker, Kubernetes, Slurm) weighted by its cpu.shares / cpu.weight, and, for tasks in the
+# root cpu cgroup while /proc/sys/kernel/sched_autogroup_enabled is 1, an autogroup per
+# session (each terminal, each ssh login, each `setsid`: another user's job), weighted by its
+# nice. So more DataLoader workers take more CPU from a neighbour in their own group, and
+# none from a neighbour in another group, which keeps its group's share: beside another
+# session's two busy processes and a toggling one, 2 → 6 workers was predicted x1.57 by the
+# per-task model and measured x0.98 bare (bench/predictions.py).
+#
+# Every SCAN_S the sampler reads, for every process but the job's own and the monitor's,
+# its CPU (/proc/<pid>/stat) and its run-queue wait (/proc/<pid>/schedstat, the leader
+# thread) since the last scan: its demand, the cores it wanted; and its group. The row
+# holds, as JSON, the job's own group and each group's weight, demand and CPU
+# (diagnosis/bound.py turns them into the share N loaders would get).
 from __future__ import annotations
 
 import json

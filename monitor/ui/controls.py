@@ -1,18 +1,20 @@
 """Sidebar controls: the loader sliders, Start and Stop. A change is applied to the running
-workload at once through the session manager (which writes a control request).
+workload at once through the session manager (which writes a control request); NOTE [no
+change without a move] below."""
 
-NOTE [no change without a move]: a run's settings change only in a control's callback, i.e.
-on a user's move. The browser sends every widget's value with each rerun, fragments' too,
-and a value the page set a moment before (the calibrated step replacing the preset's default)
-can come back as the old one from a browser that had not yet drawn it: read as a move, it
-once set a run's step to 60 ms with nobody at the page. So a widget whose value differs from
-what the page last set or applied, with no callback run, is set back to the run's settings
-(a lost move shows as the slider snapping back, and the user moves it again), and a
-callback whose every moved widget holds the value the page replaced in it within the last
-ECHO_S is that echo, set back, not applied (a user who moves a slider exactly back onto
-that value in those seconds sees it snap back once). Neither changes the run. A page
-watching a job it did not start shows that job's settings, not the demo's controls
-(render_watching)."""
+# NOTE [no change without a move]
+# A run's settings change only in a control's callback, i.e. on a user's move. The browser sends
+# every widget's value with each rerun, fragments' too, and a value the page set a moment before
+# (the calibrated step replacing the preset's default) can come back as the old one from a browser
+# that had not yet drawn it: read as a move, it once set a run's step to 60 ms with nobody at the
+# page. So a widget whose value differs from what the page last set or applied, with no callback
+# run, is set back to the run's settings (a lost move shows as the slider snapping back, and the
+# user moves it again), and a callback whose every moved widget holds the value the page replaced
+# in it within the last ECHO_S is that echo, set back, not applied (a user who moves a slider
+# exactly back onto that value in those seconds sees it snap back once). Neither changes the run.
+# A page watching a job it did not start shows that job's settings, not the demo's controls
+# (render_watching).
+
 from __future__ import annotations
 
 import time
