@@ -111,8 +111,12 @@ def test_gate_fails_a_slower_run_and_knows_a_busier_host(tmp_path, no_leaks):
             assert out["gate"]["failed"] and "regression" in out["gate"]["text"]
         assert out["settings_diff"]["num_workers"] == [2, 0]
         same = cli("compare", "latest~1", "latest", "--db", db)
-        assert same.returncode == 0, same.stdout + same.stderr
-        assert "ok: " in same.stdout and "throughput (samples/s)" in same.stdout
+        assert "throughput (samples/s)" in same.stdout
+        if same.returncode == 3:  # the second's host measured busier (a saturated box: its
+            # simulated 100 ms step took 117 ms against 105): said, not called a regression
+            assert "inconclusive: run 4's host was busier (" in same.stdout, same.stdout
+        else:
+            assert same.returncode == 0 and "ok: " in same.stdout, same.stdout + same.stderr
         busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
         try:
             measure("starving", 0)

@@ -303,7 +303,10 @@ def test_real_prometheus_rate_matches_the_store(store, no_leaks, runtime, tmp_pa
                 r = prom_query(base, f"starvation_step_seconds_total{sel}[15s]")
             except OSError:
                 return None
-            return r if r and len(r[0]["values"]) >= 12 else None
+            # 12 scrapes, the workload stepping over the last 10 (a saturated box once had
+            # its first steps after them: a window of no steps is no ratio)
+            v = r[0]["values"] if r else []
+            return r if len(v) >= 12 and float(v[-1][1]) > float(v[-10][1]) else None
         assert wait_for(enough, timeout=120, every=0.5), "Prometheus never scraped 12 times"
         # the three at one instant: a scrape landing between them moves the window, and
         # with it both counters' increases (0.83905 against 0.84102 seen so)
