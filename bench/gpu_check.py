@@ -112,7 +112,7 @@ def main() -> int:
     a = ap.parse_args()
     if a.dry_run:
         from monitor.sampling.gpu.nvml import NvmlBackend
-        from tests import fake_nvml as fk
+        from tests.fakes import nvml as fk
 
         gpu = NvmlBackend(fk.make([fk.FakeGpu(util=50.0)]))
     else:

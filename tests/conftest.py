@@ -9,7 +9,6 @@ import signal
 import sys
 import threading
 import time
-import types
 from pathlib import Path
 from typing import Any
 
@@ -230,20 +229,6 @@ def quiet_page(db_path, monkeypatch):
     get_runtime().close()
     get_runtime.clear()
 
-
-@contextlib.contextmanager
-def fake_torch(**cuda: object):
-    """sys.modules["torch"] replaced, for the probe's reads of a script's torch, by a stand-in
-    whose `torch.cuda` has the given callables (CUDA is hardware this machine lacks)."""
-    old = sys.modules.get("torch")
-    sys.modules["torch"] = types.SimpleNamespace(cuda=types.SimpleNamespace(**cuda))
-    try:
-        yield
-    finally:
-        if old is None:
-            sys.modules.pop("torch", None)
-        else:
-            sys.modules["torch"] = old
 
 
 def pytest_configure(config):

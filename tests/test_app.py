@@ -80,7 +80,7 @@ def test_gpu_panel_with_nvml(db_path, no_leaks, monkeypatch):
     from monitor.sampling import collector as collector_mod
     from monitor.sampling.gpu.nvml import NvmlBackend
     from monitor.ui.resources import get_runtime
-    from tests import fake_nvml as fk
+    from tests.fakes import nvml as fk
 
     monkeypatch.chdir(ROOT)
     monkeypatch.setenv("STARVATION_MONITOR_COLLECTOR", "thread")  # the fake NVML lives here

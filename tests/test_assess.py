@@ -95,7 +95,7 @@ def test_the_stored_accelerator_kind_decides_simulation(store, kind, scales):
 def test_attached_run_on_cuda_is_judged_as_cuda(store):
     """The probe records the kind from the script's torch; assess reads it back."""
     from monitor.probe import identity
-    from tests.conftest import fake_torch
+    from tests.fakes.cuda import fake_torch
 
     with fake_torch(is_initialized=lambda: True, is_available=lambda: True):
         kind = identity.accelerator_kind()

@@ -8,7 +8,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -20,6 +19,7 @@ import pytest
 
 from monitor.diagnosis import NO_DATA, VERDICTS
 from tests.conftest import CHROMIUM, require, shared_browser, wait_for
+from tests.helpers import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 ARTIFACTS = ROOT / "artifacts"
@@ -38,11 +38,6 @@ def console_errors(page) -> list[str]:
     return errors
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @contextlib.contextmanager

@@ -13,14 +13,10 @@ import psutil
 import pytest
 
 from tests.conftest import wait_for
+from tests.helpers import cli
 
 ROOT = Path(__file__).resolve().parent.parent
 
-
-def cli(*args: str, db: Path, timeout: float = 180) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "STARVATION_MONITOR_SIMULATE": "1"}
-    return subprocess.run([sys.executable, "-m", "monitor", *args, "--db", str(db)],
-                          capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT)
 
 
 @pytest.mark.slow
@@ -102,7 +98,7 @@ def test_measure_reports_nvml_utilization_when_present(store, no_leaks):
     from monitor.manage.runtime import Runtime
     from monitor.sampling.gpu.none import NoGpu
     from monitor.sampling.gpu.nvml import NvmlBackend
-    from tests import fake_nvml as fk
+    from tests.fakes import nvml as fk
 
     cfg = LoaderConfig.build(preset="healthy", batch_size=8, step_time_ms=10.0)
     with Runtime(store=store, gpu=NvmlBackend(fk.make([fk.FakeGpu(util=80.0)]))) as rt:

@@ -27,7 +27,8 @@ from monitor.probe.recorder import FLUSH_S
 from monitor.records import GpuDevice
 from monitor.store import Store
 from tests.conftest import require, wait_for
-from tests.test_export import free_port, prom_query, start_prometheus
+from tests.helpers import free_port
+from tests.test_export import prom_query, start_prometheus
 
 ROOT = Path(__file__).resolve().parent.parent
 DDP = ROOT / "examples" / "train_ddp.py"

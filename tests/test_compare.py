@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import sys
@@ -11,16 +10,11 @@ from pathlib import Path
 import pytest
 
 from monitor.assess.compare import CompareError, compare
+from tests.helpers import cli
 from tests.test_assess import CONFIG, context, stored_run
 
 ROOT = Path(__file__).resolve().parent.parent
 
-
-def cli(*args: str, timeout: float = 180) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "monitor", *args], cwd=ROOT,
-                          capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, "PYTHONPATH": str(ROOT),
-                               "STARVATION_MONITOR_SIMULATE": "1"})
 
 
 def test_settings_diff_kpi_deltas_and_the_gate(store):

@@ -12,6 +12,7 @@ from torch.utils.data import DataLoader  # noqa: E402
 
 from monitor.probe.epoch_plan import CHECK_S, MidEpoch, why_not_resumable  # noqa: E402
 from monitor.probe.timing import Probe, TimedIterator  # noqa: E402
+from tests.helpers import Clock as HandClock  # noqa: E402
 
 SAMPLES = 96
 
@@ -27,16 +28,10 @@ def change(loader, settings: dict) -> None:
         object.__setattr__(loader, k, v)
 
 
-class Clock:
-    """Each call a step later than CHECK_S: MidEpoch looks for a change between every two
+def Clock() -> HandClock:
+    """Each read a step later than CHECK_S: MidEpoch looks for a change between every two
     steps."""
-
-    def __init__(self):
-        self.t = 0.0
-
-    def __call__(self):
-        self.t += CHECK_S
-        return self.t
+    return HandClock(0.0, step=CHECK_S)
 
 
 def epochs(store, loader, moves: dict[tuple[int, int], dict], n: int = 3,

@@ -25,16 +25,12 @@ from monitor.export.prometheus import HOST_GAUGES, StoreCollector
 from monitor.records import GpuDevice, GpuUtilSample
 from monitor.store import Store
 from tests.conftest import require, wait_for
+from tests.helpers import cli, free_port
 from tests.test_assess import context, stored_run
 
 ROOT = Path(__file__).resolve().parent.parent
 GRAFANA = ROOT / "deploy" / "grafana" / "starvation-monitor.json"
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def scrape_text(db: Path) -> str:
@@ -216,11 +212,6 @@ def test_download_zip_holds_the_export_files(store, db_path, tmp_path):
             if n != "run.json":  # run.json is the same but for the assessment's CPU budget
                 assert z.read(f"{folder.name}/{n}") == (folder / n).read_bytes(), n
 
-
-def cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "monitor", *args], cwd=ROOT,
-                          capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)})
 
 
 def test_export_bad_input_is_one_line_and_writes_nothing(store, db_path, tmp_path):

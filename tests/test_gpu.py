@@ -11,17 +11,14 @@ from monitor.sampling.gpu import NoGpu, open_backend
 from monitor.sampling.gpu.base import GpuDevice
 from monitor.sampling.gpu.nvml import NvmlBackend
 from monitor.sampling.host import HostSampler
-from tests import fake_nvml as fk
+from tests.fakes import nvml as fk
+from tests.helpers import Clock as HandClock
 
 NOW = 1_800_000_000.0
 
 
-class Clock:
-    def __init__(self, t: float = NOW):
-        self.t = t
-
-    def __call__(self) -> float:
-        return self.t
+def Clock(t: float = NOW) -> HandClock:
+    return HandClock(t)
 
 
 def backend(gpus, clock=None, mono=None):
@@ -202,7 +199,7 @@ def test_each_rank_maps_to_its_own_nvml_gpu(store):
 
     from monitor.probe import identity
     from monitor.ui.panels import rank_gpus
-    from tests.conftest import fake_torch
+    from tests.fakes.cuda import fake_torch
 
     props = types.SimpleNamespace(uuid="bbbb-2", pci_domain_id=0, pci_bus_id=0x3B,
                                   pci_device_id=0)

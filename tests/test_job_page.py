@@ -1,6 +1,6 @@
 """The Job tab (`dashboard --prometheus URL`): a job across nodes read back from a real
 Prometheus (Debian's) scraping each node's exporter. The nodes here serve the exporter's
-series from tests/fake_nodes.py (a real two-node torchrun job is read the same way in
+series from tests/fakes/nodes.py (a real two-node torchrun job is read the same way in
 tests/test_cluster.py); the page is a real Chromium on a served dashboard."""
 from __future__ import annotations
 
@@ -13,8 +13,9 @@ import pytest
 
 from monitor.export import promread
 from tests.conftest import require, wait_for
-from tests.fake_nodes import SAMPLES_PER_STEP, STEPS_PER_S, FakeNode, FakeRank
-from tests.test_export import free_port, start_prometheus
+from tests.fakes.nodes import SAMPLES_PER_STEP, STEPS_PER_S, FakeNode, FakeRank
+from tests.helpers import free_port
+from tests.test_export import start_prometheus
 
 pytestmark = pytest.mark.slow
 PROM = shutil.which("prometheus")

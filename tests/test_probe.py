@@ -2,14 +2,7 @@
 from __future__ import annotations
 
 from monitor.probe.timing import Probe, batch_len
-
-
-class FakeClock:
-    def __init__(self):
-        self.t = 0.0
-
-    def __call__(self):
-        return self.t
+from tests.helpers import Clock
 
 
 class SlowLoader:
@@ -27,7 +20,7 @@ class SlowLoader:
 
 def test_wait_and_compute_are_separated(store):
     run = store.create_run("x", "managed", {})
-    clock = FakeClock()
+    clock = Clock(0.0)
     probe = Probe(store, run, flush_interval=1e9, clock=clock, wall=lambda: 500.0)
     for _ in probe.iterate(SlowLoader(clock, 3, wait=0.2, startup=1.0), epoch=0):
         clock.t += 0.05  # the model step
@@ -41,7 +34,7 @@ def test_wait_and_compute_are_separated(store):
 
 def test_between_can_end_the_epoch_and_writes_are_batched(store):
     run = store.create_run("x", "managed", {})
-    clock = FakeClock()
+    clock = Clock(0.0)
     probe = Probe(store, run, flush_interval=0.5, clock=clock)
     written = []
 
@@ -59,7 +52,7 @@ def test_a_plain_loop_records_every_step_and_not_the_exhausting_next(store):
     """The for loop's last next() (StopIteration) records the last step's compute and is no
     step itself."""
     run = store.create_run("x", "managed", {})
-    clock = FakeClock()
+    clock = Clock(0.0)
     probe = Probe(store, run, flush_interval=1e9, clock=clock)
     for _ in probe.iterate(SlowLoader(clock, 4, wait=0.1), 0):
         clock.t += 0.3
@@ -185,7 +178,7 @@ def test_the_writer_wakes_often_while_the_run_is_young_then_seldom(store):
     from monitor.probe.watchdog import YOUNG_S, Watchdog
 
     run = store.create_run("x", "managed", {})
-    clock = FakeClock()
+    clock = Clock(0.0)
     probe = Probe(store, run, flush_interval=0.5, clock=clock)
     dog = Watchdog(probe, interval=0.5, steady=2.0)  # not started: no thread, the rule only
     assert dog.period() == 0.5 and probe.flush_interval == 0.5

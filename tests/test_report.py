@@ -4,24 +4,19 @@ before; text from the store stays text."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from monitor.store import Store
 from tests.conftest import require, shared_browser
+from tests.helpers import cli
 from tests.test_assess import CONFIG, stored_run
 from tests.test_browser import CHROMIUM, console_errors
 
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
-
-def cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "monitor", *args], cwd=ROOT,
-                          capture_output=True, text=True, timeout=180)
 
 
 def test_report_opens_offline_with_charts_verdict_and_compare(tmp_path):

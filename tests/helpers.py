@@ -1,0 +1,45 @@
+"""Helpers the tests share (one of each): the CLI run as a user runs it, a free port, and
+the fake clock of the tests that step time by hand. Fakes of hardware live in tests/fakes/."""
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def cli(*args: str, db: Path | str | None = None, timeout: float = 180,
+        simulate: bool = True, env: dict[str, str] | None = None
+        ) -> subprocess.CompletedProcess:
+    """`python -m monitor ARGS [--db DB]` from the checkout, its output captured; `simulate`:
+    the simulated accelerator, as on a machine without CUDA."""
+    extra = {"STARVATION_MONITOR_SIMULATE": "1"} if simulate else {}
+    return subprocess.run([sys.executable, "-m", "monitor", *args,
+                           *(["--db", str(db)] if db is not None else [])],
+                          capture_output=True, text=True, timeout=timeout, cwd=ROOT,
+                          env={**os.environ, "PYTHONPATH": str(ROOT), **extra, **(env or {})})
+
+
+def free_port() -> int:
+    """A TCP port of 127.0.0.1 that nothing listens on now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Clock:
+    """A clock the test moves by hand: `clock()` reads it (each read `step` later, where a
+    step is given), `clock.advance(s)` or `clock.t = ...` moves it."""
+
+    def __init__(self, t: float = 1000.0, step: float = 0.0) -> None:
+        self.t, self.step = t, step
+
+    def __call__(self) -> float:
+        self.t += self.step
+        return self.t
+
+    def advance(self, seconds: float) -> None:
+        self.t += seconds
