@@ -36,8 +36,7 @@ sys.path.insert(0, str(ROOT))
 from monitor.manage.runtime import Runtime  # noqa: E402
 from monitor.records import HostSample, StepRecord  # noqa: E402
 from monitor.store import Store  # noqa: E402
-from monitor.ui import cadence  # noqa: E402
-from monitor.ui import view as views  # noqa: E402
+from monitor.ui import cadence, refresh  # noqa: E402
 
 WINDOWS = {"30 s": 30.0, "5 min": 300.0, "whole run": None}
 
@@ -78,7 +77,7 @@ def tick(rt: Runtime, run: int, window_s: float | None,
     """(seconds, steps read, figure JSON bytes) of one refresh, as the page computes it (an
     ended run's is cached: the first open computes, later refreshes reuse)."""
     t = time.perf_counter()
-    r = views.refresh(rt, run, window_s, gpus=False, now=now)  # no NVML here, as the page
+    r = refresh.refresh(rt, run, window_s, gpus=False, now=now)  # no NVML here, as the page
     view, figs = r.view, r.figures
     payload = sum(len(f.to_json(validate=False)) for f in figs.values() if f is not None)
     assert r.assessment.verdict

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
+from monitor.caching import Bounded
 from monitor.config import LIVE_SETTINGS, in_flight
 from monitor.frames.analysis import loop_rate, rank_rows
 from monitor.records import CONFIG
@@ -97,7 +98,8 @@ def outcomes(events: pd.DataFrame, steps: pd.DataFrame) -> list[dict[str, Any]]:
     return out
 
 
-_FINAL: dict[tuple[str, int, int], dict[str, Any]] = {}  # (store, run, event id) -> outcome
+# (store, run, event id) -> a final outcome (no more steps can change it)
+_FINAL: Bounded[tuple[str, int, int], dict[str, Any]] = Bounded(10_000)
 
 
 def _predicts(data: Any) -> bool:
@@ -131,9 +133,7 @@ def of_run(store: Store, run_id: int) -> list[dict[str, Any]]:
                 continue
             row = got[0]
             if row["final"] or time.time() > t + SPAN_S:  # no more steps can count
-                if len(_FINAL) > 10_000:
-                    _FINAL.clear()
-                _FINAL[key] = row
+                _FINAL.put(key, row)
         out.append(row)
     return out
 

@@ -11,7 +11,7 @@ from monitor.assess.recent import steady_verdict
 from monitor.config import LIVE_SETTINGS
 from monitor.diagnosis import NO_DATA, SIMULATED
 from monitor.store import ATTACHED, RUNNING
-from monitor.ui import cadence, panels
+from monitor.ui import cadence, panels, refresh
 from monitor.ui import view as views
 from monitor.ui.autotune_panel import render_autotune
 from monitor.ui.compare_panel import ask_compare_with_previous, render_compare
@@ -123,7 +123,7 @@ def live_region(watching: bool = False) -> None:
     gpu_pick = st.session_state.get("gpu_pick") if devices else None
     if devices and gpu_pick is None:
         gpu_pick = workload_gpu(devices, views.run_device(rt.store, run_id))
-    r = views.refresh(rt, run_id, panels.WINDOWS[window_name], bool(devices), pick, gpu_pick)
+    r = refresh.refresh(rt, run_id, panels.WINDOWS[window_name], bool(devices), pick, gpu_pick)
     if r is None:
         st.warning(f"Run {run_id} is not in the store.")
         return

@@ -1,6 +1,6 @@
 """`monitor report RUN --html`: one self-contained HTML file of a run, to attach to a ticket.
 
-The page's own figure functions (view.chart_figures over the whole run) drawn by plotly's
+The page's own figure functions (refresh.chart_figures over the whole run) drawn by plotly's
 `to_html` with its JS inlined once (no network when opened), the verdict and the evidence it
 came from (the steady state, as `run --json` reports it), the advice with its predicted gain,
 the settings history and the autotuner's moves (the run's events), and the compare against
@@ -21,7 +21,7 @@ from monitor.assess.window import assess, steady_window
 from monitor.diagnosis import SIMULATED
 from monitor.records import PROBE, STALL_KINDS
 from monitor.store import Store
-from monitor.ui import compare_text, view
+from monitor.ui import compare_text, refresh, view
 
 EVENT_KINDS = (control.CONFIG, control.AUTOTUNE, *STALL_KINDS, PROBE)
 CHART_ORDER = ("chart_util", "chart_thr", "chart_wait", "chart_host", "chart_phases")
@@ -59,7 +59,7 @@ def _charts(store: Store, run_id: int, simulated: bool) -> list[str]:
     v = view.load_view(store, run_id, None)
     if v is None or v.steps.empty:
         return ["<p class=muted>no steps recorded: no charts</p>"]
-    figs = view.chart_figures(v, simulated)
+    figs = refresh.chart_figures(v, simulated)
     out = []
     for i, key in enumerate(k for k in CHART_ORDER if figs.get(k) is not None):
         fig = figs[key]
