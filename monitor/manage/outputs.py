@@ -71,7 +71,28 @@ class Terminal:
         return terminal.LiveView(tty=sys.stderr.isatty())
 
 
-KINDS: tuple[Kind, ...] = (Metrics(), Terminal())
+class TensorBoard:
+    """Event files under DIR, read by TensorBoard (monitor/export/tensorboard.py)."""
+
+    def add_flags(self, p: argparse.ArgumentParser) -> None:
+        p.add_argument("--tensorboard", metavar="DIR", default=None,
+                       help="write the run's per-step figures (data-wait share, samples/s, "
+                            "wait and compute per step, phases, workers) and its verdict as "
+                            "TensorBoard event files under DIR/run-N (needs the "
+                            "[tensorboard] extra)")
+
+    def make(self, args: argparse.Namespace, rt: Any) -> Output | None:
+        if not getattr(args, "tensorboard", None):
+            return None
+        from monitor.export.tensorboard import TensorBoardMissing, TensorBoardOutput
+
+        try:
+            return TensorBoardOutput(args.tensorboard, rt.store)
+        except (TensorBoardMissing, OSError) as exc:
+            raise OutputError(str(exc)) from None
+
+
+KINDS: tuple[Kind, ...] = (Metrics(), Terminal(), TensorBoard())
 
 
 def add_flags(p: argparse.ArgumentParser) -> None:
