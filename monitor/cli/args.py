@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from monitor.config import LOADER_SETTINGS as SWEEP_PARAMS
 from monitor.config import MODEL_SIZES, PRESETS, SETTING, SETTINGS
 from monitor.manage import outputs
 from monitor.store import ENV_VAR, default_path
@@ -15,7 +16,6 @@ from monitor.thresholds import (
     WARMUP_FRACTION,
     WARMUP_MAX_S,
 )
-from monitor.tuning.search import SWEEP_PARAMS
 
 
 def _db(p: argparse.ArgumentParser) -> None:
