@@ -33,6 +33,15 @@ $(VENV)/.dev: requirements-dev.txt $(VENV)/.runtime
 		and 'torchvision is installed: it breaks Lightning on this torch; pip uninstall it')"
 	touch $@
 
+# A real MLflow tracking server for the --mlflow output's tests, in a venv of its own:
+# MLflow's server pins its own pandas, numpy, pyarrow and Flask, and the package's client is
+# not what the output uses (it speaks MLflow's REST API with the standard library).
+MLFLOW_VENV := .venv-mlflow
+$(MLFLOW_VENV)/.ready: | $(PY)
+	$(PYTHON) -m venv $(MLFLOW_VENV)
+	$(MLFLOW_VENV)/bin/python -m pip install -q --no-compile "mlflow>=2.16"
+	touch $@
+
 # The same command a pip-installed user runs: Streamlit's settings (no usage statistics,
 # loopback) come on its command line, not from this checkout's .streamlit/.
 run: $(VENV)/.runtime
@@ -50,7 +59,7 @@ run: $(VENV)/.runtime
 # 642 s) with two Chromiums side by side.
 TEST_WORKERS ?= 4
 
-test: $(VENV)/.dev
+test: $(VENV)/.dev $(MLFLOW_VENV)/.ready
 	bash .ci/test-deps
 	$(PY) -m ruff check .
 	PYTHONDONTWRITEBYTECODE= $(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup
@@ -62,4 +71,4 @@ bench: $(VENV)/.runtime
 	$(PY) bench/presets.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(MLFLOW_VENV) .pytest_cache .ruff_cache

@@ -22,6 +22,7 @@ LOADER = "loader"  # the timed loader's report (its batch's bytes, ...): assess/
 WORKERS_READY = "workers ready"  # when each worker's first batch came: assess/window.py
 LOADER_ERROR = "loader error"  # an exception the loader raised: assess/window.py, limits
 SHM = "shm"  # /dev/shm segments of killed processes removed: the run's events
+TRACKER = "tracker"  # what an output could not send to its tracker: the run's events
 # Event kinds of the stall watchdog (monitor/probe/watchdog.py writes, assess/stall.py reads).
 STALLED, RESUMED = "stalled", "resumed"
 STALL_KINDS = (STALLED, RESUMED)

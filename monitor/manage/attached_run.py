@@ -15,7 +15,6 @@ import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 from typing import Any
 
 from monitor import control
@@ -288,7 +287,7 @@ def run_attached(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     view = next((o for o in outs if isinstance(o, terminal.LiveView)), None)
-    script = next((Path(c).name for c in cmd[1:] if c.endswith(".py")), Path(cmd[0]).name)
+    script = outputs.script_name(cmd)
     run_id = store.create_run(args.name or script, ATTACHED,
                               attached_config(script))
     relay = Relay(store.path.resolve(), run_id)  # NOTE [the relay]

@@ -7,6 +7,7 @@ own file and one entry here. Nothing heavy is imported until an output is made (
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -92,7 +93,36 @@ class TensorBoard:
             raise OutputError(str(exc)) from None
 
 
-KINDS: tuple[Kind, ...] = (Metrics(), Terminal(), TensorBoard())
+class Mlflow:
+    """Metrics of an MLflow run on a tracking server (monitor/export/mlflow_rest.py)."""
+
+    def add_flags(self, p: argparse.ArgumentParser) -> None:
+        p.add_argument("--mlflow", metavar="URI", nargs="?", const="", default=None,
+                       help="log the run's per-step figures as metrics (starvation/...) and "
+                            "its verdict as tags to an MLflow tracking server: the script's "
+                            "own run where it has one, else a run of its own (URI default: "
+                            "$MLFLOW_TRACKING_URI)")
+
+    def make(self, args: argparse.Namespace, rt: Any) -> Output | None:
+        if getattr(args, "mlflow", None) is None:
+            return None
+        from monitor.export.mlflow_rest import MlflowError, MlflowOutput
+
+        try:
+            return MlflowOutput(args.mlflow or None, rt.store, script_name(args.cmd))
+        except MlflowError as exc:
+            raise OutputError(str(exc)) from None
+
+
+def script_name(cmd: list[str]) -> str:
+    """The training script's file name in a command line (`python train.py ...`, a
+    launcher's `torchrun ... train.py`), else the command's."""
+    cmd = [c for c in cmd if c != "--"]
+    return next((os.path.basename(c) for c in cmd[1:] if c.endswith(".py")),
+                os.path.basename(cmd[0]) if cmd else "script")
+
+
+KINDS: tuple[Kind, ...] = (Metrics(), Terminal(), TensorBoard(), Mlflow())
 
 
 def add_flags(p: argparse.ArgumentParser) -> None:

@@ -1,0 +1,247 @@
+"""MLflow: a live run's per-step input-pipeline figures as metrics of an MLflow run
+(`monitor run --mlflow URI`, default $MLFLOW_TRACKING_URI), an Output of the run's follow
+(monitor/assess/follow.py). Spoken in MLflow's REST API with the standard library: no
+client package to install (`--mlflow` takes a tracking server, http:// or https://).
+
+Where: the run the script itself logs to when it can be found ($MLFLOW_RUN_ID, set for the
+script; else a run started after the script, in any experiment, whose `mlflow.source.name`
+is the script, searched for during its first FIND_S), else a run of its own, named after the
+script, in the experiment $MLFLOW_EXPERIMENT_NAME (default "starvation-monitor"). What:
+under `starvation/`, the figures monitor/export/tensorboard.py writes (one window of steps a
+point, `step=` the training's step), for a job of many ranks each figure's min and max over
+the ranks and the worst rank (Composer's convention for a flat tracker); the verdict and its
+advice as tags (`starvation.verdict`, `starvation.advice`) when they change.
+
+A tracker that is down or slow never slows the job, the store or the other outputs: points
+are queued (at most QUEUE_MAX, the oldest dropped first) and sent by a thread of this output
+in batches (log-batch: up to 1000 a request, one request each SEND_S at most), each request
+bounded by TIMEOUT_S; a failure drops that batch, counted, and waits (2 s, doubling to 30 s)
+before the next. At the end, what could not be sent is said on stderr and stored as an
+event of the run.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections import deque
+from typing import Any
+
+import pandas as pd
+
+from monitor.export.tensorboard import window_figures
+from monitor.periodic import Periodic
+from monitor.records import TRACKER
+
+API = "/api/2.0/mlflow/"
+PREFIX = "starvation/"
+SEND_S, TIMEOUT_S, FIND_S = 1.0, 2.0, 10.0
+QUEUE_MAX, BATCH_MAX = 20_000, 1000
+BACKOFF_S, BACKOFF_MAX_S = 2.0, 30.0
+EXPERIMENT = "starvation-monitor"
+
+
+class MlflowError(RuntimeError):
+    """The tracking URI cannot be used; the message says what to give instead."""
+
+
+def tracking_uri(given: str | None) -> str:
+    uri = given or os.environ.get("MLFLOW_TRACKING_URI") or ""
+    if not uri:
+        raise MlflowError("--mlflow needs a tracking server: --mlflow http://HOST:PORT, or "
+                          "set MLFLOW_TRACKING_URI")
+    if urllib.parse.urlsplit(uri).scheme not in ("http", "https"):
+        raise MlflowError(f"--mlflow {uri!r}: give the tracking server's http:// or https:// "
+                          "address (a file store or 'databricks' needs MLflow's own client)")
+    return uri.rstrip("/")
+
+
+def flat_figures(by_rank: dict[int, dict[str, float]]) -> dict[str, float]:
+    """One rank's figures as they are; many ranks' as each figure's min and max over the
+    ranks, and the rank with the largest data-wait share (the worst fed)."""
+    if len(by_rank) == 1:
+        return next(iter(by_rank.values()))
+    out: dict[str, float] = {}
+    names = {k for f in by_rank.values() for k in f}
+    for k in names:
+        vals = [f[k] for f in by_rank.values() if k in f]
+        out[f"{k}/min"], out[f"{k}/max"] = min(vals), max(vals)
+    waits = {r: f.get("data_wait_share", -1.0) for r, f in by_rank.items()}
+    out["data_wait_share/worst_rank"] = float(max(waits, key=waits.__getitem__))
+    return out
+
+
+class MlflowOutput:
+    name = "mlflow"
+
+    def __init__(self, uri: str | None, store: Any = None, script: str = "script",
+                 env: dict[str, str] | None = None) -> None:
+        self.uri = tracking_uri(uri)
+        self.store, self.script = store, script
+        env = env if env is not None else dict(os.environ)
+        self.asked_run = env.get("MLFLOW_RUN_ID")
+        self.experiment = env.get("MLFLOW_EXPERIMENT_NAME") or EXPERIMENT
+        self.run_id: int | None = None
+        self.mlflow_run: str | None = self.asked_run
+        self.own_run = False
+        self.started = time.time()
+        self.queue: deque[dict[str, Any]] = deque()
+        self.tags: dict[str, str] = {}
+        self.said: dict[str, str] = {}
+        self.sent = self.dropped = self.requests = 0
+        self.last_error: str | None = None
+        self._retry_at = 0.0
+        self._backoff = BACKOFF_S
+        self._loop = Periodic("starvation-mlflow", self._send, SEND_S)
+
+    # -- the follow's side (its thread): only queues --------------------------------------
+    def start(self, run_id: int) -> None:
+        self.run_id = run_id
+        self._loop.start()
+
+    def on_rows(self, steps: pd.DataFrame, samples: pd.DataFrame) -> None:
+        if steps.empty:
+            return
+        ranks = steps["rank"].fillna(0).astype(int) if "rank" in steps.columns else \
+            pd.Series(0, index=steps.index)
+        by_rank = {int(r): window_figures(g, samples) for r, g in steps.groupby(ranks)}
+        last = steps.sort_values("ts").iloc[-1]
+        stamp, step = int(float(last["ts"]) * 1000), int(last["step"])
+        for k, v in flat_figures(by_rank).items():
+            if len(self.queue) >= QUEUE_MAX:
+                self.queue.popleft()
+                self.dropped += 1
+            self.queue.append({"key": PREFIX + k, "value": v, "timestamp": stamp,
+                               "step": step})
+
+    def verdict_every(self) -> float:
+        return 2.0
+
+    def on_verdict(self, a: Any) -> None:
+        if a is None:
+            return
+        d = a.diagnosis
+        texts = {"starvation.verdict": f"{d.named}: {d.headline}",
+                 "starvation.advice": "; ".join(f"{x.param} = {x.value}" for x in d.advice)
+                 or "none"}
+        for k, v in texts.items():
+            if self.said.get(k) != v:
+                self.said[k] = self.tags[k] = v[:5000]  # MLflow's limit on a tag's value
+
+    def close(self) -> None:
+        self._loop.stop(SEND_S + 2 * TIMEOUT_S)
+        end = time.monotonic() + 3 * TIMEOUT_S  # the rest, for a few seconds at most
+        while (self.queue or self.tags) and time.monotonic() < end:
+            if not self._send(final=True):
+                break
+        lost = self.dropped + len(self.queue)
+        if self.own_run and self.mlflow_run:
+            self._call("runs/update", {"run_id": self.mlflow_run, "status": "FINISHED",
+                                       "end_time": int(time.time() * 1000)}, quiet=True)
+        if lost or self.last_error:
+            text = (f"mlflow: {lost} of {lost + self.sent} points could not be sent to "
+                    f"{self.uri}" + (f" ({self.last_error})" if self.last_error else ""))
+            print(f"starvation-monitor: {text}", file=sys.stderr)
+            if self.store is not None and self.run_id is not None:
+                try:
+                    self.store.add_event(self.run_id, TRACKER, text,
+                                         {"tracker": "mlflow", "dropped": lost})
+                except Exception:
+                    pass
+
+    # -- its own thread: finds the run, sends --------------------------------------------
+    def _call(self, path: str, body: dict[str, Any] | None = None, get: bool = False,
+              quiet: bool = False) -> dict[str, Any] | None:
+        url = self.uri + API + path
+        data = None
+        if get and body:
+            url += "?" + urllib.parse.urlencode(body)
+        elif body is not None:
+            data = json.dumps(body).encode()
+        req = urllib.request.Request(url, data=data, method="GET" if get else "POST",
+                                     headers={"Content-Type": "application/json"})
+        self.requests += 1
+        try:
+            with urllib.request.urlopen(req, timeout=TIMEOUT_S) as r:
+                return json.loads(r.read() or b"{}")
+        except (OSError, ValueError) as exc:
+            if not quiet:
+                self.last_error = _said(exc)
+            return None
+
+    def _find_run(self) -> str | None:
+        """The script's own MLflow run, started after it (by its source name), or None."""
+        found = self._call("runs/search", {
+            "experiment_ids": self._experiment_ids(), "max_results": 5,
+            "filter": f"attributes.start_time >= {int(self.started * 1000) - 5000} and "
+                      f"attributes.status = 'RUNNING'",
+            "order_by": ["attributes.start_time DESC"]}, quiet=True) or {}
+        for run in found.get("runs", []):
+            tags = {t["key"]: t["value"] for t in run.get("data", {}).get("tags", [])}
+            if os.path.basename(tags.get("mlflow.source.name", "")) == self.script:
+                return run["info"]["run_id"]
+        return None
+
+    def _experiment_ids(self) -> list[str]:
+        got = self._call("experiments/search", {"max_results": 100}, quiet=True) or {}
+        return [e["experiment_id"] for e in got.get("experiments", [])] or ["0"]
+
+    def _own_run(self) -> str | None:
+        got = self._call("experiments/get-by-name", {"experiment_name": self.experiment},
+                         get=True, quiet=True)
+        exp = (got or {}).get("experiment", {}).get("experiment_id")
+        if exp is None:
+            made = self._call("experiments/create", {"name": self.experiment})
+            exp = (made or {}).get("experiment_id")
+        if exp is None:
+            return None
+        run = self._call("runs/create", {
+            "experiment_id": exp, "start_time": int(self.started * 1000),
+            "run_name": f"{self.script} (starvation-monitor run {self.run_id})",
+            "tags": [{"key": "starvation.run_id", "value": str(self.run_id)}]})
+        self.own_run = run is not None
+        return (run or {}).get("run", {}).get("info", {}).get("run_id")
+
+    def _send(self, final: bool = False) -> bool:
+        """One batch sent (False: it could not be, dropped and counted, or no run yet)."""
+        now = time.monotonic()
+        if now < self._retry_at and not final:
+            return False
+        if self.mlflow_run is None:
+            if time.time() - self.started < FIND_S and not final:
+                self.mlflow_run = self._find_run()
+                if self.mlflow_run is None:
+                    return False  # the script may still open its own
+            else:
+                self.mlflow_run = self._find_run() or self._own_run()
+            if self.mlflow_run is None:
+                self._failed(now)
+                return False
+        batch = [self.queue.popleft() for _ in range(min(BATCH_MAX, len(self.queue)))]
+        tags = [{"key": k, "value": v} for k, v in self.tags.items()]
+        if not batch and not tags:
+            return True
+        if self._call("runs/log-batch", {"run_id": self.mlflow_run, "metrics": batch,
+                                         "tags": tags}) is None:
+            self.dropped += len(batch)
+            self._failed(now)
+            return False
+        self.sent += len(batch)
+        self.tags.clear()
+        self.last_error, self._backoff = None, BACKOFF_S
+        return True
+
+    def _failed(self, now: float) -> None:
+        self._retry_at = now + self._backoff
+        self._backoff = min(BACKOFF_MAX_S, self._backoff * 2)
+
+
+def _said(exc: BaseException) -> str:
+    if isinstance(exc, urllib.error.HTTPError):
+        return f"HTTP {exc.code} {exc.reason}"
+    reason = getattr(exc, "reason", None)
+    return str(reason or exc)
