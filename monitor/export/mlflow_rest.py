@@ -16,8 +16,8 @@ A tracker that is down or slow never slows the job, the store or the other outpu
 are queued (at most QUEUE_MAX, the oldest dropped first) and sent by a thread of this output
 in batches (log-batch: up to 1000 a request, one request each SEND_S at most), each request
 bounded by TIMEOUT_S; a failure drops that batch, counted, and waits (2 s, doubling to 30 s)
-before the next. At the end, what could not be sent is said on stderr and stored as an
-event of the run.
+before the next. At the end the rest goes for FINAL_S at most, and only to a tracker that
+answered; what could not be sent is said on stderr and stored as an event of the run.
 """
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ from monitor.records import TRACKER
 
 API = "/api/2.0/mlflow/"
 PREFIX = "starvation/"
-SEND_S, TIMEOUT_S, FIND_S = 1.0, 2.0, 10.0
+SEND_S, TIMEOUT_S, FIND_S, FINAL_S = 1.0, 2.0, 10.0, 3.0
 QUEUE_MAX, BATCH_MAX = 20_000, 1000
 BACKOFF_S, BACKOFF_MAX_S = 2.0, 30.0
 EXPERIMENT = "starvation-monitor"
@@ -96,6 +96,7 @@ class MlflowOutput:
         self.last_error: str | None = None
         self._retry_at = 0.0
         self._backoff = BACKOFF_S
+        self._deadline = 0.0  # set at close: no request goes past it
         self._loop = Periodic("starvation-mlflow", self._send, SEND_S)
 
     # -- the follow's side (its thread): only queues --------------------------------------
@@ -133,13 +134,18 @@ class MlflowOutput:
                 self.said[k] = self.tags[k] = v[:5000]  # MLflow's limit on a tag's value
 
     def close(self) -> None:
-        self._loop.stop(SEND_S + 2 * TIMEOUT_S)
-        end = time.monotonic() + 3 * TIMEOUT_S  # the rest, for a few seconds at most
-        while (self.queue or self.tags) and time.monotonic() < end:
+        """The rest sent, for FINAL_S at most and only to a tracker that answered its last
+        request (`monitor run` returns promptly beside one that is down or hung); a request
+        still in flight on the sender's thread is not waited for past TIMEOUT_S."""
+        ended = self._loop.stop(TIMEOUT_S)
+        self._deadline = time.monotonic() + FINAL_S
+        while ended and self.last_error is None and (self.queue or self.tags) and \
+                time.monotonic() < self._deadline:
             if not self._send(final=True):
                 break
         lost = self.dropped + len(self.queue)
-        if self.own_run and self.mlflow_run:
+        if self.own_run and self.mlflow_run and ended and self.last_error is None:
+            self._deadline = time.monotonic() + TIMEOUT_S  # its end, even past FINAL_S
             self._call("runs/update", {"run_id": self.mlflow_run, "status": "FINISHED",
                                        "end_time": int(time.time() * 1000)}, quiet=True)
         if lost or self.last_error:
@@ -165,8 +171,11 @@ class MlflowOutput:
         req = urllib.request.Request(url, data=data, method="GET" if get else "POST",
                                      headers={"Content-Type": "application/json"})
         self.requests += 1
+        left = self._deadline - time.monotonic() if self._deadline else TIMEOUT_S
+        if left <= 0:
+            return None
         try:
-            with urllib.request.urlopen(req, timeout=TIMEOUT_S) as r:
+            with urllib.request.urlopen(req, timeout=min(TIMEOUT_S, left)) as r:
                 return json.loads(r.read() or b"{}")
         except (OSError, ValueError) as exc:
             if not quiet:
