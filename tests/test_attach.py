@@ -96,6 +96,27 @@ def test_explicit_watch_records_its_own_run(tmp_path, no_leaks):
     assert len(steps) == 16 and sorted(steps["epoch"].unique()) == [0, 1]
 
 
+def test_a_run_recorded_from_a_notebook_is_named_after_the_notebook(tmp_path, no_leaks):
+    """A Jupyter kernel runs as ipykernel_launcher.py; its server passes the notebook's path
+    in JPY_SESSION_NAME: the run is the notebook's, not the launcher's."""
+    from monitor.probe.patch import script_name
+
+    assert script_name("/x/ipykernel_launcher.py", {"JPY_SESSION_NAME": "/w/a b.ipynb"}) == \
+        "a b.ipynb"
+    assert script_name("/x/ipykernel_launcher.py", {}) == "ipykernel_launcher.py"
+    assert script_name("/x/train.py", {"JPY_SESSION_NAME": "/w/n.ipynb"}) == "train.py"
+    kernel = tmp_path / "ipykernel_launcher.py"  # the cells' loop, as the kernel runs it
+    kernel.write_text((SCRIPTS / "uses_watch.py").read_text().replace(', name="explicit"', ""))
+    db = tmp_path / "n.db"
+    r = subprocess.run([sys.executable, str(kernel)], cwd=ROOT, capture_output=True, text=True,
+                       timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT),
+                                         "STARVATION_MONITOR_DB": str(db),
+                                         "JPY_SESSION_NAME": "/home/u/work/train.ipynb"})
+    assert r.returncode == 0, r.stderr
+    run = Store(db).runs().iloc[0]
+    assert run["name"] == "train.ipynb", run["name"]
+
+
 def test_a_loader_whose_workers_raise_ends_with_their_error(tmp_path, no_leaks):
     """The workers' own exception (its type, the worker, its message) is the run's stored
     reason and its verdict, not "no DataLoader was iterated" nor the exit code alone."""

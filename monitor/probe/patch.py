@@ -47,6 +47,19 @@ _recorder: Recorder | None = None
 _recorder_lock = threading.Lock()
 
 
+def script_name(argv0: str | None = None, env: dict[str, str] | None = None) -> str:
+    """What a run recorded in this process is named after: the script's file name; in a
+    Jupyter kernel (whose argv[0] is ipykernel_launcher.py) the notebook's, which Jupyter's
+    server passes to the kernel in JPY_SESSION_NAME."""
+    env = env if env is not None else dict(os.environ)
+    argv0 = argv0 if argv0 is not None else (sys.argv[0] if sys.argv else "")
+    name = os.path.basename(argv0 or "python")
+    if name in ("ipykernel_launcher.py", "ipykernel_launcher", "__main__.py") and \
+            env.get("JPY_SESSION_NAME"):
+        return os.path.basename(env["JPY_SESSION_NAME"])
+    return name
+
+
 def recorder(name: str | None = None) -> Recorder:
     """The process's recorder: the run named by the environment (under `monitor run`), else
     a new attached run in the default store, finished when the process exits."""
@@ -54,7 +67,7 @@ def recorder(name: str | None = None) -> Recorder:
     with _recorder_lock:
         if _recorder is None:
             store = Store(os.environ.get(DB_ENV) or None)
-            script = os.environ.get(SCRIPT_ENV) or os.path.basename(sys.argv[0] or "python")
+            script = os.environ.get(SCRIPT_ENV) or script_name()
             env_run = os.environ.get(RUN_ENV)
             cfg = attached_config(script)
             job = job_key()
