@@ -55,7 +55,7 @@ KEYS = ("verdict", "steps", "window_s", "throughput", "data_wait_share", "device
 
 
 def test_four_paths_agree_on_one_window(store, no_leaks, quiet_page):
-    from monitor.manage.attached_run import summary
+    from monitor.manage.attached_summary import summary
     from monitor.manage.experiment import result_from_measurement
     from monitor.manage.measure import summarise
 

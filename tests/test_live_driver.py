@@ -200,7 +200,7 @@ def test_a_change_by_hand_turns_auto_tune_off(store):
 
 
 def test_the_end_of_run_lines_give_each_ranks_moves():
-    from monitor.manage.attached_run import summary_lines
+    from monitor.manage.attached_summary import summary_lines
 
     move = {"settings": {"num_workers": 2, "prefetch_factor": 2}, "reason": "the knee",
             "throughput": 300.0, "best_before": 100.0, "kept": True, "failed": None}

@@ -2,7 +2,10 @@
 
 Creates the run, starts the script with the probe injected (monitor/probe/_inject/sitecustomize.py
 first on PYTHONPATH) and the run's id in its environment, samples its process tree and GPU,
-passes signals through, and ends the run with the script's exit status.
+passes signals through, and ends the run with the script's exit status. Only what the start
+needs is imported before the script is started (the store, the relay, the spawn); the
+sampler, the outputs' follow, the tuner and the end-of-run summary (attached_summary.py,
+pandas with it) are imported while the script starts.
 """
 from __future__ import annotations
 
@@ -15,99 +18,23 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from monitor import control
-from monitor.assess import outcomes
-from monitor.assess import probe_notes as notes
-from monitor.assess.stall import STALL_KINDS, stuck_at_end
-from monitor.assess.window import LOADER_KINDS, Context, assess_run, loader_notes
 from monitor.config import attached_config
-from monitor.diagnosis import NO_DATA, limits
-from monitor.frames import analysis
-from monitor.manage import outputs, spawn, terminal
-from monitor.manage.context import learn
+from monitor.manage import outputs, spawn
 from monitor.manage.relay import Relay
-from monitor.manage.result import gpu_figures, result
-from monitor.manage.runtime import Runtime
-from monitor.manage.session import remove_left_segments
 from monitor.probe.epoch_plan import EVERY_ENV
 from monitor.probe.patch import DB_ENV, RUN_ENV, SCRIPT_ENV
 from monitor.probe.phases import ENV as PHASES_ENV
 from monitor.probe.writer import transient
-from monitor.records import EVALUATION, PROBE, SHM
-from monitor.store import ATTACHED, FAILED, FINISHED, RUNNING, STOPPED, Store, StoreError, explain
+from monitor.records import SHM
+from monitor.store import ATTACHED, FAILED, FINISHED, STOPPED, Store, StoreError, explain
 from monitor.thresholds import AUTOTUNE_MIN_STEPS
-from monitor.tuning.live import Cadence, LiveTuner
-from monitor.tuning.policy import describe_settings as _desc
-from monitor.tuning.policy import outcome
+
+if TYPE_CHECKING:
+    from monitor.manage.runtime import Runtime
 
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
-
-
-def summary(store: Store, run_id: int, ctx: Context) -> dict[str, Any]:
-    """What `run --json` prints: the same keys as `measure --json`, over the steady state of
-    the script's final loader settings (monitor/assess/window.py steady_window)."""
-    run = store.run(run_id) or {}
-    a = assess_run(store, run_id, ctx)
-    out = result(run_id, run.get("status"), a, gpu_figures(store, run, a), run.get("error"),
-                 run.get("accelerator"), run.get("config") or {})
-    steps = store.steps(run_id)
-    out["epochs"] = int(steps["epoch"].nunique()) if not steps.empty else 0
-    # passes over the training loader with gradients off (evaluation): not in the steps
-    out["evaluation_passes"] = len(store.events(run_id, kinds=(EVALUATION,)))
-    out.update(probe_notes(store, run_id, steps.empty))
-    if out.get("verdict_family") == NO_DATA and not steps.empty and run.get("status") != RUNNING:
-        out["verdict_text"] = " ".join(
-            [f"{len(steps)} step(s) recorded before the run ended: too few to judge."]
-            + [x["text"][0].upper() + x["text"][1:] for x in out.get("findings") or []])
-    if out.get("timing_stopped") and not steps.empty and out.get("verdict_text"):
-        stop = out["timing_stopped"]
-        at = f" at step {stop['at_step']}" if stop.get("at_step") is not None else ""
-        out["verdict_text"] += (f" Timing stopped{at}: {stop['error']}; this covers the "
-                                "steps before it.")
-    if steps.empty and run.get("status") not in (None, RUNNING):
-        found = [x["text"][0].upper() + x["text"][1:] for x in out.get("findings") or []]
-        if "timing_stopped" in out:
-            out["verdict_text"] = out["timing_stopped"]["text"]
-        elif found:  # a loader was timed and never delivered: what stopped it
-            out["verdict_text"] = " ".join(["The timed loader delivered no batch.", *found])
-        else:
-            out["verdict_text"] = notes.NO_LOADER
-    return out
-
-
-def named_failure(store: Store, run_id: int) -> str | None:
-    """The cause of a loader error that reached the script (/dev/shm, descriptors, the OOM
-    killer: monitor/diagnosis/limits.py), in a sentence with its numbers."""
-    report, errors = loader_notes(store.events(run_id, kinds=LOADER_KINDS))
-    if not errors:
-        return None
-    end = store.last_step_ts(run_id) or time.time()  # the memory as last sampled
-    host = analysis.run_rows(store.host_samples(end - 30.0, time.time()), run_id)
-    found = limits.failure(errors[-1], report, host)
-    return found.text if found is not None else None
-
-
-def probe_notes(store: Store, run_id: int, no_steps: bool) -> dict[str, Any]:
-    """What the probe said of itself (monitor/assess/probe_notes.py); for a run with no
-    steps, why none were timed, stored as the run's probe event."""
-    ev = store.events(run_id, kinds=(PROBE,))
-    out: dict[str, Any] = {"retune": notes.retune(ev)}
-    stop = notes.timing_stopped(ev)
-    said = store.meta(control.probe_stopped_key(run_id, 0))
-    if stop is None and said:  # the probe's event could not be written, its note could
-        stop = {"what": "recording", "text": said, "error": said, "at_step": None,
-                "loader": None, "where": None}
-    text = notes.no_loader_text(ev) if no_steps and stop is None else None
-    if text is not None:
-        if not (ev["label"] == text).any():
-            store.add_event(run_id, PROBE, text, {"no_loader": True})
-        stop = {"what": "no loader", "text": text, "at_step": 0, "error": text,
-                "loader": None, "where": None}
-    if stop is not None:
-        out["timing_stopped"] = stop
-    return out
 
 
 STOPPING = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # asking the script to stop
@@ -215,43 +142,18 @@ def _record_pid(store: Store, run_id: int, proc: subprocess.Popen) -> threading.
     return done
 
 
-def summary_lines(d: dict[str, Any]) -> list[str]:
-    """The end-of-run summary for people (stderr: the script's stdout stays its own)."""
-    if not d.get("steps"):
-        return [f"starvation-monitor: run {d['run_id']} {d.get('status')}: no steps recorded"
-                + (f": {d['verdict_text']}" if d.get("verdict_text") else "")]
-    world = d.get("world_size") or 1
-    who = f"the job, {world} ranks" if world > 1 else "steady state"
-    out = [f"starvation-monitor: run {d['run_id']} {d.get('status')}: "
-           f"{d['throughput']:,.0f} samples/s ({who}), data-wait share "
-           f"{d['data_wait_share']:.0%}",
-           f"  verdict: {d['verdict']}. {d['verdict_text']}"]
-    if world > 1:
-        out += [f"  rank {r['rank']} ({r['host']}): {r['throughput']:,.0f} samples/s, "
-                f"data-wait share {r['data_wait_share']:.0%}, wait "
-                f"{r['wait_per_step_s'] * 1000:.0f} ms/step, compute "
-                f"{r['compute_per_step_s'] * 1000:.0f} ms/step, num_workers {r['workers']}"
-                for r in d["ranks"]]
-    out += [f"  finding: {x['cause']}: {x['text']}" for x in d.get("findings") or []]
-    out += [f"  advice {i}: {a['reason']}" for i, a in enumerate(d.get("advice") or [], 1)]
-    tune = d.get("autotune")
-    if tune is not None:
-        per = tune.get("ranks") or {0: tune}
-        for r, t in per.items():
-            who = f"autotune rank {r}" if len(per) > 1 else "autotune"
-            out += [f"  {who} move {i}: {_desc(m['settings'])} ({m['reason']}) → "
-                    f"{m['throughput']:,.0f} samples/s"
-                    + (f" (predicted {m['predicted']:,.0f}, "
-                       f"{m['throughput'] / m['predicted'] - 1:+.0%})"
-                       if m.get("predicted") else "") + f", {outcome(m)}"
-                    for i, m in enumerate(t["moves"], 1)]
-            out.append(f"  {who}: {t['settled'] or 'still searching when the job ended'}")
-        if tune.get("error"):
-            out.append(f"  autotune {tune['error']}")
-    line = outcomes.error_line(d.get("outcomes") or [])
-    if line:
-        out.append(f"  {line}")
-    return out
+class _Early:
+    """What an output's maker reads before the run exists: the store, and the machine's
+    context (read only by an output that asks for it: Prometheus's)."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    def context(self) -> Any:
+        from monitor.assess import outcomes
+        from monitor.manage.context import machine_context
+
+        return machine_context(None, outcomes.scale_of(self.store))
 
 
 def script_env(store: Store, run_id: int) -> dict[str, str]:
@@ -275,29 +177,31 @@ def run_attached(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 2
     try:
-        rt = Runtime(args.db)
+        store = Store(args.db)
     except StoreError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    store = rt.store
     try:  # before the run exists: an output that cannot be had (a busy port) creates nothing
-        outs = outputs.make(args, rt)
+        outs = outputs.make(args, _Early(store))
     except outputs.OutputError as exc:
-        rt.close()
+        store.close()
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    view = next((o for o in outs if isinstance(o, terminal.LiveView)), None)
+    view = next((o for o in outs if o.name == "terminal"), None)
+    try:  # runs whose recording process is gone; a locked store leaves them for later
+        store.close_orphans()
+    except Exception as exc:
+        if not transient(exc):
+            raise
     script = outputs.script_name(cmd)
-    run_id = store.create_run(args.name or script, ATTACHED,
-                              attached_config(script))
+    run_id = store.create_run(args.name or script, ATTACHED, attached_config(script))
     relay = Relay(store.path.resolve(), run_id)  # NOTE [the relay]
     env = {**script_env(store, run_id), **relay.env(), SCRIPT_ENV: script}
     if every is not None:
         env[EVERY_ENV] = str(every)
     if not args.phases:
         env[PHASES_ENV] = "0"
-    rt.start()
-    live_tty = view is not None and view.tty
+    live_tty = view is not None and getattr(view, "tty", False)
     relay.start()
     try:
         # its own process group, so signals reach the script and its DataLoader workers
@@ -308,10 +212,14 @@ def run_attached(args: argparse.Namespace) -> int:
         for out in outs:
             out.close()
         store.finish_run(run_id, FAILED, f"could not start {cmd[0]!r}: {exc}")
-        rt.close()
         print(f"error: could not start {cmd[0]!r}: {exc}", file=sys.stderr)
         return 127
     pid_kept = _record_pid(store, run_id, proc)
+    # the script is starting: what only follows it is imported now
+    from monitor.manage.runtime import Runtime
+    from monitor.tuning.live import Cadence, LiveTuner
+
+    rt = Runtime(store=store).start(orphans=False)
     rt.collector.follow(proc.pid, run_id)
     print(f"starvation-monitor: run {run_id} recording to {store.path} (pid {proc.pid})",
           file=sys.stderr)
@@ -332,6 +240,12 @@ def run_attached(args: argparse.Namespace) -> int:
     if tuner is not None:
         tuner.stop()
     code = rc if rc >= 0 else 128 - rc  # the script's own exit status, as a shell gives it
+    from monitor.assess import outcomes
+    from monitor.assess.stall import STALL_KINDS, stuck_at_end
+    from monitor.manage.attached_summary import named_failure, summary, summary_lines
+    from monitor.manage.context import learn
+    from monitor.manage.session import remove_left_segments
+
     try:
         left = remove_left_segments(store, run_id, proc.pid)
         if left:

@@ -65,10 +65,11 @@ class Terminal:
                             "otherwise one plain line each time)")
 
     def make(self, args: argparse.Namespace, rt: Any) -> Output | None:
+        flag = getattr(args, "live", None)  # --live / --no-live, else on at a terminal
+        if not (flag if flag is not None else sys.stderr.isatty()):
+            return None
         from monitor.manage import terminal
 
-        if not terminal.wanted(getattr(args, "live", None)):
-            return None
         return terminal.LiveView(tty=sys.stderr.isatty())
 
 

@@ -85,16 +85,18 @@ class Runtime:
         self.follows: dict[int, Follow] = {}  # live runs' outputs (assess/follow.py), by run
         self._closed = False
 
-    def start(self) -> Runtime:
-        """Close runs whose recording process is gone, then start sampling. A store another
-        writer holds locked past its busy timeout leaves them for the next start: `monitor
-        run` died there once ("database is locked"), and its script with it."""
+    def start(self, orphans: bool = True) -> Runtime:
+        """Close runs whose recording process is gone (`orphans`: an attached run's launcher
+        did before its script started), then start sampling. A store another writer holds
+        locked past its busy timeout leaves them for the next start: `monitor run` died there
+        once ("database is locked"), and its script with it."""
+        self.orphans_closed = []
         try:
-            self.orphans_closed = self.store.close_orphans()
+            if orphans:
+                self.orphans_closed = self.store.close_orphans()
         except Exception as exc:
             if not transient(exc):
                 raise
-            self.orphans_closed = []
         self.collector.start()
         atexit.register(self.close)
         return self

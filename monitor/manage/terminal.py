@@ -18,18 +18,19 @@ import sys
 import textwrap
 import threading
 import time
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from monitor.assess.window import Assessment
 from monitor.config import LoaderConfig
-from monitor.diagnosis import NO_DATA
-from monitor.diagnosis.rules import Advice
 from monitor.thresholds import VERDICT_MIN_STEPS
+
+if TYPE_CHECKING:  # (the assessment's modules bring pandas: not on `monitor run`'s start)
+    from monitor.assess.window import Assessment
+    from monitor.diagnosis.rules import Advice
 
 EVERY_S = 2.0
 FIRST_EVERY_S = 0.25  # until the first verdict: it shows within a refresh of being known
@@ -37,6 +38,8 @@ FIRST_EVERY_S = 0.25  # until the first verdict: it shows within a refresh of be
 
 def status(a: Assessment | None) -> dict[str, str]:
     """The figures one refresh shows, as text."""
+    if a is not None:
+        from monitor.diagnosis import NO_DATA
     if a is None or a.verdict == NO_DATA:
         n = a.features.steps if a is not None else 0
         return {"verdict": f"judging after {VERDICT_MIN_STEPS} steps: {n} so far"}
@@ -166,11 +169,3 @@ class LiveView:
         if self._live is not None:
             with contextlib.suppress(Exception):
                 self._live.stop()
-
-
-def wanted(flag: bool | None, stream: Any = None) -> bool:
-    """--live / --no-live, else on when stderr is a terminal."""
-    if flag is not None:
-        return flag
-    s = stream or sys.stderr
-    return bool(getattr(s, "isatty", lambda: False)())
