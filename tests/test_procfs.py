@@ -28,8 +28,17 @@ def fake_proc(tmp_path, pid=42, threads=((100, 7), (50, 3)),
 
 def test_schedstat_sums_the_threads_and_io_reads_the_block_devices_bytes(tmp_path):
     root = fake_proc(tmp_path)
-    assert procfs.schedstat(42, root) == procfs.SchedTimes(150, 10)
+    t = procfs.schedstat(42, root)
+    assert (t.on_cpu_ns, t.runq_ns) == (150, 10)
     assert procfs.storage_reads(42, root) == 4096  # read_bytes, not rchar
+
+
+def test_run_queue_time_since_a_read_never_goes_back_when_a_thread_ends():
+    """A thread that ended between two reads takes its time out of the process's sum; the
+    time since is taken thread by thread (a Ray rank read negative before)."""
+    before = procfs.SchedTimes(0, 0, (("1", 100, 70), ("2", 50, 30)))
+    after = procfs.SchedTimes(0, 0, (("1", 120, 75), ("3", 10, 4)))  # 2 ended, 3 was born
+    assert after.runq_since(before) == 5 + 4
 
 
 def test_reads_from_the_page_cache_are_not_storage_reads(tmp_path):

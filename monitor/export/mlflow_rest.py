@@ -15,7 +15,7 @@ advice as tags (`starvation.verdict`, `starvation.advice`) when they change.
 A tracker that is down or slow never slows the job, the store or the other outputs: points
 are queued (at most QUEUE_MAX, the oldest dropped first) and sent by a thread of this output
 in batches (log-batch: up to 1000 a request, one request each SEND_S at most), each request
-bounded by TIMEOUT_S; a failure drops that batch, counted, and waits (2 s, doubling to 30 s)
+bounded by TIMEOUT_S; a failure drops that batch, counted, and waits 2 s, doubling to 15 s,
 before the next. At the end the rest goes for FINAL_S at most, and only to a tracker that
 answered; what could not be sent is said on stderr and stored as an event of the run.
 """
@@ -39,9 +39,10 @@ from monitor.records import TRACKER
 
 API = "/api/2.0/mlflow/"
 PREFIX = "starvation/"
-SEND_S, TIMEOUT_S, FIND_S, FINAL_S = 1.0, 2.0, 10.0, 3.0
+# a tracker on a saturated box answered a log-batch in 2-4 s: 5 s before a request is given up
+SEND_S, TIMEOUT_S, FIND_S, FINAL_S = 1.0, 5.0, 10.0, 3.0
 QUEUE_MAX, BATCH_MAX = 20_000, 1000
-BACKOFF_S, BACKOFF_MAX_S = 2.0, 30.0
+BACKOFF_S, BACKOFF_MAX_S = 2.0, 15.0
 EXPERIMENT = "starvation-monitor"
 
 
@@ -136,8 +137,8 @@ class MlflowOutput:
     def close(self) -> None:
         """The rest sent, for FINAL_S at most and only to a tracker that answered its last
         request (`monitor run` returns promptly beside one that is down or hung); a request
-        still in flight on the sender's thread is not waited for past TIMEOUT_S."""
-        ended = self._loop.stop(TIMEOUT_S)
+        still in flight on the sender's thread is not waited for past a second."""
+        ended = self._loop.stop(1.0)  # a request in flight is not waited for
         self._deadline = time.monotonic() + FINAL_S
         while ended and self.last_error is None and (self.queue or self.tags) and \
                 time.monotonic() < self._deadline:

@@ -327,11 +327,11 @@ class HostSampler:
         dt = now - prev["t"]
         a, b = prev["main"], cur["main"]
         if a is not None and b is not None:
-            out["proc_runq_pct"] = 100.0 * (b.runq_ns - a.runq_ns) / 1e9 / dt
+            out["proc_runq_pct"] = 100.0 * b.runq_since(a) / 1e9 / dt
         both = [p for p in pids if cur["workers"].get(p) and prev["workers"].get(p)]
         if cur["main"] is not None:  # schedstat works here: workers are measured too
             out["workers_runq_pct"] = 100.0 * sum(
-                cur["workers"][p].runq_ns - prev["workers"][p].runq_ns for p in both) / 1e9 / dt
+                cur["workers"][p].runq_since(prev["workers"][p]) for p in both) / 1e9 / dt
         if prev["main_read"] is not None and cur["main_read"] is not None:
             out["proc_read_kb_s"] = (cur["main_read"] - prev["main_read"]) / 1024 / dt
         reads = [p for p in pids if cur["reads"].get(p) is not None

@@ -25,28 +25,39 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True, slots=True)
 class SchedTimes:
-    """Cumulative nanoseconds of one process (all its threads)."""
+    """Cumulative nanoseconds of one process (all its threads), and each thread's."""
 
     on_cpu_ns: int
     runq_ns: int
+    threads: tuple[tuple[str, int, int], ...] = ()  # (tid, on-CPU, run queue)
+
+    def runq_since(self, before: SchedTimes) -> int:
+        """Run-queue nanoseconds since `before`, thread by thread: a thread that ended in
+        between takes its time out of the process's sum (a Ray rank's threads come and go:
+        the sums' difference read negative), so only threads alive at both reads count, and
+        those born since count whole."""
+        then = {t: w for t, _, w in before.threads}
+        return sum(max(0, w - then.get(t, 0)) for t, _, w in self.threads)
 
 
 def schedstat(pid: int, proc: str = "/proc") -> SchedTimes | None:
-    """The process's threads' on-CPU and run-queue nanoseconds, summed; None when the
-    process is gone or the kernel keeps no schedstat."""
+    """The process's threads' on-CPU and run-queue nanoseconds, summed and per thread; None
+    when the process is gone or the kernel keeps no schedstat."""
     try:
         tids = os.listdir(f"{proc}/{pid}/task")
     except OSError:
         return None
-    on, wait, seen = 0, 0, False
+    threads = []
     for tid in tids:
         try:
             with open(f"{proc}/{pid}/task/{tid}/schedstat") as f:
                 fields = f.read().split()
-            on, wait, seen = on + int(fields[0]), wait + int(fields[1]), True
+            threads.append((tid, int(fields[0]), int(fields[1])))
         except (OSError, ValueError, IndexError):
             continue  # a thread that ended between listdir and open
-    return SchedTimes(on, wait) if seen else None
+    if not threads:
+        return None
+    return SchedTimes(sum(t[1] for t in threads), sum(t[2] for t in threads), tuple(threads))
 
 
 def storage_reads(pid: int, proc: str = "/proc") -> int | None:
