@@ -237,8 +237,19 @@ def test_compare_tab_in_a_real_page(server):
         errors = console_errors(page)
         page.goto(url)
         page.get_by_role("button", name="Compare with the previous run").click()
-        page.get_by_role("tab", name="Compare").click()
-        expect(page.get_by_text("What differs").first).to_be_visible(timeout=60_000)
+        # the button's rerun can draw the tabs again under a click that came first (a busy
+        # suite showed the Compare tab's content hidden): click the tab again, as a user
+        # would, until it shows
+        differs = page.get_by_text("What differs").first
+        end = time.monotonic() + 60
+        while True:
+            page.get_by_role("tab", name="Compare").click()
+            try:
+                expect(differs).to_be_visible(timeout=5_000)
+                break
+            except AssertionError:
+                if time.monotonic() > end:
+                    raise
         expect(page.get_by_text("Throughput, aligned at each run's start").first
                ).to_be_visible(timeout=30_000)
         page.screenshot(path=str(SHOTS / "compare.png"), full_page=True)
