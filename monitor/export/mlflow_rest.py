@@ -95,6 +95,7 @@ class MlflowOutput:
         self.said: dict[str, str] = {}
         self.sent = self.dropped = self.requests = 0
         self.last_error: str | None = None
+        self.last_failure: str | None = None
         self._retry_at = 0.0
         self._backoff = BACKOFF_S
         self._deadline = 0.0  # set at close: no request goes past it
@@ -149,9 +150,9 @@ class MlflowOutput:
             self._deadline = time.monotonic() + TIMEOUT_S  # its end, even past FINAL_S
             self._call("runs/update", {"run_id": self.mlflow_run, "status": "FINISHED",
                                        "end_time": int(time.time() * 1000)}, quiet=True)
-        if lost or self.last_error:
+        if lost:
             text = (f"mlflow: {lost} of {lost + self.sent} points could not be sent to "
-                    f"{self.uri}" + (f" ({self.last_error})" if self.last_error else ""))
+                    f"{self.uri}" + (f" ({self.last_failure})" if self.last_failure else ""))
             print(f"starvation-monitor: {text}", file=sys.stderr)
             if self.store is not None and self.run_id is not None:
                 try:
@@ -179,8 +180,9 @@ class MlflowOutput:
             with urllib.request.urlopen(req, timeout=min(TIMEOUT_S, left)) as r:
                 return json.loads(r.read() or b"{}")
         except (OSError, ValueError) as exc:
+            self.last_failure = _said(exc)  # (said at the end: a search's failure too)
             if not quiet:
-                self.last_error = _said(exc)
+                self.last_error = self.last_failure
             return None
 
     def _find_run(self) -> str | None:
