@@ -1,7 +1,8 @@
 """The probe times wait and compute per step with an injected clock, and batches writes."""
 from __future__ import annotations
 
-from monitor.probe.timing import Probe, batch_len
+from monitor.probe.samples import batch_len
+from monitor.probe.timing import Probe
 from tests.helpers import Clock
 
 

@@ -11,6 +11,7 @@ output never stops the others, the store or the job.
 """
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
@@ -19,6 +20,7 @@ import pandas as pd
 
 from monitor.assess.recent import read_recent
 from monitor.assess.window import Assessment, Context, assess
+from monitor.frames import analysis
 from monitor.periodic import Periodic
 from monitor.store import Store
 
@@ -62,6 +64,34 @@ class Follower:
         return rows
 
 
+def window_figures(steps: pd.DataFrame, host: pd.DataFrame) -> dict[str, float]:
+    """The scalars of one window of one rank's steps (and its host rows), NaN-free: the
+    data-wait share, samples/s, wait and compute ms a step, device busy (step-derived), the
+    phases' shares of compute where timed, the workers' CPU (cores) and memory (MB)."""
+    share = analysis.data_wait_share(steps)
+    out: dict[str, float] = {
+        "data_wait_share": share,
+        "samples_per_s": analysis.throughput(steps),
+        "wait_ms": float(steps["wait_s"].mean()) * 1e3,
+        "compute_ms": float(steps["compute_s"].mean()) * 1e3,
+        "device_busy": 1.0 - share,
+    }
+    compute = float(steps["compute_s"].sum())
+    for phase in ("forward", "backward", "optimizer"):
+        col = f"{phase}_s"
+        if col in steps.columns and steps[col].notna().any() and compute > 0:
+            timed = steps[steps[col].notna()]
+            out[f"{phase}_share"] = float(timed[col].sum()) / float(timed["compute_s"].sum())
+    if not host.empty:
+        cpu = host["workers_cpu_pct"].dropna() if "workers_cpu_pct" in host.columns else []
+        mem = host["workers_uss_mb"].dropna() if "workers_uss_mb" in host.columns else []
+        if len(cpu):
+            out["workers_cpu_cores"] = float(cpu.mean()) / 100.0
+        if len(mem):
+            out["workers_memory_mb"] = float(mem.iloc[-1])
+    return {k: v for k, v in out.items() if v is not None and math.isfinite(v)}
+
+
 class Output(Protocol):
     """What follows a live run. `start(run_id)` when the run is recorded; `on_rows` with its
     new steps and host samples each tick (either may be empty); `on_verdict` with its recent
@@ -70,6 +100,7 @@ class Output(Protocol):
     fails before the run exists. `verdict_every()`: how often it wants an assessment."""
 
     name: str
+    takes_rows: bool  # whether it takes new rows (none are read for outputs that do not)
 
     def start(self, run_id: int) -> None: ...
 
@@ -106,12 +137,14 @@ class Follow:
         return self
 
     def tick(self) -> None:
-        try:
-            steps, samples = self.follower.steps(), self.follower.samples()
-        except Exception as exc:  # a store that cannot be read now: the next tick tries
-            self._failed("follow", f"read: {type(exc).__name__}: {exc}")
-            return
-        self._each("on_rows", steps, samples)
+        # (the terminal view and the exporter take no rows: none are read for them alone)
+        if any(getattr(o, "takes_rows", True) for o in self.outputs):
+            try:
+                steps, samples = self.follower.steps(), self.follower.samples()
+            except Exception as exc:  # a store that cannot be read now: the next tick tries
+                self._failed("follow", f"read: {type(exc).__name__}: {exc}")
+                return
+            self._each("on_rows", steps, samples)
         due = min((o.verdict_every() for o in self.outputs), default=VERDICT_S)
         now = time.time()
         if now - self._assessed >= due:

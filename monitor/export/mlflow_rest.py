@@ -33,7 +33,7 @@ from typing import Any
 
 import pandas as pd
 
-from monitor.export.tensorboard import window_figures
+from monitor.assess.follow import window_figures
 from monitor.periodic import Periodic
 from monitor.records import TRACKER
 
@@ -77,7 +77,7 @@ def flat_figures(by_rank: dict[int, dict[str, float]]) -> dict[str, float]:
 
 
 class MlflowOutput:
-    name = "mlflow"
+    name, takes_rows = "mlflow", True
 
     def __init__(self, uri: str | None, store: Any = None, script: str = "script",
                  env: dict[str, str] | None = None) -> None:

@@ -318,7 +318,7 @@ class MetricsOutput:
     cannot be) before the run exists, shut down at close. Its scrape reads the store
     (StoreCollector), so the rows it is handed are not kept."""
 
-    name = "prometheus"
+    name, takes_rows = "prometheus", False  # a scrape reads the store
 
     def __init__(self, db: str, ctx: Context, port: int, address: str = "127.0.0.1") -> None:
         self.server = serve(db, ctx, port, address)

@@ -11,14 +11,13 @@ Written with TensorBoard's own event writer and protos (the `tensorboard` packag
 where it is installed, and this process never does)."""
 from __future__ import annotations
 
-import math
 import os
 import time
 from typing import Any
 
 import pandas as pd
 
-from monitor.frames import analysis
+from monitor.assess.follow import window_figures
 
 EXTRA = "pip install 'starvation-monitor[tensorboard]'"
 PREFIX = "starvation/"
@@ -38,39 +37,12 @@ def _writer_parts() -> tuple[Any, Any, Any, Any]:
     return EventFileWriter, event_pb2, summary_pb2, (tensor_pb2, types_pb2)
 
 
-def window_figures(steps: pd.DataFrame, host: pd.DataFrame) -> dict[str, float]:
-    """The scalars of one window of one rank's steps (and its host rows), NaN-free: the
-    data-wait share, samples/s, wait and compute ms a step, device busy (step-derived), the
-    phases' shares of compute where timed, the workers' CPU (cores) and memory (MB)."""
-    out: dict[str, float] = {
-        "data_wait_share": analysis.data_wait_share(steps),
-        "samples_per_s": analysis.throughput(steps),
-        "wait_ms": float(steps["wait_s"].mean()) * 1e3,
-        "compute_ms": float(steps["compute_s"].mean()) * 1e3,
-        "device_busy": 1.0 - analysis.data_wait_share(steps),
-    }
-    compute = float(steps["compute_s"].sum())
-    for phase in ("forward", "backward", "optimizer"):
-        col = f"{phase}_s"
-        if col in steps.columns and steps[col].notna().any() and compute > 0:
-            timed = steps[steps[col].notna()]
-            out[f"{phase}_share"] = float(timed[col].sum()) / float(timed["compute_s"].sum())
-    if not host.empty:
-        cpu = host["workers_cpu_pct"].dropna() if "workers_cpu_pct" in host.columns else []
-        mem = host["workers_uss_mb"].dropna() if "workers_uss_mb" in host.columns else []
-        if len(cpu):
-            out["workers_cpu_cores"] = float(cpu.mean()) / 100.0
-        if len(mem):
-            out["workers_memory_mb"] = float(mem.iloc[-1])
-    return {k: v for k, v in out.items() if v is not None and math.isfinite(v)}
-
-
 class TensorBoardOutput:
     """The event files of one live run (monitor/manage/outputs.py makes it from
     --tensorboard DIR; TensorBoardMissing before the run exists when the writer is not
     installed)."""
 
-    name = "tensorboard"
+    name, takes_rows = "tensorboard", True
 
     def __init__(self, folder: str | os.PathLike[str], store: Any = None) -> None:
         self.Writer, self.event_pb2, self.summary_pb2, (self.tensor_pb2, self.types_pb2) = \

@@ -89,7 +89,7 @@ class LiveView:
     line every EVERY_S elsewhere). `relay(stream, to)` copies the script's output above it.
     Started with the run, closed before the end-of-run summary."""
 
-    name = "terminal"
+    name, takes_rows = "terminal", False  # it shows the assessed window
 
     def __init__(self, tty: bool, stream: IO[str] | None = None) -> None:
         self.run_id: int | None = None

@@ -24,7 +24,7 @@ from typing import Any
 
 from monitor.probe import workers
 from monitor.probe.device_clock import DeviceClock
-from monitor.probe.samples import batch_len, sample_counter  # noqa: F401  (batch_len: tests)
+from monitor.probe.samples import sample_counter
 from monitor.probe.writer import StepWriter
 from monitor.ring import STEP, STEP_PENDING, RingWriter
 from monitor.store import Store
