@@ -26,6 +26,14 @@ def app(db_path, no_leaks, monkeypatch):
     get_runtime.clear()
 
 
+def sidebar(at: AppTest, label: str, kind: str = "slider"):
+    """The sidebar widget a user sees under `label` (its session key changes each time the
+    page replaces its value: NOTE [no change without a move] in monitor/ui/controls.py)."""
+    found = [w for w in getattr(at.sidebar, kind) if w.label == label]
+    assert len(found) == 1, [w.label for w in getattr(at.sidebar, kind)]
+    return found[0]
+
+
 def test_page_opens_on_the_starving_default_and_a_slider_reaches_the_manager(app, db_path):
     from monitor.store import Store
     from monitor.ui.resources import get_runtime
@@ -36,19 +44,19 @@ def test_page_opens_on_the_starving_default_and_a_slider_reaches_the_manager(app
     assert manager.is_alive() and manager.config.preset == "starving"
     assert manager.config.num_workers == 0
     assert any("simulated accelerator" in c.value for c in app.caption)
-    assert app.sidebar.slider(key="cfg_prefetch_factor").disabled  # no workers yet
+    assert sidebar(app, "prefetch_factor").disabled  # no workers yet
     # a widget per declared loader setting (config.SETTINGS; tests/test_settings.py walks
     # the other consumers)
     from monitor.config import LOADER_SETTINGS
 
-    widgets = {w.key for kind in (app.sidebar.slider, app.sidebar.select_slider,
-                                  app.sidebar.toggle) for w in kind}
-    assert {f"cfg_{k}" for k in LOADER_SETTINGS} <= widgets, widgets
+    widgets = {w.label for kind in (app.sidebar.slider, app.sidebar.select_slider,
+                                    app.sidebar.toggle) for w in kind}
+    assert set(LOADER_SETTINGS) <= widgets, widgets
 
-    app.sidebar.slider(key="cfg_num_workers").set_value(2).run()
+    sidebar(app, "num_workers").set_value(2).run()
     assert not app.exception
     assert manager.config.num_workers == 2 and manager.config.prefetch_factor == 2
-    assert not app.sidebar.slider(key="cfg_prefetch_factor").disabled
+    assert not sidebar(app, "prefetch_factor").disabled
     store = Store(db_path)
     pending = store.pending_control(manager.run_id)
     assert pending or store.events(manager.run_id)["label"].str.contains("num_workers").any()
@@ -57,6 +65,40 @@ def test_page_opens_on_the_starving_default_and_a_slider_reaches_the_manager(app
         return any("num_workers 0→2" in x for x in store.events(manager.run_id)["label"])
 
     assert wait_for(marked, timeout=60), store.events(manager.run_id)["label"].tolist()
+
+
+def test_a_browsers_old_value_changes_nothing_whenever_it_arrives(app, db_path):
+    """Another tab moves num_workers; this page redraws its slider, but its browser has not
+    drawn that yet and sends the old value with the reruns it asks for, at any later time
+    (CI once saw a calibrated step set back to the preset's 60 ms that way, past a 10 s
+    window the page then allowed for such echoes). Nothing changes the run; a real move on
+    the redrawn slider still applies."""
+    from monitor.store import Store
+    from monitor.ui.resources import get_runtime
+
+    app.run()
+    manager = get_runtime().manager
+    assert sidebar(app, "num_workers").value == 0
+    old_browser = app._tree.get_widget_states()  # what a browser that drew only this run sends
+    manager.reconfigure(manager.config.replace(num_workers=2))  # the other tab's move
+    app.run()
+    assert not app.exception and sidebar(app, "num_workers").value == 2
+    for _ in range(3):  # a browser sends its values with every rerun it asks for
+        app._run(old_browser)
+        assert not app.exception
+        assert manager.config.num_workers == 2
+        assert sidebar(app, "num_workers").value == 2
+    sidebar(app, "num_workers").set_value(1).run()
+    assert not app.exception and manager.config.num_workers == 1
+    store = Store(db_path)
+
+    def moves() -> list[str]:
+        return [x for x in store.events(manager.run_id, kinds=("config",))["label"]
+                if x != "start"]
+
+    # (the workload may take both requests at once: "0→1")
+    assert wait_for(lambda: any(x.endswith("→1") for x in moves()), timeout=60), moves()
+    assert not any(x.endswith("→0") for x in moves()), moves()
 
 
 def test_stop_button_stops_the_run(app, db_path):
@@ -140,7 +182,7 @@ def test_apply_moves_the_sliders_to_the_advice(app):
     apply.click().run()
     assert not app.exception
     assert manager.config.num_workers == advised >= 1
-    assert app.sidebar.slider(key="cfg_num_workers").value == advised
+    assert sidebar(app, "num_workers").value == advised
     # the advice's prediction is kept, and the page sets what the new setting measured
     # beside it once it has run its steps
     from monitor.assess import outcomes
@@ -168,7 +210,7 @@ def test_sweep_tab_runs_a_sweep_and_applies_the_knee(app, monkeypatch):
     app.number_input(key="sw_secs").set_value(2.0)
     app.button(key="sw_run").click().run()
     assert not app.exception
-    assert rt.jobs.running() and app.sidebar.slider(key="cfg_num_workers").disabled
+    assert rt.jobs.running() and sidebar(app, "num_workers").disabled
     assert wait_for(lambda: not rt.jobs.running(), timeout=120)
     app.run()
     assert not app.exception
@@ -182,8 +224,8 @@ def test_sweep_tab_runs_a_sweep_and_applies_the_knee(app, monkeypatch):
 
     assert rt.manager.is_alive()
     assert rt.manager.config.num_workers == find_knee(results).knee.config.num_workers
-    assert app.sidebar.slider(key="cfg_num_workers").value == rt.manager.config.num_workers
-    assert not app.sidebar.slider(key="cfg_num_workers").disabled
+    assert sidebar(app, "num_workers").value == rt.manager.config.num_workers
+    assert not sidebar(app, "num_workers").disabled
 
 
 def test_workload_named_at_launch_drives_the_page(db_path, no_leaks, monkeypatch):
@@ -200,10 +242,10 @@ def test_workload_named_at_launch_drives_the_page(db_path, no_leaks, monkeypatch
         rt = get_runtime()
         assert rt.workload["ok"] and rt.manager.config.workload == spec
         assert rt.manager.config.batch_size == 16 and rt.manager.config.num_workers == 1
-        assert at.sidebar.selectbox(key="cfg_preset").value == "custom"
+        assert sidebar(at, "Workload", "selectbox").value == "custom"
         assert any("Squares" in c.value for c in at.sidebar.caption)
         assert rt.manager.wait_for_steps(3, timeout=90)
-        at.sidebar.slider(key="cfg_num_workers").set_value(2).run()
+        sidebar(at, "num_workers").set_value(2).run()
         assert rt.manager.config.workload == spec and rt.manager.config.num_workers == 2
     finally:
         get_runtime().close()
@@ -280,7 +322,7 @@ def test_auto_tune_switch_tunes_the_page_workload_by_itself(app, db_path, monkey
     app.run()
     assert not app.exception
     assert rt.manager.config.num_workers > 0  # the session manager made the move
-    assert app.sidebar.slider(key="cfg_num_workers").value == rt.manager.config.num_workers
+    assert sidebar(app, "num_workers").value == rt.manager.config.num_workers
     assert any(c.value.startswith(plain("Auto-tune ")) for c in app.caption)
     app.toggle(key=f"autotune_{run}").set_value(False).run()
     assert run not in rt.autotunes

@@ -4,20 +4,21 @@ change without a move] below."""
 
 # NOTE [no change without a move]
 # A run's settings change only in a control's callback, i.e. on a user's move. The browser sends
-# every widget's value with each rerun, fragments' too, and a value the page set a moment before
-# (the calibrated step replacing the preset's default) can come back as the old one from a browser
-# that had not yet drawn it: read as a move, it once set a run's step to 60 ms with nobody at the
-# page. So a widget whose value differs from what the page last set or applied, with no callback
-# run, is set back to the run's settings (a lost move shows as the slider snapping back, and the
-# user moves it again), and a callback whose every moved widget holds the value the page replaced
-# in it within the last ECHO_S is that echo, set back, not applied (a user who moves a slider
-# exactly back onto that value in those seconds sees it snap back once). Neither changes the run.
-# A page watching a job it did not start shows that job's settings, not the demo's controls
-# (render_watching).
+# every widget's value with each rerun, and a value the page set a moment before (the calibrated
+# step replacing the preset's default, another tab's move) can come back as the old one, from a
+# browser that had not yet drawn it or whose run was superseded before it did, for as long as it
+# keeps the old widget: read as a move, it once set a run's step to 60 ms with nobody at the page
+# (a 10 s "echo" window that followed it failed on a saturated CI box). So each time the page
+# replaces a widget's value it draws it under a new key (`_key`: the name and a generation): the
+# browser's old value belongs to a widget the page no longer draws, and a callback finds no
+# widget of the current generation moved, so applies nothing, whenever the old value arrives. A
+# widget whose value differs from what the page last set or applied, with no callback run, is set
+# back to the run's settings (a lost move shows as the slider snapping back, and the user moves
+# it again). A page watching a job it did not start shows that job's settings, not the demo's
+# controls (render_watching).
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import streamlit as st
@@ -42,13 +43,15 @@ from monitor.manage.session import SessionManager
 from monitor.presets import PRESET_SPECS, calibrated_step_ms
 from monitor.ui.text import plain
 
-ECHO_S = 10.0  # how long a value the page replaced may still come back from a browser
 BATCH_SIZES = list(SETTING["batch_size"].choices)
 KEYS = tuple(k for k in SHOWN_SETTINGS if k != "workload")  # the sidebar's widgets
 
 
 def _key(name: str) -> str:
-    return f"cfg_{name}"
+    """The session key of a sidebar widget: `cfg_<name>`, then `cfg_<name>@<n>` after the
+    page replaced its value n times (NOTE [no change without a move])."""
+    gen = (st.session_state.get("_generation") or {}).get(name, 0)
+    return f"cfg_{name}@{gen}" if gen else f"cfg_{name}"
 
 
 def _default_step_ms(preset: str) -> float:
@@ -74,10 +77,10 @@ def _sync_from(config: LoaderConfig, store: Any) -> None:
     if values["batch_size"] not in BATCH_SIZES:
         values["batch_size"] = min(BATCH_SIZES, key=lambda b: abs(b - config.batch_size))
     seen = st.session_state.get("_widgets") or {}
-    replaced = st.session_state.setdefault("_replaced", {})
+    generation = st.session_state.setdefault("_generation", {})
     for k in KEYS:
-        if k in seen and seen[k] != values[k]:
-            replaced[k] = (seen[k], time.monotonic())  # a browser may still send it back
+        if k in seen and seen[k] != values[k]:  # a browser may still send the old one back
+            generation[k] = generation.get(k, 0) + 1
         st.session_state[_key(k)] = values[k]
     st.session_state["_synced"] = config
     st.session_state["_step_synced"] = values["step_time_ms"]
@@ -112,24 +115,11 @@ def _read(base: LoaderConfig) -> LoaderConfig:
         **{x.name: x.kind(s[_key(x.name)]) for x in SETTINGS})
 
 
-def _echoes() -> bool:
-    """Every widget that moved holds the value this page replaced in it a moment ago: the
-    browser's old value coming back, not a move (NOTE [no change without a move]); the
-    widgets are set back to what the page last set."""
-    seen = st.session_state.get("_widgets") or {}
-    replaced = st.session_state.get("_replaced") or {}
-    now = time.monotonic()
-    moved = [k for k in KEYS if st.session_state.get(_key(k)) != seen.get(k)]
-    if not moved or not all(k in replaced and replaced[k][0] == st.session_state.get(_key(k))
-                            and now - replaced[k][1] < ECHO_S for k in moved):
-        return False
-    for k in moved:
-        st.session_state[_key(k)] = seen.get(k)
-    return True
-
-
 def _on_change(manager: SessionManager) -> None:
-    if _echoes():
+    """A widget's callback: applies the sidebar when a widget of the current generation
+    moved; a callback of a widget the page has since redrawn under a new key (a browser's
+    old value arriving) applies nothing."""
+    if not _drifted():
         return
     try:
         cfg = _read(manager.config)
