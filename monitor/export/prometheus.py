@@ -1,5 +1,5 @@
-"""`/metrics` for Prometheus: a prometheus-client custom collector that reads the store at
-each scrape (no state of its own, no hand-written text).
+"""`/metrics` for Prometheus: a prometheus-client custom collector over the store (no
+hand-written text). NOTE [scrape from a snapshot] below.
 
 Names follow Prometheus conventions: one prefix (`starvation_`), base units (`_seconds`,
 `_bytes`, ratios 0-1, `_total` for counters). Run series are per rank, labelled RUN_LABELS
@@ -10,9 +10,24 @@ series carry `gpu`, `UUID` and `hostname`, spelled as dcgm-exporter spells them,
 labels; an ended run ages out after RECENT_S. The data-wait share over any window is
 `rate(starvation_data_wait_seconds_total[w]) / rate(starvation_step_seconds_total[w])`.
 
-A scrape reads with its own SQLite connection (WAL: readers never block the workload's
-writes) and closes it before returning. See METRICS for the list.
+A snapshot is built with its own SQLite connection (WAL: readers never block the
+workload's writes), closed before it returns. See METRICS for the list.
 """
+
+# NOTE [scrape from a snapshot]
+# Served (`serve`), a scrape is answered from the last snapshot of every family but the
+# counters, rendered once per snapshot (monitor/export/metrics_http.py Snapshots: a loop
+# builds it just before each scrape is due), and the counters read at the scrape from the
+# sums kept between scrapes (a query of the rows since the last). Each rank's recent window
+# is assessed (its verdict, cause, wait and busy gauges) at most every ASSESS_S of those
+# builds: an assessment took 10-35 ms a rank, so reading and assessing at every scrape took
+# 131 ms of CPU a scrape at 8 ranks (13% of a core at a 1 s scrape interval, taken from the
+# job's loaders; bench/scrape_cost.py). The counters stay read at the scrape because
+# Prometheus stamps a sample with the scrape's time: counters from a snapshot read up to a
+# second earlier, by an amount that varies on a busy box, moved a job's rate() over 12 s by
+# 18% against the stores' (tests/test_cluster.py). A collector that is not served (a
+# test's registry, a one-off text) reads everything at each collect, assessing every time.
+
 from __future__ import annotations
 
 import math
@@ -30,21 +45,22 @@ from prometheus_client.core import (
     Metric,
     StateSetMetricFamily,
 )
-from prometheus_client.registry import CollectorRegistry
 
 from monitor.assess.devices import workload_gpu
 from monitor.assess.recent import read_recent, steady_verdict
-from monitor.assess.window import Context, Window, assess
+from monitor.assess.window import Assessment, Context, Window, assess
 from monitor.config import LIVE_SETTINGS, LOADER_SETTINGS
 from monitor.diagnosis import VERDICTS
 from monitor.diagnosis.causes import CAUSES
-from monitor.frames.analysis import workers_memory_mb
+from monitor.export.metrics_http import Exporter, Snapshots, start
+from monitor.frames.analysis import rank_rows, run_rows, workers_memory_mb
 from monitor.records import PLACEMENT
 from monitor.store import ATTACHED, RUNNING, Store
 from monitor.thresholds import KPI_WINDOW_S
 
 PREFIX = "starvation_"
 RECENT_S = 300.0  # ended runs stay exported this long, so their last increments are scraped
+ASSESS_S = 5.0  # a served rank's window is assessed this often (NOTE [scrape from a snapshot])
 # One series per rank of a run. `job_id` is the same on every node of one job (the probe's
 # monitor/probe/identity.py job_id); `gpu` and `UUID` are the rank's GPU as dcgm-exporter
 # labels it (empty on a CPU rank), so `* on(hostname, gpu) group_left` joins DCGM's series.
@@ -62,6 +78,7 @@ _KPI = f"{KPI_WINDOW_S:g} s"  # the page's KPI window, the gauges' span
 
 # name, type, labels, meaning: docs/cluster.md's table is written from this list.
 NO_CAUSE = "none"  # the cause state where no finding holds
+COUNTERS = ("steps", "samples", "data_wait_seconds", "compute_seconds", "step_seconds")
 
 METRICS: list[tuple[str, str, str, str]] = [
     ("steps_total", "counter", _R, "training steps recorded"),
@@ -117,6 +134,15 @@ def _text(v: Any) -> str:
 
 
 @dataclass(frozen=True, slots=True)
+class Counted:
+    """The runs shown and their ranks' counter series: (run, rank), labels, the run's
+    start."""
+
+    runs: list[int]
+    ranks: list[tuple[tuple[int, int], list[str], float]]
+
+
+@dataclass(frozen=True, slots=True)
 class RankSeries:
     """One rank of a run as the exporter labels it."""
 
@@ -127,9 +153,11 @@ class RankSeries:
 
 
 class StoreCollector:
-    """The registry's collector: every series from the store, read at scrape time."""
+    """The registry's collector: every series from the store, read at each collect (served,
+    at each snapshot's build: `serve`)."""
 
-    def __init__(self, db: str, ctx: Context, hostname: str | None = None) -> None:
+    def __init__(self, db: str, ctx: Context, hostname: str | None = None,
+                 assess_every: float = 0.0) -> None:
         self.db, self.ctx = db, ctx
         self.held: dict[tuple[int, int], dict] = {}  # (run, rank) -> its verdict's hysteresis
         self.lock = threading.Lock()  # scrapes run on the HTTP server's threads
@@ -139,17 +167,44 @@ class StoreCollector:
         self.totals: dict[tuple[int, int], dict[str, Any]] = {}
         self.marks: dict[int, int] = {}  # run -> the last steps rowid counted
         self.totals_lock = threading.Lock()
-
+        self.assess_every = assess_every  # 0: each build assesses each rank
+        self.assessed: dict[tuple[int, int], tuple[float, Any, Assessment]] = {}
     def describe(self) -> list[Metric]:
         return []  # families vary with the store; nothing to check at registration
 
     def collect(self) -> Iterator[Metric]:
+        counted, families = self.families()
+        yield from self.counters(counted)
+        yield from families
+
+    def families(self) -> tuple[Counted, list[Metric]]:
+        """Every family but the counters from the store now, and the ranks whose counters
+        a scrape reads (a served exporter's snapshot is built with it)."""
         store = Store(self.db)
         try:
-            yield from self._runs(store)
-            yield from self._gpus(store)
+            counted, families = self._runs(store)
+            return counted, [*families, *self._gpus(store)]
         finally:
             store.close()
+
+    def counters(self, counted: Counted) -> list[Metric]:
+        """The counter families of the ranks `counted`, their sums read now: a counter is
+        read at its scrape, whose time Prometheus stamps it with (rate() needs that)."""
+        fams = {n: _fam(CounterMetricFamily, n, RUN_LABELS) for n in COUNTERS}
+        if counted.runs:
+            store = Store(self.db)
+            try:
+                totals = self._totals(store, counted.runs)
+            finally:
+                store.close()
+            for key, labels, started_at in counted.ranks:
+                t = totals.get(key, {})
+                # counted from the rank's first step: a young rank's rate reads its own
+                # age (monitor/export/promql.py throughput)
+                created = float(t.get("first_ts") or started_at)
+                for name, fam in fams.items():
+                    fam.add_metric(labels, float(t.get(name, 0.0)), created=created)
+        return list(fams.values())
 
     def ranks_of(self, store: Store, run: dict, devices: list,
                  stepped: bool = True) -> list[RankSeries]:
@@ -179,12 +234,11 @@ class StoreCollector:
     def _uuid(devices: list, gpu: int | None) -> str:
         return next((d.uuid or "" for d in devices if gpu is not None and d.index == gpu), "")
 
-    def _runs(self, store: Store) -> Iterator[Metric]:
+    def _runs(self, store: Store) -> tuple[Counted, list[Metric]]:
         now = time.time()
         runs = store.runs(limit=200)
         runs = runs[(runs["status"] == RUNNING) | (runs["ended_at"] >= now - RECENT_S)]
-        counters = {n: _fam(CounterMetricFamily, n, RUN_LABELS) for n in (
-            "steps", "samples", "data_wait_seconds", "compute_seconds", "step_seconds")}
+        counted = Counted([int(r) for r in runs["id"]], [])
         gauges = {n: _fam(GaugeMetricFamily, n, RUN_LABELS) for n in (
             "wait_per_step_seconds", "device_busy_ratio", *(g for g, _, _ in HOST_GAUGES))}
         verdict = _fam(StateSetMetricFamily, "verdict", RUN_LABELS)
@@ -200,17 +254,17 @@ class StoreCollector:
             if not ranks:
                 continue
             end = min(now, run["ended_at"]) if run.get("status") != RUNNING else now
-            recent = read_recent(store, int(run["id"]), end)
+            # every rank assessed within assess_every: only its host rows are read
+            fresh = all(self._assessed((int(row.id), rs.rank), rs.config, now) for rs in ranks)
+            recent = read_recent(store, int(run["id"]), end) if not fresh else None
+            host = run_rows(store.host_samples(end - KPI_WINDOW_S, end), int(row.id)) \
+                if fresh else None
             for rs in ranks:
-                t = totals.get((int(row.id), rs.rank), {})
-                # counted from the rank's first step: a young rank's rate reads its own
-                # age (monitor/export/promql.py throughput)
-                created = float(t.get("first_ts") or row.started_at)
-                for key, fam in counters.items():
-                    fam.add_metric(rs.labels, float(t.get(key, 0.0)), created=created)
-                if recent is not None:
-                    self._recent(recent.window(rs.rank), (int(row.id), rs.rank), rs.config,
-                                 now, rs.labels, gauges, (verdict, cause))
+                counted.ranks.append(((int(row.id), rs.rank), rs.labels, float(row.started_at)))
+                if recent is not None or fresh:
+                    self._recent(recent.window(rs.rank) if recent is not None else None,
+                                 (int(row.id), rs.rank), rs.config, now, rs.labels, gauges,
+                                 (verdict, cause), rank_rows(host, rs.rank) if fresh else None)
                 cfg = rs.config
                 loader.add_metric(rs.labels, {k: str(cfg.get(k)) for k in LOADER_SETTINGS})
                 info.add_metric(rs.labels, {
@@ -220,9 +274,8 @@ class StoreCollector:
         with self.lock:  # the runs no longer shown: their verdicts are let go
             shown = {int(i) for i in runs["id"]}
             self.held = {k: v for k, v in self.held.items() if k[0] in shown}
-        yield from counters.values()
-        yield from gauges.values()
-        yield from (verdict, cause, loader, info)
+            self.assessed = {k: v for k, v in self.assessed.items() if k[0] in shown}
+        return counted, [*gauges.values(), verdict, cause, loader, info]
 
     def _totals(self, store: Store, run_ids: list[int]) -> dict[tuple[int, int], dict]:
         """Each exported run's counters per rank: the sums kept, plus the new rows' (one
@@ -245,24 +298,42 @@ class StoreCollector:
                 self.marks[key[0]] = max(self.marks.get(key[0], 0), t["last_row"])
             return {k: dict(v) for k, v in self.totals.items()}
 
-    def _recent(self, w: Window, key: tuple[int, int], config: dict, now: float,
-                labels: list[str], gauges: dict, verdicts: tuple[Any, Any]) -> None:
+    def _assessed(self, key: tuple[int, int], config: dict, now: float) -> Assessment | None:
+        """The rank's assessment if it is younger than `assess_every`, its settings the
+        same."""
+        seq = (key, tuple(str(config.get(k)) for k in LIVE_SETTINGS))
+        with self.lock:
+            got = self.assessed.get(key)
+        return got[2] if got is not None and got[1] == seq and \
+            now - got[0] < self.assess_every else None
+
+    def _recent(self, w: Window | None, key: tuple[int, int], config: dict, now: float,
+                labels: list[str], gauges: dict, verdicts: tuple[Any, Any],
+                host: Any = None) -> None:
         """One rank's gauges and verdict over its last 10 s (the page's KPI window); the
-        verdict held as the page's banner holds it (assess/recent.py steady_verdict)."""
-        a = assess(w, self.ctx)
+        verdict held as the page's banner holds it (assess/recent.py steady_verdict). An
+        assessment younger than `assess_every` with the same settings is used again (then
+        `w` may be None, and `host` holds the rank's host rows of the window)."""
+        seq = (key, tuple(str(config.get(k)) for k in LIVE_SETTINGS))
+        a = self._assessed(key, config, now)
+        if a is None:
+            if w is None:
+                return
+            a = assess(w, self.ctx)
+            with self.lock:
+                self.assessed[key] = (now, seq, a)
         f = a.features
         if f.steps:
             gauges["device_busy_ratio"].add_metric(labels, f.device_busy_mean)
             gauges["wait_per_step_seconds"].add_metric(labels, f.wait_per_step_s)
-        seq = (key, tuple(str(config.get(k)) for k in LIVE_SETTINGS))
         with self.lock:
             shown, _ = steady_verdict(self.held, key, a, seq, now)
         verdict, cause = verdicts
         verdict.add_metric(labels, {v: v == shown.verdict for v in VERDICTS})
         named = shown.diagnosis.cause or NO_CAUSE
         cause.add_metric(labels, {c: c == named for c in (*CAUSES, NO_CAUSE)})
-        host = w.host
-        if not host.empty:
+        host = w.host if w is not None else host
+        if host is not None and not host.empty:
             last = host.iloc[-1]
             for name, col, scale in HOST_GAUGES:
                 v = workers_memory_mb(host).iloc[-1] if col == "workers_uss_mb" \
@@ -298,27 +369,26 @@ class ExporterError(RuntimeError):
     """The endpoint cannot be served; the message says why and what to do."""
 
 
-def serve(db: str, ctx: Context, port: int, address: str = "127.0.0.1") -> Any:
-    """Serve /metrics on address:port in a daemon thread; returns the server (shutdown())."""
-    from prometheus_client import start_http_server
-
-    registry = CollectorRegistry()
-    registry.register(StoreCollector(db, ctx))
+def serve(db: str, ctx: Context, port: int, address: str = "127.0.0.1") -> Exporter:
+    """Serve /metrics on address:port in daemon threads, each scrape answered from a
+    snapshot (NOTE [scrape from a snapshot]); shutdown() and server_close() end it."""
+    collector = StoreCollector(db, ctx, assess_every=ASSESS_S)
+    snapshots = Snapshots(collector.families, collector.counters)
     try:
-        server, _ = start_http_server(port, addr=address, registry=registry)
+        server = start(port, address, snapshots.answer)
     except OSError as exc:
         raise ExporterError(f"cannot serve metrics on {address}:{port} ({exc.strerror or exc})"
                             ": pick a free port with --metrics-port") from None
-    return server
+    return Exporter(server, snapshots.keep_fresh(), collector)
 
 
 class MetricsOutput:
     """/metrics served while a run lasts, as an output of its follow (monitor/assess/
     follow.py, monitor/manage/outputs.py): made (the port bound, ExporterError when it
-    cannot be) before the run exists, shut down at close. Its scrape reads the store
-    (StoreCollector), so the rows it is handed are not kept."""
+    cannot be) before the run exists, shut down at close. Its snapshot is built from the
+    store (StoreCollector), so the rows it is handed are not kept."""
 
-    name, takes_rows = "prometheus", False  # a scrape reads the store
+    name, takes_rows = "prometheus", False  # its snapshot reads the store
 
     def __init__(self, db: str, ctx: Context, port: int, address: str = "127.0.0.1") -> None:
         self.server = serve(db, ctx, port, address)
@@ -327,10 +397,10 @@ class MetricsOutput:
         """(Every run of the store is served, this one among them.)"""
 
     def on_rows(self, steps: Any, samples: Any) -> None:
-        """(A scrape reads the store.)"""
+        """(Its snapshot reads the store.)"""
 
     def on_verdict(self, a: Any) -> None:
-        """(A scrape assesses the window itself.)"""
+        """(Its snapshot assesses each rank's window itself.)"""
 
     def verdict_every(self) -> float:
         return math.inf
