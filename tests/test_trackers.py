@@ -113,9 +113,10 @@ MLFLOW_VENV = ROOT / ".venv-mlflow"  # a real tracking server, in a venv of its 
 
 
 @contextlib.contextmanager
-def mlflow_server(tmp_path: Path):
+def mlflow_server(tmp_path: Path, proxied: bool = False):
     """`mlflow server` on 127.0.0.1 with a SQLite backend, started for the test; yields its
-    URI and the process (a test may stop it)."""
+    URI and the process (a test may stop it). Its artifact root is a folder, or with
+    `proxied` its artifact proxy (`mlflow-artifacts:` URIs, as a remote server has)."""
     exe = MLFLOW_VENV / "bin" / "mlflow"
     if not exe.exists():
         why = "no MLflow server here: `make .venv-mlflow/.ready` makes it (make test does)"
@@ -123,8 +124,10 @@ def mlflow_server(tmp_path: Path):
     port = free_port()
     p = subprocess.Popen([str(exe), "server", "--host", "127.0.0.1", "--port", str(port),
                           "--workers", "1", "--backend-store-uri",
-                          f"sqlite:///{tmp_path / 'mlflow.db'}", "--default-artifact-root",
-                          str(tmp_path / "artifacts")], cwd=tmp_path,
+                          f"sqlite:///{tmp_path / 'mlflow.db'}",
+                          *(["--artifacts-destination", str(tmp_path / "proxied")] if proxied
+                            else ["--default-artifact-root", str(tmp_path / "artifacts")])],
+                         cwd=tmp_path,
                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                          start_new_session=True)
     uri = f"http://127.0.0.1:{port}"
@@ -162,6 +165,11 @@ for run in runs:
     hist = client.get_metric_history(run.info.run_id, "starvation/data_wait_share")
     out[run.info.run_id] = {"name": run.info.run_name, "status": run.info.status,
                             "tags": run.data.tags, "steps": [m.step for m in hist],
+                            "artifact_uri": run.info.artifact_uri,
+                            "report": open(client.download_artifacts(
+                                run.info.run_id, "starvation-monitor.txt")).read()
+                            if any(f.path == "starvation-monitor.txt"
+                                   for f in client.list_artifacts(run.info.run_id)) else None,
                             "values": [m.value for m in hist],
                             "keys": sorted(run.data.metrics)}
 print(json.dumps(out))
@@ -187,6 +195,26 @@ def test_mlflow_holds_the_metrics_with_their_steps_and_the_verdict(tmp_path, no_
     assert {"starvation/samples_per_s", "starvation/wait_ms"} <= set(run["keys"])
     assert run["tags"]["starvation.verdict"].split(":")[0] in NAMED, run["tags"]
     assert "could not be sent" not in r.stderr
+    # the last verdict and its advice in full, as the run's artifact (a local server's folder)
+    named = run["tags"]["starvation.verdict"].split(":")[0]
+    assert run["report"] and run["report"].startswith(f"starvation-monitor run 1: {named}\n")
+
+
+@pytest.mark.slow
+def test_mlflow_report_goes_through_a_servers_artifact_proxy(tmp_path, no_leaks):
+    """A server that proxies its artifacts (`mlflow-artifacts:` URIs, as a remote one has):
+    the report is PUT through it, and MLflow's client reads it back."""
+    with mlflow_server(tmp_path, proxied=True) as (uri, _):
+        r = subprocess.run([sys.executable, "-m", "monitor", "run", "--no-live", "--db",
+                            str(tmp_path / "t.db"), "--mlflow", uri, "--", sys.executable,
+                            str(ROOT / "tests" / "scripts" / "steady_loop.py"), "4"],
+                           cwd=ROOT, env={**ENV, "MLFLOW_TRACKING_URI": ""},
+                           capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr[-2000:]
+        (run,) = mlflow_read(uri, READ_RUN).values()
+    assert run["artifact_uri"].startswith("mlflow-artifacts:"), run["artifact_uri"]
+    assert run["report"] and run["report"].startswith("starvation-monitor run 1: "), run
+    assert (tmp_path / "proxied").is_dir() and "mlflow:" not in r.stderr, r.stderr[-800:]
 
 
 @pytest.mark.slow

@@ -10,7 +10,12 @@ script, in the experiment $MLFLOW_EXPERIMENT_NAME (default "starvation-monitor")
 under `starvation/`, the figures monitor/export/tensorboard.py writes (one window of steps a
 point, `step=` the training's step), for a job of many ranks each figure's min and max over
 the ranks and the worst rank (Composer's convention for a flat tracker); the verdict and its
-advice as tags (`starvation.verdict`, `starvation.advice`) when they change.
+advice as tags (`starvation.verdict`, `starvation.advice`) when they change, and at the end
+the last verdict with its advice in full as the run's artifact `starvation-monitor.txt`:
+through the server's artifact proxy (an `mlflow-artifacts:` artifact URI, `mlflow server`'s
+default), or written into the artifact folder of a server on this machine whose artifact
+root is a folder; elsewhere (s3://, gs://: MLflow's own client would be needed) it is not
+written, and the end says so.
 
 A tracker that is down or slow never slows the job, the store or the other outputs: points
 are queued (at most QUEUE_MAX, the oldest dropped first) and sent by a thread of this output
@@ -23,6 +28,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import sys
 import time
 import urllib.error
@@ -44,6 +50,8 @@ SEND_S, TIMEOUT_S, FIND_S, FINAL_S = 1.0, 5.0, 10.0, 3.0
 QUEUE_MAX, BATCH_MAX = 20_000, 1000
 BACKOFF_S, BACKOFF_MAX_S = 2.0, 15.0
 EXPERIMENT = "starvation-monitor"
+ARTIFACTS_API = "/api/2.0/mlflow-artifacts/artifacts"  # the server's artifact proxy
+ARTIFACT = "starvation-monitor.txt"
 
 
 class MlflowError(RuntimeError):
@@ -93,6 +101,8 @@ class MlflowOutput:
         self.queue: deque[dict[str, Any]] = deque()
         self.tags: dict[str, str] = {}
         self.said: dict[str, str] = {}
+        self.report: str | None = None  # the last verdict and its advice, for the artifact
+        self.artifact: str | None = None  # where it was written, or why not
         self.sent = self.dropped = self.requests = 0
         self.last_error: str | None = None
         self.last_failure: str | None = None
@@ -134,18 +144,25 @@ class MlflowOutput:
         for k, v in texts.items():
             if self.said.get(k) != v:
                 self.said[k] = self.tags[k] = v[:5000]  # MLflow's limit on a tag's value
+        self.report = report(self.run_id, a)
 
     def close(self) -> None:
         """The rest sent, for FINAL_S at most and only to a tracker that answered its last
         request (`monitor run` returns promptly beside one that is down or hung); a request
-        still in flight on the sender's thread is not waited for past a second."""
-        ended = self._loop.stop(1.0)  # a request in flight is not waited for
+        still in flight on the sender's thread is waited for FINAL_S at most (a tracker on a
+        saturated box answers in seconds: not waiting left its run RUNNING, unreported)."""
+        ended = self._loop.stop(FINAL_S)
         self._deadline = time.monotonic() + FINAL_S
         while ended and self.last_error is None and (self.queue or self.tags) and \
                 time.monotonic() < self._deadline:
             if not self._send(final=True):
                 break
         lost = self.dropped + len(self.queue)
+        if self.report and self.mlflow_run and ended and self.last_error is None:
+            self._deadline = time.monotonic() + TIMEOUT_S
+            self.artifact = self._put_report()
+            if self.artifact and not self.artifact.startswith(("mlflow-artifacts:", "/")):
+                print(f"starvation-monitor: mlflow: {self.artifact}", file=sys.stderr)
         if self.own_run and self.mlflow_run and ended and self.last_error is None:
             self._deadline = time.monotonic() + TIMEOUT_S  # its end, even past FINAL_S
             self._call("runs/update", {"run_id": self.mlflow_run, "status": "FINISHED",
@@ -247,9 +264,55 @@ class MlflowOutput:
         self.last_error, self._backoff = None, BACKOFF_S
         return True
 
+    def _put_report(self) -> str | None:
+        """The report as the run's artifact ARTIFACT: where it went (its URI or path), a
+        sentence saying why it could not, or None when the server did not answer."""
+        got = self._call("runs/get", {"run_id": self.mlflow_run}, get=True, quiet=True)
+        root = ((got or {}).get("run") or {}).get("info", {}).get("artifact_uri")
+        if not root:
+            return None
+        body = (self.report or "").encode()
+        parts = urllib.parse.urlsplit(root)
+        if parts.scheme == "mlflow-artifacts":
+            base = urllib.parse.urlsplit(self.uri)
+            url = urllib.parse.urlunsplit((base.scheme, parts.netloc or base.netloc,
+                                           f"{base.path}{ARTIFACTS_API}{parts.path}/{ARTIFACT}"
+                                           .replace("//", "/"), "", ""))
+            req = urllib.request.Request(url, data=body, method="PUT",
+                                         headers={"Content-Type": "text/plain"})
+            try:
+                with urllib.request.urlopen(req, timeout=TIMEOUT_S):
+                    return f"{root}/{ARTIFACT}"
+            except OSError as exc:
+                return f"the report could not be stored as an artifact ({_said(exc)})"
+        here = urllib.parse.urlsplit(self.uri).hostname in (
+            "127.0.0.1", "localhost", "::1", socket.gethostname())
+        if parts.scheme in ("", "file") and here:  # a local server's folder
+            try:
+                os.makedirs(parts.path, exist_ok=True)
+                path = os.path.join(parts.path, ARTIFACT)
+                with open(path, "wb") as f:
+                    f.write(body)
+                return path
+            except OSError as exc:
+                return f"the report could not be written into {parts.path} ({exc.strerror})"
+        return (f"the report was not stored as an artifact: the run's artifacts live at "
+                f"{root}, which needs MLflow's own client (the verdict is in its tags)")
+
     def _failed(self, now: float) -> None:
         self._retry_at = now + self._backoff
         self._backoff = min(BACKOFF_MAX_S, self._backoff * 2)
+
+
+def report(run_id: int | None, a: Any) -> str:
+    """The verdict of the run's last window and its advice, in full, as text."""
+    d = a.diagnosis
+    lines = [f"starvation-monitor run {run_id}: {d.named}", d.headline, ""]
+    for x in d.advice:
+        pred = getattr(x, "predicted_throughput", None)
+        lines.append(f"- {x.param} = {x.value}" + (f" (predicted {pred:,.0f} samples/s)"
+                                                   if pred else "") + f": {x.reason}")
+    return "\n".join(lines if d.advice else [*lines, "no advice"]) + "\n"
 
 
 def _said(exc: BaseException) -> str:
