@@ -141,12 +141,23 @@ def test_tune_runs_the_shared_policy_and_says_where_it_settled(tmp_path, no_leak
     out = json.loads(r.stdout.strip().splitlines()[-1])
     tried = out["tried"]
     assert tried[0]["config"]["num_workers"] == 0 and out["configs_tried"] == len(tried)
-    assert out["best"]["num_workers"] > 0
+    assert out["moves"] and all(m["reason"] for m in out["moves"])
+    assert out["settled"].startswith("settled at num_workers=")
     # the best is the best beyond the noise: a run measured a little higher may not be it
     assert out["throughput"] in [x["throughput"] for x in tried]
-    assert out["throughput"] > tried[0]["throughput"]
-    assert out["moves"] and all(m["reason"] for m in out["moves"])
-    assert out["moves"][0]["kept"] and out["settled"].startswith("settled at num_workers=")
+    if out["best"]["num_workers"] == 0:
+        # a saturated box (CI beside other jobs): no move's gain cleared the noise of its
+        # 1.5 s runs (the policy's rule: a gain above MIN_STEP_GAIN and the noise band), and
+        # none was kept: the answer withholds, rightly
+        from monitor.thresholds import MIN_STEP_GAIN
+
+        for m in out["moves"]:
+            gain = m["throughput"] / m["best_before"] - 1
+            assert not m["kept"] and (m["failed"] or gain <= max(MIN_STEP_GAIN, m["noise"] or 0)
+                                      + 1e-9), m
+    else:
+        assert out["throughput"] > tried[0]["throughput"]
+        assert out["moves"][0]["kept"]
     # a setting is measured once, again when its gain was within the noise of one run
     # (an extension), and the best again when a move ran under another host load (a rematch)
     counts = Counter(json.dumps(x["config"], sort_keys=True) for x in tried)
