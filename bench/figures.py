@@ -3,9 +3,12 @@ the probe's cost a step and the 1 ms loop (bench/probe_cost.py --table, interlea
 the first verdict after a run's first steps in `run --live`, the dashboard server's CPU with
 one tab and with two, and a 24 h run's whole-run view (bench/ui_tick.py --soak, its server
 measured with psutil, the tabs real Chromium), then the 24 h view opened in Chromium
-(bench/page_open.py) and the page's first verdict on a job (bench/first_verdict_page.py).
+(bench/page_open.py) and the page's first verdict on a job (bench/first_verdict_page.py);
+then what the monitor costs around the job (issue 55): what `monitor run` adds to a
+3-batch script (bench/run_overhead.py, 5 interleaved pairs), the exporter's CPU a scrape at
+8 ranks (bench/scrape_cost.py), and one node of 1/2/4/8 ranks (bench/node_cost.py).
 
-    python bench/figures.py [--rounds 4] [--busy]
+    python bench/figures.py [--rounds 4] [--busy] [--only page|cost]
 
 --busy keeps one core busy meanwhile (a shared machine). Prints each part's own output, then
 the table (markdown, for docs/benchmarks.md). Figures only; nothing is asserted.
@@ -69,20 +72,52 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--busy", action="store_true", help="keep one core busy meanwhile")
+    ap.add_argument("--only", choices=("page", "cost"), help="one half of the table")
     a = ap.parse_args()
     busy = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if a.busy else None
     try:
-        probe = run("bench/probe_cost.py", "--rounds", str(a.rounds), "--table")
-        fv = first_verdict()
-        print("first verdict in run --live, s after the first step:",
-              " ".join(f"{x:.2f}" for x in fv), flush=True)
-        tick = run("bench/ui_tick.py", "--hours", "24", "--repeat", "2", "--soak", "15",
-                   "--tabs", "2")
-        opened = run("bench/page_open.py", "--hours", "24", "--repeat", "3", "--busy", "0")
-        on_page = run("bench/first_verdict_page.py", "--tries", "3")
+        if a.only != "cost":
+            page_figures(a)
+        if a.only != "page":
+            cost_figures(a)
     finally:
         if busy is not None:
             busy.kill()
+
+
+def cost_figures(a: argparse.Namespace) -> None:
+    """What the monitor costs around the job (issue 55)."""
+    around = run("bench/run_overhead.py", "--pairs", "5", "--steps", "3")
+    scrape = run("bench/scrape_cost.py", "--ranks", "8", "--scrapes", "40")
+    node = run("bench/node_cost.py", "--ranks", "1,2,4,8", "--steps", "400", timeout=2400)
+    where = "one core kept busy" if a.busy else "quiet box"
+    print(f"\n## The monitor's cost around the job ({where}, {time.strftime('%Y-%m-%d')})\n")
+    print("| figure | goal | measured |\n|---|---|---|")
+    start = grab(r"median added: ([\d.]+) s before", around)
+    end = grab(r"s before the script's first line, ([\d.]+) s after", around)
+    print(f"| `monitor run` on a 3-batch script: added before its first line | <= 0.3 s | "
+          f"{start} s |")
+    print(f"| ... and after its last line | <= 0.5 s | {end} s |")
+    per = grab(r"CPU per scrape \(.*\): median ([\d.]+ ms)", scrape)
+    cores = grab(r"scraped every 1 s .*: ([\d.]+) cores", scrape)
+    print(f"| exporter CPU a scrape, 8 ranks | <= 5 ms | {per} |")
+    print(f"| exporter CPU scraped every 1 s, 8 ranks (its snapshot loop included) | | "
+          f"{cores} of a core |")
+    print("\nOne node (bench/node_cost.py; goal: under 2% of a core a rank, p99 lag < 1 s, "
+          "every step stored):\n")
+    print("\n".join(ln for ln in node.splitlines() if ln.startswith("|")))
+
+
+def page_figures(a: argparse.Namespace) -> None:
+    """The probe's cost, the first verdicts, the dashboard's server and its 24 h view."""
+    probe = run("bench/probe_cost.py", "--rounds", str(a.rounds), "--table")
+    fv = first_verdict()
+    print("first verdict in run --live, s after the first step:",
+          " ".join(f"{x:.2f}" for x in fv), flush=True)
+    tick = run("bench/ui_tick.py", "--hours", "24", "--repeat", "2", "--soak", "15",
+               "--tabs", "2")
+    opened = run("bench/page_open.py", "--hours", "24", "--repeat", "3", "--busy", "0")
+    on_page = run("bench/first_verdict_page.py", "--tries", "3")
     rows = [line for line in probe.splitlines()
             if line.startswith("| ") and not line.startswith("| case ")]
     print(f"\n## Figures ({'one core kept busy' if a.busy else 'quiet box'}, "

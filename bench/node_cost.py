@@ -2,11 +2,12 @@
 `torchrun --standalone --nproc-per-node K` (DDP over gloo, a tiny CPU model, 4 DataLoader
 workers a rank) at each K asked for. For each it prints `monitor run`'s own CPU (its
 process: the relay, the sampler, the follow, the summary; not its children) in % of one
-core, per rank; the relay's lag (polling the store every POLL_S while the ranks step: for
-each step, when a poll first found it stored less its time, p50/p99, up to POLL_S high);
-the sampler's period held (the gaps between the run's host samples: median and p99, against
-its 0.25 s); and each rank's steps stored against the steps it took (the script prints its
-count).
+core per rank, over the whole run (its start and end-of-run summary included) and while the
+ranks step (from the first poll that found steps to the last); the relay's lag (polling the
+store every POLL_S while the ranks step: for each step, when a poll first found it stored
+less its time, p50/p99, up to POLL_S high); the sampler's period held (the gaps between the
+run's host samples: median and p99, against its 0.25 s); and each rank's steps stored
+against the steps it took (the script prints its count).
 
     python bench/node_cost.py [--ranks 1,2,4,8] [--steps 150] [--workers 4]
 
@@ -84,12 +85,14 @@ def one(ranks: int, steps: int, workers: int, script: Path, tmp: Path) -> dict:
     lags: list[float] = []
     seen: set[tuple[int, int]] = set()
     cpu, t0, since = 0.0, time.monotonic(), 0.0
+    stepping: list[tuple[float, float]] = []  # (time, its CPU) at polls that found new steps
     while p.poll() is None:
         try:
             c = me.cpu_times()
             cpu = c.user + c.system  # its own threads, not its children
         except psutil.Error:
             break
+        fresh = len(seen)
         if db.exists():  # each step's lag: when a poll first saw it stored, less its time
             try:
                 st = Store(db)
@@ -105,6 +108,8 @@ def one(ranks: int, steps: int, workers: int, script: Path, tmp: Path) -> dict:
                         since = max(since, ts)
             except Exception:  # (the store being made)
                 pass
+        if len(seen) > fresh:
+            stepping.append((time.monotonic(), cpu))
         time.sleep(POLL_S)
     wall = time.monotonic() - t0
     out, err = p.communicate(timeout=60)
@@ -120,8 +125,11 @@ def one(ranks: int, steps: int, workers: int, script: Path, tmp: Path) -> dict:
         ts = sorted(set(host["ts"].astype(float)))
         gaps = [b - a for a, b in zip(ts, ts[1:], strict=False)]
     last = [ln for ln in out.splitlines() if ln.startswith("{")]
+    (ta, ca), (tb, cb) = (stepping[0], stepping[-1]) if stepping else ((0, 0), (0, 0))
     return {"ranks": ranks, "rc": p.returncode, "wall_s": wall, "cpu_s": cpu,
             "core_pct_per_rank": 100.0 * cpu / wall / ranks,
+            "stepping_pct_per_rank": 100.0 * (cb - ca) / (tb - ta) / ranks if tb > ta
+            else float("nan"),
             "lag_p50": pct(lags, 0.5), "lag_p99": pct(lags, 0.99),
             "period_median": statistics.median(gaps) if gaps else float("nan"),
             "period_p99": pct(gaps, 0.99),
@@ -145,14 +153,16 @@ def main() -> None:
             rows.append(r)
             print(json.dumps(r), flush=True)
     print(f"\n{a.workers} workers a rank, {a.steps} steps a rank\n")
-    print("| ranks | wall s | monitor run CPU s | % of a core per rank | relay lag p50 / p99 s "
-          "| sampler period median / p99 s | steps stored / taken |")
+    print("| ranks | wall s | monitor run CPU s | % of a core per rank: whole run / while "
+          "stepping | relay lag p50 / p99 s | sampler period median / p99 s | steps stored / "
+          "taken |")
     print("|---|---|---|---|---|---|---|")
     for r in rows:
         whole = all(r["stored"].get(k) == v for k, v in r["taken"].items()) and \
             len(r["taken"]) == r["ranks"]
         print(f"| {r['ranks']} | {r['wall_s']:.1f} | {r['cpu_s']:.2f} | "
-              f"{r['core_pct_per_rank']:.2f}% | {r['lag_p50']:.2f} / {r['lag_p99']:.2f} | "
+              f"{r['core_pct_per_rank']:.2f}% / {r['stepping_pct_per_rank']:.2f}% | "
+              f"{r['lag_p50']:.2f} / {r['lag_p99']:.2f} | "
               f"{r['period_median']:.3f} / {r['period_p99']:.3f} | "
               f"{sum(r['stored'].values())} / {sum(r['taken'].values())}"
               f"{'' if whole else ' (not all)'} |")

@@ -168,6 +168,7 @@ class StoreCollector:
         self.marks: dict[int, int] = {}  # run -> the last steps rowid counted
         self.totals_lock = threading.Lock()
         self.assess_every = assess_every  # 0: each build assesses each rank
+        self.counter_store: Store | None = None
         self.assessed: dict[tuple[int, int], tuple[float, Any, Assessment]] = {}
     def describe(self) -> list[Metric]:
         return []  # families vary with the store; nothing to check at registration
@@ -192,11 +193,12 @@ class StoreCollector:
         read at its scrape, whose time Prometheus stamps it with (rate() needs that)."""
         fams = {n: _fam(CounterMetricFamily, n, RUN_LABELS) for n in COUNTERS}
         if counted.runs:
-            store = Store(self.db)
+            if self.counter_store is None:  # opened once: a scrape opens a connection only
+                self.counter_store = Store(self.db)
             try:
-                totals = self._totals(store, counted.runs)
+                totals = self._totals(self.counter_store, counted.runs)
             finally:
-                store.close()
+                self.counter_store.close()  # (this thread's connection)
             for key, labels, started_at in counted.ranks:
                 t = totals.get(key, {})
                 # counted from the rank's first step: a young rank's rate reads its own
