@@ -11,6 +11,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.parse
 import urllib.request
 import zipfile
@@ -203,6 +204,30 @@ def test_a_served_scrape_reads_its_counters_now_and_the_rest_from_a_snapshot(sto
         exporter.shutdown()
         exporter.server_close()
     assert wait_for(lambda: not exporter.snapshots.loop.alive, timeout=10)
+
+
+def test_a_scrape_of_a_store_that_cannot_be_read_is_a_sentence_not_a_traceback(tmp_path,
+                                                                                capfd):
+    """The store is not one (a file of something else): the scrape answers 503 with a
+    sentence, nothing is printed, and the exporter keeps serving."""
+    from monitor.export.prometheus import serve
+
+    db = tmp_path / "not-a-store.db"
+    db.write_bytes(b"this is not SQLite" * 100)
+    port = free_port()
+    exporter = serve(str(db), context(), port)
+    try:
+        for _ in range(2):
+            with pytest.raises(urllib.error.HTTPError) as got:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30)
+            assert got.value.code == 503
+            said = got.value.read().decode()
+            assert said.startswith("starvation-monitor: the store cannot be read now"), said
+    finally:
+        exporter.shutdown()
+        exporter.server_close()
+    out, err = capfd.readouterr()
+    assert "Traceback" not in out + err, err
 
 
 def generate_latest_om(db: Path) -> str:

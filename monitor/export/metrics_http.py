@@ -215,8 +215,13 @@ def start(port: int, address: str, answer: Callable[[Format], Response]) -> Any:
         if environ.get("PATH_INFO") == "/favicon.ico":
             start_response("200 OK", [])
             return [b""]
-        headers, body = answer((environ.get("HTTP_ACCEPT") or "",
-                                gzip_accepted(environ.get("HTTP_ACCEPT_ENCODING") or "")))
+        try:
+            headers, body = answer((environ.get("HTTP_ACCEPT") or "",
+                                    gzip_accepted(environ.get("HTTP_ACCEPT_ENCODING") or "")))
+        except Exception as exc:  # a store that cannot be read now: this scrape fails, said
+            start_response("503 Service Unavailable", [("Content-Type", "text/plain")])
+            return [f"starvation-monitor: the store cannot be read now ({type(exc).__name__}:"
+                    f" {exc}); the next scrape tries again\n".encode()]
         start_response("200 OK", list(headers))  # (a copy: wsgiref adds Content-Length to it)
         return [body]
 
