@@ -62,7 +62,7 @@ TEST_WORKERS ?= 4
 test: $(VENV)/.dev $(MLFLOW_VENV)/.ready
 	bash .ci/test-deps
 	$(PY) -m ruff check .
-	PYTHONDONTWRITEBYTECODE= $(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup
+	PYTHONDONTWRITEBYTECODE= $(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup --durations=25
 
 lint: $(VENV)/.dev
 	$(PY) -m ruff check .
