@@ -181,15 +181,21 @@ print(json.dumps(out))
 """
 
 
+def steady_into(uri: str, tmp_path: Path, seconds: int) -> subprocess.CompletedProcess:
+    """`monitor run --mlflow URI` over the steady loop for `seconds`, which ends well."""
+    r = subprocess.run([sys.executable, "-m", "monitor", "run", "--no-live", "--db",
+                        str(tmp_path / "t.db"), "--mlflow", uri, "--", sys.executable,
+                        str(ROOT / "tests" / "scripts" / "steady_loop.py"), str(seconds)],
+                       cwd=ROOT, env={**ENV, "MLFLOW_TRACKING_URI": ""},
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    return r
+
+
 @pytest.mark.slow
 def test_mlflow_holds_the_metrics_with_their_steps_and_the_verdict(tmp_path, no_leaks):
     with mlflow_server(tmp_path) as (uri, _):
-        r = subprocess.run([sys.executable, "-m", "monitor", "run", "--no-live", "--db",
-                            str(tmp_path / "t.db"), "--mlflow", uri, "--", sys.executable,
-                            str(ROOT / "tests" / "scripts" / "steady_loop.py"), "6"],
-                           cwd=ROOT, env={**ENV, "MLFLOW_TRACKING_URI": ""},
-                           capture_output=True, text=True, timeout=300)
-        assert r.returncode == 0, r.stderr[-2000:]
+        r = steady_into(uri, tmp_path, 6)
         runs = mlflow_read(uri, READ_RUN)
     (run,) = runs.values()  # the script opened none: a run of its own, named after it
     assert run["name"].startswith("steady_loop.py") and run["status"] == "FINISHED"
@@ -210,12 +216,7 @@ def test_mlflow_report_goes_through_a_servers_artifact_proxy(tmp_path, no_leaks)
     """A server that proxies its artifacts (`mlflow-artifacts:` URIs, as a remote one has):
     the report is PUT through it, and MLflow's client reads it back."""
     with mlflow_server(tmp_path, proxied=True) as (uri, _):
-        r = subprocess.run([sys.executable, "-m", "monitor", "run", "--no-live", "--db",
-                            str(tmp_path / "t.db"), "--mlflow", uri, "--", sys.executable,
-                            str(ROOT / "tests" / "scripts" / "steady_loop.py"), "4"],
-                           cwd=ROOT, env={**ENV, "MLFLOW_TRACKING_URI": ""},
-                           capture_output=True, text=True, timeout=300)
-        assert r.returncode == 0, r.stderr[-2000:]
+        r = steady_into(uri, tmp_path, 4)
         (run,) = mlflow_read(uri, READ_RUN).values()
     assert run["artifact_uri"].startswith("mlflow-artifacts:"), run["artifact_uri"]
     assert run["report"] and run["report"].startswith("starvation-monitor run 1: "), run
