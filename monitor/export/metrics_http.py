@@ -89,16 +89,21 @@ class Snapshots:
         self.wanted: dict[Format, None] = {}  # the formats scrapers asked for, newest last
         self.last_scrape = -math.inf
         self.intervals: deque[float] = deque(maxlen=8)  # between the last scrapes
-        self.error: str | None = None  # the loop's last failed build
         self.build_s = 0.0  # how long the last build took (monotonic seconds)
         self.lock = threading.Lock()  # scrapes run on the HTTP server's threads
         self.build_lock = threading.Lock()
         self.loop = Periodic("starvation-exporter", self._keep, TICK_S)
 
     def answer(self, fmt: Format) -> Response:
-        """A scrape: the families read now, then the current snapshot's (rendered once per
-        snapshot; the next builds render them with the snapshot), in the format asked."""
+        """A scrape: the families read now (the counters, first, as the scrape arrives:
+        Prometheus stamps them with its start), then the current snapshot's (rendered once
+        per snapshot; the next builds render them with the snapshot), in the format asked."""
         snap = self.current()
+        _, live = render(self.live(snap.plan), (fmt[0], False))
+        if self.build_lock.locked():  # a build for this scrape is under way: its families
+            with self.build_lock:
+                pass
+            snap = self.snapshot or snap
         with self.lock:
             got = snap.rendered.get(fmt)
         if got is None:
@@ -110,7 +115,6 @@ class Snapshots:
                 while len(self.wanted) > MAX_FORMATS:
                     self.wanted.pop(next(iter(self.wanted)))
         headers, rest = got
-        _, live = render(self.live(snap.plan), (fmt[0], False))
         if live.endswith(EOF):  # (OpenMetrics: one # EOF, the snapshot's)
             live = live[:-len(EOF)]
         if fmt[1]:
@@ -118,15 +122,13 @@ class Snapshots:
         return headers, live + rest
 
     def current(self) -> Snapshot:
-        """The snapshot a scrape is answered from: the loop's, else one built now."""
+        """The snapshot a scrape is answered from: the loop's, else one built now (no
+        wait for a build under way: the counters are read first)."""
         now = time.monotonic()
         with self.lock:
             if now - self.last_scrape < IDLE_S:
                 self.intervals.append(now - self.last_scrape)
             self.last_scrape = now
-        if self.build_lock.locked():  # a build for this scrape is under way: its result
-            with self.build_lock:
-                pass
         snap = self.snapshot
         if not self.loop.alive or snap is None or \
                 now - snap.at > STALE_S * max(REFRESH_S, self.interval() or 0.0):
@@ -177,8 +179,8 @@ class Snapshots:
         if now - self.last_scrape < IDLE_S and self.due(now):
             try:
                 self.build()
-            except Exception as exc:  # (a store that cannot be read now: the snapshot ages,
-                self.error = f"{type(exc).__name__}: {exc}"  # and a scrape builds, and says)
+            except Exception:  # a store that cannot be read now: the snapshot ages, and the
+                pass  # next scrape builds one itself, or answers 503 with why
 
 
 class Exporter:

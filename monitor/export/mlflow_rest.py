@@ -309,7 +309,7 @@ def report(run_id: int | None, a: Any) -> str:
     d = a.diagnosis
     lines = [f"starvation-monitor run {run_id}: {d.named}", d.headline, ""]
     for x in d.advice:
-        pred = getattr(x, "predicted_throughput", None)
+        pred = x.predicted_throughput
         lines.append(f"- {x.param} = {x.value}" + (f" (predicted {pred:,.0f} samples/s)"
                                                    if pred else "") + f": {x.reason}")
     return "\n".join(lines if d.advice else [*lines, "no advice"]) + "\n"

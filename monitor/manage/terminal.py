@@ -38,8 +38,8 @@ FIRST_EVERY_S = 0.25  # until the first verdict: it shows within a refresh of be
 
 def status(a: Assessment | None) -> dict[str, str]:
     """The figures one refresh shows, as text."""
-    if a is not None:
-        from monitor.diagnosis import NO_DATA
+    from monitor.diagnosis import NO_DATA  # (here: pandas is not on `monitor run`'s start)
+
     if a is None or a.verdict == NO_DATA:
         n = a.features.steps if a is not None else 0
         return {"verdict": f"judging after {VERDICT_MIN_STEPS} steps: {n} so far"}
