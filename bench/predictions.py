@@ -8,6 +8,7 @@ none) and the bare change gained less than 30%.
 
     python bench/predictions.py [--kinds cpu,storage,per-sample] [--workers 0,2,4]
         [--neighbours quiet,same,sessions,cgroup,quota] [--seconds 6] [--pairs 2]
+        [--repeat 1]  (monitored runs a cell: do identical runs say the same?)
 
 Neighbours (all: a "job" of two busy processes, and one process busy 2 s, idle 2 s):
 - quiet: none
@@ -117,15 +118,22 @@ def monitored(args: argparse.Namespace, kind: str, workers: int, job: Path | Non
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
+def said(d: dict) -> str:
+    """A run's verdict and its num_workers advice, as a user reads them."""
+    adv = next((a for a in d.get("advice") or [] if a["param"] == "num_workers"), None)
+    return f"{d.get('verdict')}" + (f" ({adv['value']} workers)" if adv else "")
+
+
 def cell(args: argparse.Namespace, kind: str, workers: int, hood: Neighbours) -> dict:
     d = monitored(args, kind, workers, hood.job_cg)
+    again = [said(monitored(args, kind, workers, hood.job_cg)) for _ in range(args.repeat - 1)]
     adv = next((a for a in d.get("advice") or [] if a["param"] == "num_workers"), None)
     out = {"kind": kind, "workers": workers, "neighbours": hood.kind,
            "verdict": d.get("verdict"), "limit": (d.get("bound") or {}).get("limit"),
-           "throughput": d.get("throughput"), "advice": None}
+           "throughput": d.get("throughput"), "advice": None, "runs": [said(d), *again]}
     if adv is None:
         return out
-    base = d["throughput"] or float("nan")
+    base = adv.get("base_throughput") or d["throughput"] or float("nan")
     pred = adv.get("predicted_throughput")
     lo, hi = adv.get("predicted_low"), adv.get("predicted_high")
     before, after = [], []
@@ -147,9 +155,13 @@ def cell(args: argparse.Namespace, kind: str, workers: int, hood: Neighbours) ->
 
 
 def line(c: dict) -> str:
+    runs = c["runs"]
+    repeated = "" if len(runs) < 2 else (
+        f"\n    {len(runs)} identical runs: " + ("the same: " if len(set(runs)) == 1
+                                                 else "DIFFER: ") + "; ".join(runs))
     if c["advice"] is None:
         return (f"{c['kind']:<11}{c['workers']:>3}  {c['neighbours']:<9}{c['verdict']:<22}"
-                f"{c['limit'] or '-':<14}no num_workers advice")
+                f"{c['limit'] or '-':<14}no num_workers advice{repeated}")
     lo, hi = c["range"]
     rng = f"{lo:.2f}-{hi:.2f}" if lo and hi else "-"
     pred = "cannot promise" if c["declined"] else f"x{c['predicted']:.2f}"
@@ -157,7 +169,7 @@ def line(c: dict) -> str:
             f"{c['limit_then'] or '-':<14}{c['advice']:<8}{pred:>15} {rng:>11}  "
             f"{' '.join(f'{x:,.0f}' for x in c['before'])} → "
             f"{' '.join(f'{x:,.0f}' for x in c['after'])}  x{c['measured']:.2f}  "
-            f"{'hit' if c['hit'] else 'MISS'}")
+            f"{'hit' if c['hit'] else 'MISS'}{repeated}")
 
 
 def main() -> None:
@@ -167,6 +179,8 @@ def main() -> None:
     ap.add_argument("--neighbours", default="quiet,same,sessions,cgroup,quota")
     ap.add_argument("--seconds", type=float, default=6.0)
     ap.add_argument("--pairs", type=int, default=2)
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="monitored runs a cell (their verdicts and advice compared)")
     args = ap.parse_args()
     print(f"{'kind':<11}{'nw':>3}  {'beside':<9}{'verdict':<22}{'limit then':<14}"
           f"{'advice':<8}{'predicted':>15} {'range':>11}  bare before → after  measured")
@@ -187,6 +201,9 @@ def main() -> None:
     print(f"\nhit rate: {hits}/{len(judged)} cells with num_workers advice within "
           f"±{TOLERANCE:.0%} (or declined and no gain); {len(cells) - len(judged)} cells "
           "without such advice")
+    if args.repeat > 1:
+        same = sum(len(set(c["runs"])) == 1 for c in cells)
+        print(f"identical runs: the same verdict and advice in {same} of {len(cells)} cells")
 
 
 if __name__ == "__main__":

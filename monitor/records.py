@@ -204,7 +204,10 @@ class CpuBudget:
     whole cores that leaves; throttled: the share of CFS periods in which the cgroup was
     throttled so far (None when unknown): high means the quota, not the cores, is the limit;
     scheduler: the CPUs the batch scheduler grants a task (Slurm's SLURM_CPUS_PER_TASK), None
-    outside one: a rank's workers must fit it even where no cgroup or mask enforces it.
+    outside one: a rank's workers must fit it even where no cgroup or mask enforces it;
+    capacity: what the usable CPUs do together in units of one task alone, physical: the
+    cores they sit on, capacity_source: how that is known (NOTE [the CPUs' capacity] in
+    monitor/sampling/capacity.py; None: not read, the CPU count).
     """
 
     affinity: int
@@ -213,6 +216,9 @@ class CpuBudget:
     throttled: float | None
     throttled_s: float | None
     scheduler: int | None = None
+    capacity: float | None = None
+    physical: int | None = None
+    capacity_source: str = ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -56,10 +56,17 @@ def test_a_store_whose_folder_cannot_be_made_fails(tmp_path):
 def test_doctor_runs_here_and_names_the_cpu_torch(tmp_path):
     r = subprocess.run([sys.executable, "-m", "monitor", "doctor", "--db",
                         str(tmp_path / "m.db")], cwd=ROOT, capture_output=True, text=True,
-                       timeout=180, env={**os.environ, "PYTHONPATH": str(ROOT)})
+                       timeout=180, env={**os.environ, "PYTHONPATH": str(ROOT),
+                                         "XDG_CACHE_HOME": str(tmp_path / "cache")})
     assert r.returncode in (0, 1), r.stderr
     assert "torch 2." in r.stdout and "/dev/shm" in r.stdout and "schedstat" in r.stdout
     assert r.stdout.strip().splitlines()[-1].endswith("failing")
+    # what the CPUs do together: measured and kept, or (other jobs busy) why not
+    kept = tmp_path / "cache" / "starvation-monitor" / "capacity.json"
+    if "CPUs do " in r.stdout:
+        assert kept.exists() and "x one CPU's work together (measured" in r.stdout
+    else:
+        assert "the CPUs' capacity: not measured" in r.stdout and "quieter box" in r.stdout
 
 
 def test_torchvision_built_for_another_torch_is_named_with_the_pair_to_install():

@@ -4,6 +4,7 @@ monitor/sampling/groups.py): the scan reads each other process's demand and grou
 workers take CPU from a neighbour in the job's own group and none from one in another."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -12,6 +13,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from monitor.diagnosis import diagnose
 from monitor.diagnosis.bound import BoundModel, waterfill
 from monitor.diagnosis.features import _groups
 from monitor.sampling.groups import GroupScan, group_of
@@ -142,3 +144,28 @@ def test_a_neighbour_that_runs_and_pauses_is_predicted_scan_by_scan():
     assert at_idle > 1.2 * at_busy
     assert m.predict(2)[0] == pytest.approx((at_busy + at_idle) / 2)
     assert m.span(2) == pytest.approx((at_busy, at_idle))
+
+
+def test_the_monitors_own_cpu_is_taken_off_the_base_of_a_gain():
+    """The monitor's processes run in the job's own scheduling group (`monitor run` shares
+    the script's session): their CPU took a share from the loaders the bare run has. A
+    gain is a percentage of the window's rate without it, and says its base; with the
+    groups not measured it cannot be separated, and the base is the window's own rate."""
+    contended = model(groups=((1.0, 2.0),), same_demand=0.0, fit_workers=2)
+    assert contended.bare_factor() == 1.0  # no monitor CPU measured
+    busy = dataclasses.replace(contended, monitor_cpu=0.4)
+    assert busy.bare_factor() > 1.1  # the loaders' group share is split with 0.4 cores more
+    assert dataclasses.replace(busy, groups=None).bare_factor() == 1.0
+
+    from tests.test_diagnosis import feat
+    f = feat(other_groups=((1.0, 1.0),), same_group_demand=0.0,
+             group_scans=((((1.0, 1.0),), 0.0),) * 4, monitor_cpu_cores=0.2)
+    adv = next(a for a in diagnose(f).advice if a.param == "num_workers")
+    assert adv.base_throughput > 1.05 * f.throughput
+    assert "without the monitor's own 0.20 cores of CPU" in adv.reason
+    pct = round((adv.predicted_throughput / adv.base_throughput - 1) * 100)
+    assert f"{pct:+d}% over {adv.base_throughput:,.0f} samples/s" in adv.reason
+    quiet = diagnose(dataclasses.replace(f, monitor_cpu_cores=0.0))
+    adv = next(a for a in quiet.advice if a.param == "num_workers")
+    assert adv.base_throughput == f.throughput
+    assert "over this window's 200 samples/s" in adv.reason

@@ -254,9 +254,12 @@ def _doctor(sub: argparse._SubParsersAction) -> None:
         "doctor", help="check the environment a training job will run in",
         description="Check torch and its CUDA, NVML and GPM, /dev/shm, ulimit -u and -n, the "
                     "cgroup's CPU and memory limits, /proc schedstat and io, and the store's "
-                    "folder; each line says what to do. Exit 1 when a check fails.")
+                    "folder; measure what the CPUs do together (SMT, shared vCPUs) for the "
+                    "advice; each line says what to do. Exit 1 when a check fails.")
     d.add_argument("--python", default=None,
                    help="the training environment's interpreter (default: this one)")
+    d.add_argument("--no-capacity", action="store_true",
+                   help="skip measuring what the CPUs do together (1.2 s of every CPU)")
     g = d.add_argument_group("a loader to check against /dev/shm and ulimit -n")
     g.add_argument("--batch-mb", type=float, default=None, help="one batch's size in MB")
     g.add_argument("--tensors", type=int, default=None, help="tensors in one batch")

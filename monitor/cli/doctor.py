@@ -1,7 +1,8 @@
 """`starvation-monitor doctor`: the environment a training job will meet, checked before it
 runs, each line with what to do. torch is asked in a child interpreter (this process never
 imports it); the rest is read here: NVML, /dev/shm, process and file limits, the cgroup's
-CPU and memory limits, /proc schedstat and io (the measured time split), the store's folder.
+CPU and memory limits, /proc schedstat and io (the measured time split), the store's folder;
+and what the CPUs do together is measured (1.2 s of spinning) and kept for the advice.
 Each check is a function of what it reads, injected, so tests give it fixtures."""
 from __future__ import annotations
 
@@ -186,6 +187,20 @@ def cgroup_check(budget: Any, mem_limit_mb: float | None) -> list[Check]:
     return out
 
 
+def capacity_check(measured: Any) -> Check:
+    """What the usable CPUs do together, measured now and kept for the advice (NOTE [the
+    CPUs' capacity] in monitor/sampling/capacity.py), or why it could not be."""
+    if isinstance(measured, str):
+        return Check(WARN, "the CPUs' capacity: not measured", measured)
+    short = measured.cores < measured.usable - 0.25
+    return Check(WARN if short else OK,
+                 f"{measured.usable} CPUs do {measured.cores:.2f}x one CPU's work together "
+                 f"(measured; kept for the advice)",
+                 "SMT siblings or shared vCPUs: the advice counts "
+                 f"{measured.cores:.2f} cores' worth of loading, not {measured.usable}"
+                 if short else "")
+
+
 def proc_check(available: dict[str, bool]) -> list[Check]:
     out = []
     if available.get("schedstat"):
@@ -221,7 +236,7 @@ def mem_limit_mb(root: str = "/sys/fs/cgroup") -> float | None:
 
 
 def run(db: str | None, python: str | None = None, loader: dict[str, Any] | None = None,
-        ) -> list[Check]:
+        capacity: bool = True) -> list[Check]:
     from monitor.config import prefetch_of
     from monitor.sampling import procfs
     from monitor.sampling.gpu import open_backend
@@ -249,6 +264,9 @@ def run(db: str | None, python: str | None = None, loader: dict[str, Any] | None
                               f"raise it (ulimit -n {MIN_NOFILE * 16}), or "
                               "torch.multiprocessing.set_sharing_strategy('file_system')"))
     checks += cgroup_check(cpu_budget(), mem_limit_mb())
+    if capacity:
+        from monitor.sampling.capacity import measure
+        checks.append(capacity_check(measure()))
     checks += proc_check(procfs.available())
     checks.append(store_check(Path(db) if db else default_path()))
     return checks
@@ -259,7 +277,7 @@ def doctor_command(args: Any) -> int:
               "tensors": getattr(args, "tensors", None),
               "num_workers": getattr(args, "num_workers", None),
               "prefetch_factor": getattr(args, "prefetch_factor", None)}
-    checks = run(args.db, args.python, loader)
+    checks = run(args.db, args.python, loader, not getattr(args, "no_capacity", False))
     for c in checks:
         print(c.line())
     failed = [c for c in checks if c.status == FAIL]

@@ -8,6 +8,7 @@ Symbols, and what each is measured from (Features):
     w   loading wall seconds per sample, one loader process. num_workers=0: Σ data wait /
         samples; with workers, only when they are saturated (share >= STARVING_SHARE):
         num_workers x window / samples.
+    U   usable cores, in a lone task's units: cap(U) (below).
     K   cores for N workers. Where the sampler measured the other processes by scheduling
         group (NOTE [scheduling groups] in monitor/sampling/groups.py), the fair scheduler
         as it shares: U cores go to the groups by weight, none past a group's demand, what
@@ -52,9 +53,17 @@ Throughput in samples/s at N workers and batch size b:
                  K / c )                             "cores"
 
 The limit named is the argmin; "workers" within 5% of "cores" is reported as "cores" (a tie:
-more workers would not get more CPU). The model assumes loaders scale linearly on the cores
-(a 2-vCPU VM gives about 1.5), so predictions past the first core run 10-25% high there. So
-a prediction for a num_workers other than the window's own is multiplied by its limit's scale:
+more workers would not get more CPU).
+
+The CPUs in one task alone's units (NOTE [the CPUs' capacity] in monitor/sampling/
+capacity.py): k busy CPUs do cap(k) of a lone task's work (capacity_at: a core each up to
+the physical cores, SMT siblings and shared vCPUs the measured rest; a 2-vCPU VM gives about
+1.5). U is cap(U), measured by `doctor` and kept, else from the topology, else the CPU count;
+c and o_cpu, measured at the window's k_w busy CPUs, are taken to a lone task's speed,
+c x cap(k_w) / k_w; the fallback K scales by cap(U) / U. So a window at one worker no longer
+predicts two CPUs' worth for two workers on a box whose two do 1.5, and a window with both
+busy predicts what it measured. What remains is learned: a prediction for a num_workers
+other than the window's own is multiplied by its limit's scale:
 what this machine's earlier outcomes of that limit measured against their predictions
 (monitor/assess/outcomes.py learns them from each applied change; 1 until one is measured).
 
@@ -63,6 +72,15 @@ and pauses); the prediction is made at each of the window's scans of them, its m
 prediction and its p10 and p90 the range (span), and advice whose low end gains less than
 MIN_GAIN says it cannot promise a gain (rules.py). Measured by bench/predictions.py
 (docs/benchmarks.md).
+
+The base of a gain: the run was measured under the monitor, whose own processes (the
+sampler, `monitor run`'s relay) took CPU in the job's own scheduling group (they share its
+session); a bare run has it. Where the groups were measured, a gain is a percentage of the
+window's throughput times bare_factor(): the model at the window's own setting with the
+monitor's CPU as demand in the job's group against without it (rules.py states the base in
+the advice, `base_throughput`). Where they were not, the monitor's share cannot be told from
+the others' and the base is the window's throughput. The probe's cost in the loop (1.4 µs a
+step quiet, 3.2 µs with a core busy: bench/probe_cost.py) is below the figures' resolution.
 """
 from __future__ import annotations
 
@@ -112,6 +130,7 @@ class BoundModel:
     scans: tuple[tuple[tuple[tuple[float, float], ...], float], ...] = ()
     main_cpu_s: float | None = None  # o_cpu: main-process CPU per step beside workers
     other_cpu: float = 0.0  # the others' CPU over the window (cores): how busy the CPUs are
+    monitor_cpu: float = 0.0  # the monitor's own processes' CPU over the window (cores)
 
     def _share(self, tasks: list[float]) -> list[float]:
         """The cores each of this job's `tasks` (their demands, in cores) gets beside the
@@ -195,6 +214,23 @@ class BoundModel:
             if num_workers != self.fit_workers else 1.0
         return rates[int(0.1 * (n - 1))] * k, rates[int(0.9 * (n - 1) + 0.5)] * k
 
+    def bare_factor(self) -> float:
+        """How much faster the window's own setting would have run without the monitor: the
+        model at it with the monitor's CPU as demand in the job's own scheduling group (where
+        `monitor run` and the dashboard's workloads run) against without. 1 where the groups
+        were not measured: the monitor's cost cannot be separated from the others' then."""
+        if self.groups is None or self.monitor_cpu <= 0:
+            return 1.0
+
+        def at(extra: float) -> float:
+            m = replace(self, same_demand=self.same_demand + extra,
+                        scans=tuple((g, s + extra) for g, s in self.scans))
+            each = m._each(self.fit_workers, None)
+            return sum(r for r, _ in each) / len(each)
+
+        with_monitor = at(self.monitor_cpu)
+        return max(1.0, at(0.0) / with_monitor) if with_monitor > 0 else 1.0
+
     def _each(self, num_workers: int, batch_size: int | None) -> list[tuple[float, str]]:
         if not self.scans:
             return [self._raw(num_workers, batch_size)]
@@ -266,17 +302,41 @@ def fit_bound(f: Features, scales: dict[str, float] | None = None) -> BoundModel
     overhead = DEFAULT_OVERHEAD_S
     if nw > 0 and f.data_wait_share < STARVING_SHARE:
         overhead = max(overhead, f.wait_per_step_s)
+    # in units of one task alone (NOTE [the CPUs' capacity]): the CPU seconds measured at
+    # the window's busy CPUs did `speed` of a lone task's work each
+    usable, speed, main_cpu = float(f.usable_cores), 1.0, _main_per_step(f)
+    cap = f.capacity_cores
+    if cap is not None and cap < usable - 1e-6:
+        busy = min(usable, max(1.0, f.host_cpu_cores or 1.0))
+        speed = capacity_at(busy, cap, f.usable_cores, f.physical_cores) / busy
+        cores *= cap / usable
+        usable = cap
+        main_cpu = main_cpu * speed if main_cpu is not None else None
     return BoundModel(
         groups=f.other_groups, same_demand=f.same_group_demand or 0.0,
         scans=f.group_scans,
-        own_weight=f.own_group_weight, main_cpu_s=_main_per_step(f),
-        other_cpu=f.other_cpu_cores or 0.0,
-        cpu_s=max(f.cpu_per_sample_s, 1e-7), latency_s=loading_latency(f) or 0.0,
+        own_weight=f.own_group_weight, main_cpu_s=main_cpu,
+        other_cpu=f.other_cpu_cores or 0.0, monitor_cpu=f.monitor_cpu_cores or 0.0,
+        cpu_s=max(f.cpu_per_sample_s * speed, 1e-7), latency_s=loading_latency(f) or 0.0,
         device_s=max(f.compute_per_step_s, 1e-6), batch_size=int(f.config["batch_size"]),
         device_scales=not f.simulated, overhead_s=overhead, cores=cores, fit_workers=nw,
         scales=dict(scales or {}), others_runnable=f.others_runnable,
-        usable=float(f.usable_cores), main_runnable=main, local_ranks=max(1, f.local_ranks),
+        usable=usable, main_runnable=main, local_ranks=max(1, f.local_ranks),
     )
+
+
+def capacity_at(k: float, cores: float, usable: int, physical: int | None) -> float:
+    """cap(k): what k busy CPUs of `usable` do together (`cores` for all of them), in units
+    of one task alone. The scheduler spreads tasks over cores before SMT siblings, so up to
+    `physical` each is a core; past that each further CPU adds the rest evenly (without a
+    topology, evenly from the first)."""
+    if k <= 1 or usable <= 1:
+        return min(k, cores)
+    k = min(k, float(usable))
+    p = physical if physical and physical < usable else 1
+    if k <= p:
+        return k
+    return p + (cores - p) * (k - p) / (usable - p)
 
 
 def _main_per_step(f: Features) -> float | None:

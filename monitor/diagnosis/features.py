@@ -98,6 +98,12 @@ class Features:
                                           "device)", "{:,.1f}")
     missing_evidence: tuple[str, ...] = ev(default=())
     usable_cores: int = ev("usable cores (affinity, cgroup quota, SLURM_CPUS_PER_TASK)", "{}", 1)
+    # what they do together, in one task alone's units (NOTE [the CPUs' capacity]); None:
+    # not read, taken as usable_cores
+    capacity_cores: float | None = ev("what the usable CPUs do together (one task alone: 1)",
+                                      "{:.2f}")
+    physical_cores: int | None = ev()
+    capacity_source: str = ev(default="")
     cpu_quota: float | None = ev()
     cpu_throttled: float | None = ev("cgroup periods throttled", "{:.0%}")
     mem_total_mb: float | None = ev()
@@ -388,6 +394,8 @@ def features(
         loaders_blocked_share=share(split["blocked"]), read_per_sample_kb=split["read_kb"],
         missing_evidence=split["missing"],
         usable_cores=budget.usable, cpu_quota=budget.quota, cpu_throttled=budget.throttled,
+        capacity_cores=budget.capacity, physical_cores=budget.physical,
+        capacity_source=budget.capacity_source,
         mem_total_mb=mem["total"], mem_available_mb=mem["available"],
         memory_budget_mb=budget_mb, workload_mem_mb=mem["used"],
         workload_peak_mb=mem["peak"], memory_fraction=mem["fraction"],

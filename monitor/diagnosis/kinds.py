@@ -28,6 +28,7 @@ def _in_nodes(a: Advice, method: str | None) -> Advice | None:
     if a.param == "num_workers" and method == "thread":
         return dataclasses.replace(
             a, predicted_throughput=None, predicted_low=None, predicted_high=None,
+            base_throughput=None,
             uncertain=True, reason=f"{where} with method='thread': its workers share the "
             "GIL, so the gain is not predicted (the model is measured for processes); "
             "method='process' or a run at this setting measures it")

@@ -65,6 +65,9 @@ class Advice:
     predicted_low: float | None = None
     predicted_high: float | None = None
     uncertain: bool = False
+    # what its percentage is of: the window's throughput, less the monitor's own cost where
+    # it was separated (bound.py, BoundModel.bare_factor); None where no gain is predicted
+    base_throughput: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -96,6 +99,15 @@ class Ctx:
     model: BoundModel | None
     max_workers: int
     advice: list[Advice] = field(default_factory=list)
+    base: float = math.nan  # what gains are of (Advice.base_throughput); diagnose sets it
+
+    def over(self) -> str:
+        """What a percentage is of, in words."""
+        f = self.f
+        if self.base > f.throughput * 1.005:
+            return (f"{self.base:,.0f} samples/s, this window's {f.throughput:,.0f} without "
+                    f"the monitor's own {f.monitor_cpu_cores or 0:.2f} cores of CPU")
+        return f"this window's {f.throughput:,.0f} samples/s"
 
     @property
     def saturated(self) -> bool:
@@ -122,8 +134,9 @@ class Ctx:
     def add(self, param: str, value: Any, pred: float | None, reason: str,
             limit: str | None = None, span: tuple[float, float] | None = None) -> None:
         lo, hi = span or (None, None)
-        unsure = lo is not None and lo < MIN_GAIN * self.f.throughput <= (pred or 0.0)
-        self.advice.append(Advice(param, value, pred, reason, limit, lo, hi, unsure))
+        unsure = lo is not None and lo < MIN_GAIN * self.base <= (pred or 0.0)
+        self.advice.append(Advice(param, value, pred, reason, limit, lo, hi, unsure,
+                                  self.base if pred is not None else None))
 
     def span(self, n: int) -> tuple[float, float] | None:
         """The prediction at num_workers=n over the window's scans of the others (p10,
@@ -138,7 +151,7 @@ class Ctx:
         f, nw, cores = self.f, self.f.num_workers, self.f.usable_cores
         n = best_workers(self.model, self.max_workers)
         pred, then = self.model.predict(n)
-        if n == nw or pred < MIN_GAIN * f.throughput:
+        if n == nw or pred < MIN_GAIN * self.base:
             return
         k = self.model.scales.get(then, 1.0)
         seen = "" if k == 1.0 else f"; x{k:.2f}, as this machine's earlier outcomes measured"
@@ -148,12 +161,13 @@ class Ctx:
             d = self.f.others_demand
             said = (f"; other processes wanted {d[0]:.1f} to {d[2]:.1f} cores while this was "
                     f"measured: {span[0]:,.0f} to {span[1]:,.0f} samples/s "
-                    f"({gain(span[0], f.throughput)} to {gain(span[1], f.throughput)})")
-            if span[0] < MIN_GAIN * f.throughput:
+                    f"({gain(span[0], self.base)} to {gain(span[1], self.base)})")
+            if span[0] < MIN_GAIN * self.base:
                 said += ("; it cannot promise a gain here: an autotune trial, or a run beside "
                          "a quieter neighbour, settles it")
         self.add("num_workers", n, pred, f"num_workers {nw} → {n}: predicted {pred:,.0f} "
-                 f"samples/s, {gain(pred, f.throughput)} (limit then: {then}{seen}){said}",
+                 f"samples/s, {gain(pred, self.base)} over {self.over()} (limit then: "
+                 f"{then}{seen}){said}",
                  then, span)
         if nw == 0 and f.epoch_starts >= 1 and not f.config.get("persistent_workers"):
             # epochs shorter than the window (Lightning's defaults): without it each epoch
@@ -237,15 +251,15 @@ def tail_stalls(c: Ctx) -> str | None:
             f.spike_wait_share < TAIL_WAIT_SHARE:
         return None
     lost = f.spike_wait_share * f.data_wait_share * f.window_s
-    pred = f.throughput * f.window_s / max(f.window_s - lost, 1e-9)
+    pred = c.base * f.window_s / max(f.window_s - lost, 1e-9)
     nw, pf = f.num_workers, prefetch_of(f.config)
     if nw > 0:
         c.add("prefetch_factor", pf * 2, pred, f"prefetch_factor {pf} → {pf * 2}: a deeper "
-              f"queue rides out a slow batch; up to {gain(pred, f.throughput)} if the stalls "
+              f"queue rides out a slow batch; up to {gain(pred, c.base)} if the stalls "
               "are absorbed")
     else:
         c.add("num_workers", 2, pred, "num_workers 0 → 2: a slow batch loads while the "
-              f"others are consumed; up to {gain(pred, f.throughput)} if the stalls are "
+              f"others are consumed; up to {gain(pred, c.base)} if the stalls are "
               "absorbed")
     return (f"Tail stalls: {f.spike_steps} of {f.steps} steps waited at least "
             f"{SPIKE_X:g} median steps for data, and they hold {f.spike_wait_share:.0%} of "
@@ -275,10 +289,10 @@ def epoch_stall(c: Ctx) -> str | None:
     if (f.num_workers == 0 or f.config.get("persistent_workers") or f.epoch_starts < 1
             or not f.epoch_stall_share >= EPOCH_STALL_SHARE):
         return None
-    pred = f.throughput * f.window_s / max(f.window_s - f.epoch_stall_s, 1e-9)
+    pred = c.base * f.window_s / max(f.window_s - f.epoch_stall_s, 1e-9)
     c.add("persistent_workers", True, pred, "keeps workers (and what they opened) alive "
           f"between epochs: up to {f.epoch_stall_s:.1f} s back in this window, "
-          f"{gain(pred, f.throughput)}")
+          f"{gain(pred, c.base)}")
     return (f"Epoch stalls: {f.epoch_stall_share:.0%} of the time is lost at "
             f"{f.epoch_starts} epoch start(s) (first batch after {f.first_batch_s or 0:.2f} s)"
             " while workers restart.")
@@ -294,7 +308,7 @@ def oversubscribed(c: Ctx) -> str | None:
         # workers keep them as busy as `nw` did, the main process's share included
         # (bench/predictions.py, quiet, 4 -> 2: the model's own said x0.64, bare x0.97);
         # beside neighbours in the group the share the workers lose is the model's
-        pred, then = max(pred or 0.0, f.throughput), "cores"
+        pred, then = max(pred or 0.0, c.base), "cores"
     c.add("num_workers", cores, pred, f"num_workers {nw} → {cores}: as fast with less "
           "memory and contention" + (f" (predicted {pred:,.0f} samples/s)" if pred else ""),
           then)
@@ -320,7 +334,7 @@ def cpu_bound(c: Ctx) -> str | None:
             text += (f" The scheduler shares the cores per runnable process{seen}, so more "
                      f"workers take a larger share: num_workers {f.num_workers} → "
                      f"{more[0].value} predicted "
-                     f"{gain(more[0].predicted_throughput, f.throughput)}, taken from the "
+                     f"{gain(more[0].predicted_throughput, c.base)}, taken from the "
                      "other jobs; freeing the cores gives more.")
         else:
             text += " More workers would only wait too."
@@ -415,8 +429,10 @@ def diagnose(f: Features, max_workers: int | None = None,
                          f"{f.steps} so far in this window.",
                          {"throughput": None, "limit": None, "text": "",
                           "predicted_now": None})
-    c = Ctx(f, fit_bound(f, scales), max_workers if max_workers is not None else
-            config_max_workers(f.usable_cores))
+    model = fit_bound(f, scales)
+    c = Ctx(f, model, max_workers if max_workers is not None else
+            config_max_workers(f.usable_cores),
+            base=f.throughput * (model.bare_factor() if model is not None else 1.0))
     for verdict, rule in RULES:
         headline = rule(c)
         if headline is not None:

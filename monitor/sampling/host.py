@@ -20,6 +20,7 @@ import psutil as _psutil
 
 from monitor.records import CpuBudget, HostSample
 from monitor.sampling import procfs
+from monitor.sampling.capacity import capacity
 from monitor.sampling.groups import GroupScan
 
 MB = 1024 * 1024
@@ -57,6 +58,9 @@ def cgroup_cpu_quota(root: str = "/sys/fs/cgroup") -> float | None:
     return quota_us / period_us if quota_us > 0 and period_us > 0 else None
 
 
+CGROUP_ROOT = "/sys/fs/cgroup"
+
+
 def scheduler_cpus(env: Mapping[str, str] | None = None) -> int | None:
     """The CPUs Slurm grants each task of the step (`--cpus-per-task`), None outside Slurm
     or where it is not set (Slurm then grants one CPU a task, and binds it where the task
@@ -71,10 +75,11 @@ def scheduler_cpus(env: Mapping[str, str] | None = None) -> int | None:
     return n if n > 0 else None
 
 
-def cpu_budget(root: str = "/sys/fs/cgroup", affinity: int | None = None,
+def cpu_budget(root: str = CGROUP_ROOT, affinity: int | None = None,
                env: Mapping[str, str] | None = None) -> CpuBudget:
     """Affinity, cgroup quota, the scheduler's grant and throttling (v2 cpu.stat, else v1
-    cpu/cpu.stat): usable is the least of the three."""
+    cpu/cpu.stat): usable is the least of the three; and what they do together (capacity,
+    read for this host's own cgroup root only: a fixture's has no CPUs of its own)."""
     if affinity is None:
         try:
             affinity = len(os.sched_getaffinity(0))
@@ -92,7 +97,10 @@ def cpu_budget(root: str = "/sys/fs/cgroup", affinity: int | None = None,
             throttled_s = stat["throttled_time"] / 1e9
     periods, thr = stat.get("nr_periods"), stat.get("nr_throttled")
     throttled = thr / periods if periods and thr is not None else None
-    return CpuBudget(affinity, quota, usable, throttled, throttled_s, sched)
+    cap = capacity(usable) if root == CGROUP_ROOT else None
+    return CpuBudget(affinity, quota, usable, throttled, throttled_s, sched,
+                     cap.cores if cap else None, cap.physical if cap else None,
+                     cap.source if cap else "")
 
 
 def usable_cores(root: str = "/sys/fs/cgroup") -> int:
