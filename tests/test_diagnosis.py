@@ -491,3 +491,22 @@ def test_the_demo_page_says_why_it_may_not_starve_as_described_on_a_busy_box():
     assert "should still feed it" in demo_note(feat(demo, other_cpu_cores=0.5))
     other = LoaderConfig.build(preset="cpu-bound", num_workers=2)
     assert demo_note(feat(other, other_cpu_cores=1.6)) is None  # not the demo
+
+
+def test_oversubscribed_beside_the_sessions_own_neighbours_advises_no_fewer_workers():
+    """4 workers on 2 cores beside two busy processes of the job's own session: the extra
+    workers win their share from them (bench/predictions.py, same session, 4 -> 2:
+    predicted x0.61, bare x0.82), so the advice is not "2 workers", and the headline says
+    what fewer would lose; alone in its group the core count is still advised."""
+    cfg = LoaderConfig.build(num_workers=4)
+    crowded = feat(cfg, host_cpu_cores=2.0, workers_cpu_cores=1.0, main_cpu_cores=0.05,
+                   cpu_per_sample_s=0.009, wall_per_sample_s=0.019, runq_per_sample_s=0.0095,
+                   other_groups=(), same_group_demand=2.0,
+                   group_scans=(((), 2.0),) * 4)
+    dg = diagnose(crowded)
+    assert dg.verdict == "oversubscribed"
+    assert not [a for a in dg.advice if a.param == "num_workers" and a.value < 4]
+    assert "fewer workers do not" in dg.headline and "% of the throughput" in dg.headline
+    alone = diagnose(dataclasses.replace(crowded, same_group_demand=0.0,
+                                         group_scans=(((), 0.0),) * 4))
+    assert alone.advice[0].param == "num_workers" and alone.advice[0].value == 2

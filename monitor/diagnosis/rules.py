@@ -309,6 +309,16 @@ def oversubscribed(c: Ctx) -> str | None:
         # (bench/predictions.py, quiet, 4 -> 2: the model's own said x0.64, bare x0.97);
         # beside neighbours in the group the share the workers lose is the model's
         pred, then = max(pred or 0.0, c.base), "cores"
+    if pred is not None and pred < MIN_GAIN ** -1 * c.base:
+        # the extra workers win CPU from the others in the job's own group (bench/
+        # predictions.py, same session, 4 -> 2: predicted x0.61, bare x0.82): fewer would
+        # lose it, so no fewer-workers advice; the cores are the fix
+        return (f"Oversubscribed: {nw} workers on {cores} usable cores, CPU "
+                f"{f.cpu_busy_fraction:.0%} busy, shared with other processes in the "
+                f"job's own scheduling group ({f.same_group_demand or 0:.1f} cores): the "
+                f"extra workers win their share of it, so {cores} would lose "
+                f"{1 - pred / c.base:.0%} of the throughput (predicted); freeing the cores "
+                "helps, fewer workers do not.")
     c.add("num_workers", cores, pred, f"num_workers {nw} → {cores}: as fast with less "
           "memory and contention" + (f" (predicted {pred:,.0f} samples/s)" if pred else ""),
           then)
