@@ -204,3 +204,21 @@ def test_the_summary_keeps_the_cause_that_held_for_most_of_the_run(store):
     assert re.search(r"in [56] of the run.s (9|10) 10 s windows", d["verdict_text"]), \
         d["verdict_text"]
     assert d["advice"][0]["param"] == "in_order" and d["advice"][0]["value"] is False
+
+
+def test_a_timed_loader_that_delivered_nothing_is_not_called_no_loader(store):
+    """The probe timed a DataLoader (its `timing` event) that never delivered a batch, and
+    the run ended with the watchdog's words: the summary says so, never "no DataLoader was
+    iterated" (a tokenizer's deadlock once read that); a script with no loader still does."""
+    from monitor.manage.attached_summary import summary
+    from monitor.records import PROBE
+
+    run = store.create_run("attached", "attached", {"num_workers": 2})
+    store.add_event(run, PROBE, "timing DataLoader over DS, batch 4, 2 workers", {})
+    store.finish_run(run, "failed", "no first batch after 31 s: the loader looks stuck")
+    text = summary(store, run, context())["verdict_text"]
+    assert text == ("The timed loader delivered no batch. No first batch after 31 s: the "
+                    "loader looks stuck."), text
+    bare = store.create_run("attached", "attached", {"num_workers": 2})
+    store.finish_run(bare, "failed", "the script ended with exit code 0")
+    assert "no torch DataLoader was iterated" in summary(store, bare, context())["verdict_text"]

@@ -246,6 +246,38 @@ def test_the_open_files_limit_names_the_hang_it_causes(tmp_path, no_leaks):
     assert fixed.returncode == 0 and rate(fixed) > 0, fixed.stderr[-1000:]
 
 
+@pytest.mark.slow
+def test_a_tokenizer_forked_mid_use_names_the_deadlock_and_its_fix(tmp_path, no_leaks):
+    """A fast tokenizer used in the parent with TOKENIZERS_PARALLELISM=true, then in forked
+    workers: they sleep at 0% CPU from their first encode (huggingface/tokenizers' pool
+    forked mid-use). The stall names it, `verdict` is the cause, the advice the variable;
+    bare with it false the same script delivers."""
+    pytest.importorskip("tokenizers")
+    db = tmp_path / "t.db"
+    p = subprocess.Popen([sys.executable, "-m", "monitor", "run", "--db", str(db), "--json",
+                          "--", sys.executable, str(SCRIPT), "tokenizer", "--workers", "2",
+                          "--seconds", "2"], cwd=ROOT, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True,
+                         env={**ENV, "TOKENIZERS_PARALLELISM": "true",
+                              "STARVATION_MONITOR_STARTUP_S": "6",
+                              "STARVATION_MONITOR_STALL_MIN_S": "4"})
+    store = Store(db) if wait_for(db.exists, timeout=60) else None
+    assert wait_for(lambda: "Tokenizers after fork:" in " ".join(
+        store.events(1, kinds=("stalled",))["label"]), timeout=120), p.stderr
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=120)
+    d = json.loads(out.strip().splitlines()[-1])
+    f = finding(d, limits.TOKENIZER_FORK)
+    assert d["verdict"] == limits.TOKENIZER_FORK, d["verdict"]
+    assert "TOKENIZERS_PARALLELISM=true" in f["text"] and "2 DataLoader workers" in f["text"]
+    assert d["advice"][0]["value"] == "TOKENIZERS_PARALLELISM=false", d["advice"]
+    assert "no DataLoader was iterated" not in d["verdict_text"] + err, d["verdict_text"]
+    fixed = subprocess.run([sys.executable, str(SCRIPT), "tokenizer", "--workers", "2",
+                            "--seconds", "2"], cwd=ROOT, capture_output=True, text=True,
+                           timeout=120, env={**ENV, "TOKENIZERS_PARALLELISM": "false"})
+    assert fixed.returncode == 0 and rate(fixed) > 0, fixed.stderr[-1000:]
+
+
 def test_descriptors_and_shm_in_flight_are_read_before_a_failure():
     """The probe's report at a first batch: what the batches in flight need against what
     the host has, said before it fails."""

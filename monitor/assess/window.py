@@ -213,7 +213,8 @@ def loader_notes(events: pd.DataFrame) -> tuple[dict[str, Any] | None, tuple[str
         report = {**reports[int(json.loads(rep["data"].iloc[-1]).get("rank") or 0)],
                   "by_rank": reports}
     errors = tuple(str(x) for k, x in zip(events["kind"], events["label"], strict=True)
-                   if k == LOADER_ERROR or (k == STALLED and "Open files:" in str(x)))
+                   if k == LOADER_ERROR or (k == STALLED and (
+                       "Open files:" in str(x) or "Tokenizers after fork:" in str(x))))
     return report, errors
 
 

@@ -9,7 +9,8 @@ unmodified script. Pure: frames and the probe's `loader` report in, findings out
 - growing worker memory: the slope of the workers' own memory (USS, else RSS) over the
   window, against the memory still available: the minutes left at that rate.
 - /dev/shm and open files, before they fail, and a loader error that happened (a killed
-  worker, /dev/shm, descriptors): monitor/diagnosis/limits.py.
+  worker, /dev/shm, descriptors), or a hang the watchdog named (the open-files limit; a
+  tokenizer's thread pool forked mid-use): monitor/diagnosis/limits.py.
 - per-sample overhead: big batches of samples that each cost the loop a few µs, fetched one
   at a time: Python's per-sample call and collate are the cost; a batched fetch
   (`__getitems__`) is the fix, advised first (workers only share the cost out).
@@ -42,6 +43,7 @@ from monitor.diagnosis.limits import (
     OOM,
     OPEN_FILES,
     SHM,
+    TOKENIZER_FORK,
     failure,
     memory_left,
     open_files,
@@ -60,8 +62,8 @@ from monitor.thresholds import (
 IDLE_WORKERS, MEMORY_GROWTH, HEAD_OF_LINE = (
     "idle-workers", "worker-memory-growth", "head-of-line")
 # The one vocabulary of causes a finding names (JSON `findings[].cause`, the page)
-CAUSES = (MEMORY_GROWTH, SHM, OPEN_FILES, OOM, LOADER_ERROR, IDLE_WORKERS, PER_SAMPLE, SLOWER,
-          STARTUP, HEAD_OF_LINE)
+CAUSES = (MEMORY_GROWTH, SHM, OPEN_FILES, OOM, LOADER_ERROR, TOKENIZER_FORK, IDLE_WORKERS,
+          PER_SAMPLE, SLOWER, STARTUP, HEAD_OF_LINE)
 
 
 def find(steps: pd.DataFrame, host: pd.DataFrame, report: dict[str, Any] | None,

@@ -24,6 +24,7 @@ from monitor.thresholds import FD_HEADROOM, OOM_ROOM_MB, SHM_HEADROOM
 
 SHM, OPEN_FILES, OOM = "shm-exhausted", "open-files-limit", "oom-killed"
 LOADER_ERROR = "loader-error"  # the loader's own exception (a dataset's, a worker's import)
+TOKENIZER_FORK = "tokenizer-after-fork"  # workers deadlocked on a pool forked mid-use
 
 
 def memory_left(h: pd.DataFrame, least: bool = False) -> tuple[float | None, str,
@@ -153,6 +154,16 @@ def failure(error: str, report: dict[str, Any] | None,
         return Finding(OPEN_FILES, f"the loader is stuck at the open-files limit: {detail}",
                        {"limit": int(limit.group(1)) if limit else None},
                        (_fd_advice(int(limit.group(1)) if limit else 1024),))
+    if "Tokenizers after fork: " in error:  # the stall watchdog: forked workers, all asleep
+        detail = error[error.index("Tokenizers after fork: ") + len("Tokenizers after fork: "):]
+        threads = re.search(r"process of (\d+) threads", detail)
+        return Finding(TOKENIZER_FORK, f"the loader is deadlocked: {detail}",
+                       {"parent_threads": int(threads.group(1)) if threads else None},
+                       (Advice("host", "TOKENIZERS_PARALLELISM=false", None,
+                               "export TOKENIZERS_PARALLELISM=false (or os.environ[...] = "
+                               "'false' before the tokenizer is first used): the forked "
+                               "workers then tokenize on their own thread, and deliver"),),
+                       no_more_workers=True)
     if "ancdata" in low or "too many open files" in low:
         need = _fd_need(report) if report else None
         detail = _fd_text(report, need, int(report["nofile_limit"])) \

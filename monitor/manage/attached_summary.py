@@ -47,6 +47,12 @@ def summary(store: Store, run_id: int, ctx: Context) -> dict[str, Any]:
             out["verdict_text"] = out["timing_stopped"]["text"]
         elif found:  # a loader was timed and never delivered: what stopped it
             out["verdict_text"] = " ".join(["The timed loader delivered no batch.", *found])
+        elif notes.no_loader_text(store.events(run_id, kinds=(PROBE,))) is None:
+            # a loader was timed (its probe event) and delivered nothing: say what ended it,
+            # never "no DataLoader was iterated"
+            why = out.get("error") or run.get("error")
+            out["verdict_text"] = "The timed loader delivered no batch." + (
+                f" {why[0].upper()}{why[1:]}." if why else "")
         else:
             out["verdict_text"] = notes.NO_LOADER
     return out

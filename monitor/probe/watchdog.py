@@ -160,6 +160,46 @@ def near_limits(workers: list[dict[str, Any]] | None = None) -> str | None:
             ".set_sharing_strategy('file_system'), or collate fewer tensors a batch")
 
 
+TRUE = ("1", "true", "yes", "on")
+
+
+def _cmdline(pid: str) -> bytes | None:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read()
+    except OSError:
+        return None
+
+
+def forked_pool(workers: list[dict[str, Any]] | None) -> str | None:
+    """The workers hang at their first batch because the parent's thread pool was copied
+    into them mid-use: HF tokenizers' (a fast tokenizer's Rust pool) run in the parent with
+    TOKENIZERS_PARALLELISM on, then the DataLoader forked. The library disables its pool
+    in a forked child where the variable is unset; set on, it deadlocks at the first encode
+    (tests/scripts/causes.py tokenizer). The signature: workers forked (their command line
+    is the parent's: not spawn, not forkserver), every one asleep at ~0% CPU."""
+    par = os.environ.get("TOKENIZERS_PARALLELISM", "")
+    if "tokenizers" not in sys.modules or par.strip().lower() not in TRUE or not workers:
+        return None
+    if any(w.get("status") != "sleeping" or (w.get("cpu_pct") or 0.0) > 1.0 for w in workers):
+        return None
+    mine = _cmdline("self")
+    forked = [w for w in workers if mine is not None and _cmdline(str(w["pid"])) == mine]
+    if len(forked) < len(workers):
+        return None
+    try:
+        threads = len(os.listdir("/proc/self/task"))
+    except OSError:
+        threads = 0
+    return (f"Tokenizers after fork: the script imported `tokenizers` with "
+            f"TOKENIZERS_PARALLELISM={par} and its {len(forked)} DataLoader workers were "
+            f"forked from a process of {threads} threads, and sleep at 0% CPU: a fast "
+            "tokenizer's thread pool used in the parent before the fork deadlocks in a "
+            "forked worker at its first encode. Set TOKENIZERS_PARALLELISM=false before the "
+            "loader starts (or tokenize only inside the workers, or "
+            "multiprocessing_context='spawn')")
+
+
 class Watchdog:
     """Watches one Probe. `on_stall(text)` is called once per stall (the attach probe prints
     it to stderr)."""
@@ -265,7 +305,7 @@ class Watchdog:
             workers = workers_state(os.getpid())
             text = describe(idle, where_is_main(self.main_thread), workers,
                             first=p.waiting_first and p.first_batch_s is None,
-                            limits=near_limits(workers))
+                            limits=near_limits(workers) or forked_pool(workers))
             p.store.add_event(p.run_id, STALLED, text, {
                 "waiting_since": p.wall(since), "workers": workers, "limit_s": self.limit()})
             if self.on_stall is not None:

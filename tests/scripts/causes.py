@@ -25,6 +25,10 @@ samples/s at the end (`rate N samples/s`), so a test compares bare runs at two s
   each file from the page cache before its read, as a cold file on a disk is (storage).
 - fds: batches of 300 small tensors with the open-files limit set to 128 in this process
   (torch's default file_descriptor sharing keeps one descriptor per tensor in flight).
+- tokenizer: a fast (HF `tokenizers`) tokenizer trained and used on a batch in this process,
+  then in each forked worker: with TOKENIZERS_PARALLELISM=true in the environment the
+  workers deadlock at their first encode (its thread pool was forked mid-use); =false, or
+  unset, they deliver.
 """
 from __future__ import annotations
 
@@ -175,6 +179,29 @@ class Heavy(Dataset):
         return torch.full((4,), float(i))
 
 
+class Tokenized(Dataset):
+    """Texts encoded by a fast tokenizer made here, and used here once (its thread pool
+    runs in this process before the workers fork)."""
+
+    def __init__(self) -> None:
+        from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+        words = [f"w{i}" for i in range(5000)]
+        self.tok = Tokenizer(models.BPE(unk_token="[UNK]"))
+        self.tok.pre_tokenizer = pre_tokenizers.Whitespace()
+        self.tok.train_from_iterator(
+            (" ".join(words[i:i + 50]) for i in range(0, 5000, 50)),
+            trainers.BpeTrainer(vocab_size=2000, special_tokens=["[UNK]"], show_progress=False))
+        self.texts = [" ".join(words[i:i + 200]) for i in range(0, 4000, 10)]
+        self.tok.encode_batch(self.texts)  # the pool runs here, in the parent
+
+    def __len__(self) -> int:
+        return 10_000
+
+    def __getitem__(self, i: int):
+        enc = self.tok.encode_batch(self.texts[i % 300:i % 300 + 8])
+        return torch.tensor([float(len(e.ids)) for e in enc])
+
+
 class ManyTensors(Dataset):
     def __len__(self) -> int:
         return 10_000
@@ -208,6 +235,8 @@ def build(kind: str, workers: int, in_any_order: bool = False,
                           persistent_workers=persistent and workers > 0)
     if kind == "files":
         return DataLoader(Files(cold), batch_size=8, num_workers=workers)
+    if kind == "tokenizer":
+        return DataLoader(Tokenized(), batch_size=4, num_workers=workers)
     if kind == "fds":
         soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
         resource.setrlimit(resource.RLIMIT_NOFILE, (min(128, hard), hard))
