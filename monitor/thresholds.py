@@ -135,6 +135,12 @@ HOST_BUSIER_CORES = 0.5
 HOST_BUSIER_RUNQ = 0.10
 HOST_STEP_CHANGE = 0.10
 
+# A dataset held in memory by every rank on a host (diagnosis/per_rank.py): each rank's
+# copy at least this big, and the largest within CACHE_RANK_ALIKE of the smallest (the same
+# data, loaded once per rank). Below 100 MB a copy per rank costs less than a rank's torch.
+CACHE_RANK_MIN_MB = 100.0
+CACHE_RANK_ALIKE = 1.25
+
 # -- faults ----------------------------------------------------------------------------------
 # No batch for this long means the loader looks stuck: at least STALL_MIN_S, and
 # STALL_STEPS typical steps (a job whose steps take 2 s is not stuck after 10 s). Slower than

@@ -527,6 +527,40 @@ def test_workers_started_again_every_epoch_say_what_their_start_is_made_of(tmp_p
 
 
 @pytest.mark.slow
+def test_a_dataset_loaded_by_every_rank_is_named_with_the_memory_one_copy_gives_back(
+        tmp_path, no_leaks):
+    """Two torchrun ranks on this host each load a 200 MB dataset into memory: the job's
+    finding names the copies, `verdict` is the cause, the advice one copy a host with what
+    it gives back; bare, the ranks' PSS with the copies and with one mapped file (the fix)
+    differ by that within 30% (ultralytics#22307: cache=True on 8 GPUs, 8 copies)."""
+    from monitor.diagnosis.per_rank import CACHE_PER_RANK
+    torchrun = str(Path(sys.executable).parent / "torchrun")
+    job = [torchrun, "--nproc-per-node", "2", str(SCRIPT), "rank_cache", "--workers", "1",
+           "--seconds", "3", "--cache-mb", "200"]
+    r = subprocess.run([sys.executable, "-m", "monitor", "run", "--db", str(tmp_path / "c.db"),
+                        "--json", "--", *job], cwd=ROOT, env=ENV, capture_output=True,
+                       text=True, timeout=240)
+    assert r.returncode == 0, r.stderr[-2000:]
+    d = json.loads(r.stdout.strip().splitlines()[-1])
+    f = finding(d, CACHE_PER_RANK)
+    assert d["verdict"] == CACHE_PER_RANK, d["verdict"]
+    assert "each of the 2 ranks on this host (ranks 0, 1) holds its own 210 MB copy" in \
+        f["text"] and "(Preloaded.data)" in f["text"], f["text"]
+    assert d["advice"][0]["value"] == "one copy per host"
+    predicted = f["numbers"]["saving_mb"]
+
+    def pss(*extra: str) -> float:  # the ranks' PSS together, MB
+        out = subprocess.run([*job, *extra], cwd=ROOT, env=ENV, capture_output=True,
+                             text=True, timeout=240)
+        assert out.returncode == 0, out.stderr[-2000:]
+        got = [float(x) for x in re.findall(r"pss_mb rank \d+ (\d+)", out.stdout)]
+        assert len(got) == 2, out.stdout
+        return sum(got) * 1.048576  # MiB -> MB
+    measured = pss() - pss("--mmap")
+    assert abs(measured / predicted - 1) <= 0.30, (measured, predicted)
+
+
+@pytest.mark.slow
 def test_a_jobs_ranks_have_their_causes_named_too(tmp_path, no_leaks):
     """Two torchrun ranks, each with a one-shard iterable dataset under 3 workers: the
     job's verdict names the idle workers of the rank it speaks for, from that rank's own
@@ -548,3 +582,23 @@ def test_a_jobs_ranks_have_their_causes_named_too(tmp_path, no_leaks):
     mine = [json.loads(x)["worker_pids"] for x in pids["data"] if json.loads(x)["rank"] == who]
     assert [w["pid"] for w in d["workers"]] == mine[-1]
     assert not more_workers(d), d["advice"]
+
+
+def test_a_copy_per_rank_needs_big_alike_copies_on_one_host():
+    """Only ranks that share a host, each holding at least CACHE_RANK_MIN_MB of about the
+    same size, are named: different data, a small index, or ranks on other hosts are not."""
+    from monitor.diagnosis.per_rank import cache_per_rank
+
+    def rep(mb: float) -> dict:
+        return {"dataset_held_bytes": mb * 1e6, "dataset_held_in": "ims", "dataset": "YOLO"}
+    one_host = {0: {0, 1, 2}, 1: {0, 1, 2}, 2: {0, 1, 2}}
+    f = cache_per_rank({0: rep(4000), 1: rep(4100), 2: rep(3950)}, one_host, 24000.0, None)
+    assert f is not None and f.numbers["copies"] == 3
+    assert f.numbers["saving_mb"] == pytest.approx(2 * (4000 + 4100 + 3950) / 3)
+    assert "(YOLO.ims): 3 copies, 12,050 MB, 50% of the host's 24,000 MB" in f.text
+    assert cache_per_rank({0: rep(4000), 1: rep(900), 2: rep(4000)}, one_host, None,
+                          None) is None  # not the same data
+    assert cache_per_rank({0: rep(50), 1: rep(50), 2: rep(50)}, one_host, None, None) is None
+    apart = {0: {0}, 1: {1}, 2: {2}}
+    assert cache_per_rank({0: rep(4000), 1: rep(4000), 2: rep(4000)}, apart, None,
+                          None) is None  # a copy per host is what it takes

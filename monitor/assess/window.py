@@ -24,6 +24,7 @@ from monitor.assess import phases as step_phases
 from monitor.diagnosis import Diagnosis, Features, causes, diagnose, features
 from monitor.diagnosis.causes import Finding
 from monitor.diagnosis.kinds import in_loader_terms
+from monitor.diagnosis.per_rank import cache_per_rank
 from monitor.diagnosis.rules import HEALTHY
 from monitor.diagnosis.straggler import RankFigures, straggler_diagnosis, stragglers
 from monitor.frames import analysis
@@ -400,6 +401,9 @@ def _assess_job(window: Window, ctx: Context, ranks: list[int], base: dict) -> A
     found = tuple(dataclasses.replace(x, text=f"rank {who}: {x.text}") for x in causes.find(
         mine, h, report, list(window.loader_errors), per[who].throughput,
         cpu_wait_share=per[who].loaders_runq_share))
+    copies = cache_per_rank((window.loader_report or {}).get("by_rank") or {}, local,
+                            per[who].mem_total_mb, per[who].memory_budget_mb)
+    found = (*found, copies) if copies is not None else found
     if found:
         dg = dataclasses.replace(dg, headline=causes.headline(dg.headline, found, job),
                                  advice=causes.merge(dg.advice, found, per[who].num_workers),

@@ -49,6 +49,7 @@ from monitor.diagnosis.limits import (
     open_files,
     shm,
 )
+from monitor.diagnosis.per_rank import CACHE_PER_RANK
 from monitor.diagnosis.rules import Advice
 from monitor.thresholds import (
     HOL_BATCH_X,
@@ -63,7 +64,7 @@ IDLE_WORKERS, MEMORY_GROWTH, HEAD_OF_LINE = (
     "idle-workers", "worker-memory-growth", "head-of-line")
 # The one vocabulary of causes a finding names (JSON `findings[].cause`, the page)
 CAUSES = (MEMORY_GROWTH, SHM, OPEN_FILES, OOM, LOADER_ERROR, TOKENIZER_FORK, IDLE_WORKERS,
-          PER_SAMPLE, SLOWER, STARTUP, HEAD_OF_LINE)
+          PER_SAMPLE, SLOWER, STARTUP, HEAD_OF_LINE, CACHE_PER_RANK)
 
 
 def find(steps: pd.DataFrame, host: pd.DataFrame, report: dict[str, Any] | None,

@@ -67,6 +67,7 @@ class Recorder(LoaderRequests):
         self.probe.on_loader_error = self._loader_error
         self.probe.on_workers_ready = self._workers_ready
         self.pickled: dict[int, int | None] = {}  # id(dataset) -> its pickled bytes
+        self.held: dict[int, tuple[int, str | None]] = {}  # id(dataset) -> held_bytes
         self.broken: set[int] = set()  # loaders no longer timed: the probe failed on them
         self.loader_cls: str | None = None
         self.fixed: str | None = None  # why the timed loader cannot be re-tuned live
@@ -159,6 +160,10 @@ class Recorder(LoaderRequests):
             if id(ds) not in self.pickled:  # once a dataset: a worker's pickle, counted
                 self.pickled[id(ds)] = workers.pickled_bytes(ds)
             figures["dataset_pickled_bytes"] = self.pickled[id(ds)]
+        if ds is not None:  # what it holds in memory: a copy in every rank (NOTE in per_rank)
+            if id(ds) not in self.held:
+                self.held[id(ds)] = workers.held_bytes(ds)
+            figures["dataset_held_bytes"], figures["dataset_held_in"] = self.held[id(ds)]
         self._event(LOADER, f"epoch {self.epoch}: batch {figures['batch_bytes'] / 1e6:.1f} "
                     f"MB in {figures['batch_tensors']} tensors, {figures['in_flight']} in "
                     "flight", {**figures, "epoch": self.epoch})

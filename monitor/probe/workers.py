@@ -124,6 +124,60 @@ def pickled_bytes(obj: Any) -> int | None:
         return None
 
 
+HELD_ITEMS = 200_000  # objects a dataset's walk looks at, at most (a list of arrays: each)
+
+
+def held_bytes(ds: Any) -> tuple[int, str | None]:
+    """(bytes, the attribute holding most of them) the dataset object keeps in memory as
+    tensors, arrays (anything with `nbytes`: numpy, without importing it) and bytes, in its
+    attributes and one level of lists, tuples and dicts in them (Ultralytics' `ims` with
+    cache=True is a list of arrays); a storage shared by several tensors counted once.
+    A walk, once a dataset, of at most HELD_ITEMS objects."""
+    seen: set[int] = set()
+    budget = [HELD_ITEMS]
+
+    def size(x: Any) -> int:
+        budget[0] -= 1
+        if isinstance(x, (bytes, bytearray, memoryview)):
+            return len(x)
+        storage = getattr(x, "untyped_storage", None)
+        if callable(storage) and hasattr(x, "data_ptr"):
+            try:
+                st = storage()
+                key = st.data_ptr()
+                if key in seen or getattr(x, "is_cuda", False) or x.is_meta or \
+                        getattr(st, "filename", None):  # a mapped file: the page cache's
+                    return 0
+                seen.add(key)
+                return int(st.nbytes())
+            except Exception:
+                return 0
+        n = getattr(x, "nbytes", None)
+        if isinstance(n, int) and not isinstance(x, type):
+            base = getattr(x, "base", None)  # a view of another array: its base counts
+            key = id(base if base is not None else x)
+            if key in seen or getattr(x, "filename", None) is not None:  # np.memmap: a file
+                return 0
+            seen.add(key)
+            return n
+        return 0
+
+    per: dict[str, int] = {}
+    for name, v in list(getattr(ds, "__dict__", {}).items()):
+        if budget[0] <= 0:
+            break
+        total = size(v)
+        if isinstance(v, (list, tuple)):
+            total += sum(size(x) for x in v[:max(0, budget[0])])
+        elif isinstance(v, dict):
+            total += sum(size(x) for x in list(v.values())[:max(0, budget[0])])
+        if total:
+            per[name] = total
+    if not per:
+        return 0, None
+    return sum(per.values()), max(per, key=per.get)
+
+
 def start_method(loader: Any) -> str | None:
     ctx = getattr(loader, "multiprocessing_context", None)
     name = getattr(ctx, "get_start_method", None) if ctx is not None else None

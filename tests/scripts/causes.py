@@ -25,6 +25,9 @@ samples/s at the end (`rate N samples/s`), so a test compares bare runs at two s
   each file from the page cache before its read, as a cold file on a disk is (storage).
 - fds: batches of 300 small tensors with the open-files limit set to 128 in this process
   (torch's default file_descriptor sharing keeps one descriptor per tensor in flight).
+- rank_cache: under torchrun, each rank loads a --cache-mb dataset into its own memory (a
+  preloaded tensor); --mmap: local rank 0 writes it to a file once and every rank maps it
+  (torch.from_file, shared): one copy a host. Each rank prints its PSS at the end.
 - tokenizer: a fast (HF `tokenizers`) tokenizer trained and used on a batch in this process,
   then in each forked worker: with TOKENIZERS_PARALLELISM=true in the environment the
   workers deadlock at their first encode (its thread pool was forked mid-use); =false, or
@@ -179,6 +182,43 @@ class Heavy(Dataset):
         return torch.full((4,), float(i))
 
 
+class Preloaded(Dataset):
+    """A dataset loaded into memory at start: a copy in every rank, or (mmap) one file
+    mapped by all of a host's ranks."""
+
+    def __init__(self, mb: int, mmap: bool) -> None:
+        n = mb * 1024 * 1024 // 4
+        if not mmap:
+            self.data = torch.ones(n)  # every page written: resident
+        else:
+            import os
+            path = f"/tmp/sm-rank-cache-{os.getppid()}-{mb}.bin"  # the launcher's: one a job
+            if os.environ.get("LOCAL_RANK", "0") == "0":
+                torch.ones(n).numpy().tofile(path + ".part")
+                os.replace(path + ".part", path)
+            deadline = time.monotonic() + 120
+            while not os.path.exists(path) and time.monotonic() < deadline:
+                time.sleep(0.05)  # sleep-ok: polling for rank 0's file, with a deadline
+            self.data = torch.from_file(path, shared=True, size=n, dtype=torch.float32)
+            float(self.data.sum())  # every page read: resident, once a host
+        self.rows = n // 1024
+
+    def __len__(self) -> int:
+        return self.rows
+
+    def __getitem__(self, i: int):
+        return self.data[i * 1024:(i + 1) * 1024].clone()
+
+
+def pss_mb() -> float:
+    """This process's proportional set size (shared pages split among their mappers)."""
+    with open("/proc/self/smaps_rollup") as f:
+        for line in f:
+            if line.startswith("Pss:"):
+                return int(line.split()[1]) / 1024
+    return float("nan")
+
+
 class Tokenized(Dataset):
     """Texts encoded by a fast tokenizer made here, and used here once (its thread pool
     runs in this process before the workers fork)."""
@@ -212,7 +252,8 @@ class ManyTensors(Dataset):
 
 def build(kind: str, workers: int, in_any_order: bool = False,
           batched: bool = False, persistent: bool = False, samples: int = 0,
-          grow_kb: int = 1024, cold: bool = False) -> DataLoader:
+          grow_kb: int = 1024, cold: bool = False, cache_mb: int = 300,
+          mmap: bool = False) -> DataLoader:
     if kind == "idle_shards":
         return DataLoader(OneShard(100_000), batch_size=8, num_workers=workers)
     if kind == "mem_growth":
@@ -235,6 +276,9 @@ def build(kind: str, workers: int, in_any_order: bool = False,
                           persistent_workers=persistent and workers > 0)
     if kind == "files":
         return DataLoader(Files(cold), batch_size=8, num_workers=workers)
+    if kind == "rank_cache":
+        return DataLoader(Preloaded(cache_mb, mmap), batch_size=16, num_workers=workers,
+                          shuffle=True)
     if kind == "tokenizer":
         return DataLoader(Tokenized(), batch_size=4, num_workers=workers)
     if kind == "fds":
@@ -263,11 +307,13 @@ def main() -> None:
     ap.add_argument("--samples", type=int, default=0, help="head_of_line: an epoch's samples")
     ap.add_argument("--cold", action="store_true", help="files: dropped from the page cache")
     ap.add_argument("--step-ms", type=float, default=3.0, help="the modelled device step")
+    ap.add_argument("--cache-mb", type=int, default=300, help="rank_cache: the dataset's MB")
+    ap.add_argument("--mmap", action="store_true", help="rank_cache: one mapped file (the fix)")
     a = ap.parse_args()
     if a.sharing:
         torch.multiprocessing.set_sharing_strategy(a.sharing)
     loader = build(a.kind, a.workers, a.any_order, a.batched, a.persistent, a.samples,
-                   a.grow_kb, a.cold)
+                   a.grow_kb, a.cold, a.cache_mb, a.mmap)
     start, n, samples = time.perf_counter(), 0, 0
     makers: set[int] = set()  # idle_shards: the workers that delivered batches
     first = None
@@ -301,6 +347,27 @@ def main() -> None:
           flush=True)
     if makers:
         print(f"workers delivering {len(makers)} of {a.workers}", flush=True)
+    if a.kind == "rank_cache":  # measured while every rank of the host still maps it
+        import glob
+        import os
+        tag = f"/tmp/sm-rank-cache-{os.getppid()}"
+        local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+        barrier(f"{tag}.ready", local)
+        print(f"pss_mb rank {os.environ.get('RANK', '0')} {pss_mb():.0f}", flush=True)
+        barrier(f"{tag}.measured", local)
+        if os.environ.get("LOCAL_RANK", "0") == "0":
+            for f in glob.glob(f"{tag}*"):
+                os.remove(f)
+
+
+def barrier(tag: str, n: int) -> None:
+    """Every one of the host's n ranks has reached this line (a file each, polled)."""
+    import glob
+    import os
+    open(f"{tag}-{os.environ.get('LOCAL_RANK', '0')}", "w").close()
+    deadline = time.monotonic() + 60
+    while len(glob.glob(f"{tag}-*")) < n and time.monotonic() < deadline:
+        time.sleep(0.02)  # sleep-ok: polling for the host's other ranks, with a deadline
 
 
 if __name__ == "__main__":
