@@ -159,6 +159,12 @@ class HostSample:
     # group, and each group's weight, demand, CPU; NOTE [scheduling groups] in
     # monitor/sampling/groups.py)
     others_groups: str | None = col("other processes by scheduling group (JSON)", default=None)
+    # the loaders' reads that the block device did not serve (rchar - read_bytes: sockets
+    # and the page cache), and the peers of their TCP connections (JSON {peer: count};
+    # NOTE [remote reads] in monitor/sampling/sockets.py)
+    loaders_net_kb_s: float | None = col("loaders' reads not from storage (sockets, cache)",
+                                         "KB/s", default=None)
+    loaders_peers: str | None = col("loaders' TCP peers (JSON)", default=None)
 
 
 @dataclass(frozen=True, slots=True)

@@ -139,6 +139,9 @@ HOST_STEP_CHANGE = 0.10
 # copy at least this big, and the largest within CACHE_RANK_ALIKE of the smallest (the same
 # data, loaded once per rank). Below 100 MB a copy per rank costs less than a rank's torch.
 CACHE_RANK_MIN_MB = 100.0
+# The loaders read over the network when a TCP peer of theirs was seen in at least this
+# share of a window's passes (a connection a request, open while the loader waits on it).
+REMOTE_SEEN_SHARE = 0.3
 CACHE_RANK_ALIKE = 1.25
 
 # -- faults ----------------------------------------------------------------------------------

@@ -247,6 +247,30 @@ def test_the_open_files_limit_names_the_hang_it_causes(tmp_path, no_leaks):
 
 
 @pytest.mark.slow
+def test_samples_read_over_the_network_name_the_peer_and_the_wait(tmp_path, no_leaks):
+    """Each sample an HTTP GET of 15 ms from a server of the script's own: the loaders are
+    blocked on no CPU and no disk with a TCP peer open; `verdict` names remote reads with
+    the peer and the wait a sample, the fix is fewer, bigger requests or a cache, and more
+    workers beside it (they overlap the latency: 2 -> 6 bare is checked below)."""
+    from monitor.diagnosis.remote import REMOTE_READS
+    code, d = monitored(tmp_path / "r.db", "remote", "--workers", "2", "--seconds", "5",
+                        "--min-batches", "40")
+    assert code == 0, LAST_STDERR
+    f = finding(d, REMOTE_READS)
+    assert d["verdict"] == REMOTE_READS, d["verdict"]
+    assert re.search(r"TCP connections to 127\.0\.0\.1:\d+ \(seen in \d+% of the sampler's",
+                     f["text"]), f["text"]
+    assert f["numbers"]["wait_per_sample_ms"] >= 10, f["numbers"]  # the 15 ms GET
+    assert d["advice"][0]["value"] == "fewer, bigger requests, or a local cache"
+    assert not [x for x in d["findings"] if x["cause"] == causes.HEAD_OF_LINE], d["findings"]
+    adv = next(a for a in d["advice"] if a["param"] == "num_workers")
+    assert adv["value"] > 2
+    before = rate(bare("remote", "--workers", "2", "--seconds", "3"))
+    after = rate(bare("remote", "--workers", str(adv["value"]), "--seconds", "3"))
+    assert after > 1.3 * before, (before, after)  # more loaders overlap the latency
+
+
+@pytest.mark.slow
 def test_a_tokenizer_forked_mid_use_names_the_deadlock_and_its_fix(tmp_path, no_leaks):
     """A fast tokenizer used in the parent with TOKENIZERS_PARALLELISM=true, then in forked
     workers: they sleep at 0% CPU from their first encode (huggingface/tokenizers' pool

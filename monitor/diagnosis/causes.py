@@ -50,6 +50,7 @@ from monitor.diagnosis.limits import (
     shm,
 )
 from monitor.diagnosis.per_rank import CACHE_PER_RANK
+from monitor.diagnosis.remote import REMOTE_READS, remote_reads
 from monitor.diagnosis.rules import Advice
 from monitor.thresholds import (
     HOL_BATCH_X,
@@ -64,16 +65,18 @@ IDLE_WORKERS, MEMORY_GROWTH, HEAD_OF_LINE = (
     "idle-workers", "worker-memory-growth", "head-of-line")
 # The one vocabulary of causes a finding names (JSON `findings[].cause`, the page)
 CAUSES = (MEMORY_GROWTH, SHM, OPEN_FILES, OOM, LOADER_ERROR, TOKENIZER_FORK, IDLE_WORKERS,
-          PER_SAMPLE, SLOWER, STARTUP, HEAD_OF_LINE, CACHE_PER_RANK)
+          PER_SAMPLE, SLOWER, STARTUP, HEAD_OF_LINE, CACHE_PER_RANK, REMOTE_READS)
 
 
 def find(steps: pd.DataFrame, host: pd.DataFrame, report: dict[str, Any] | None,
          errors: list[str], throughput: float,
          history: tuple[dict[str, Any], ...] = (),
-         cpu_wait_share: float | None = None) -> tuple[Finding, ...]:
+         cpu_wait_share: float | None = None,
+         loading: dict[str, Any] | None = None) -> tuple[Finding, ...]:
     """Every finding the window's evidence (and the run's ended generations, `history`)
     supports, the ones that happened first; `cpu_wait_share`: the loaders' measured wait
-    for a CPU (features.loaders_runq_share), so that a cost is judged on a CPU's time."""
+    for a CPU (features.loaders_runq_share), so that a cost is judged on a CPU's time;
+    `loading`: the time split's blocked figures (remote.loader_evidence)."""
     happened = [f for f in (failure(e, report, host) for e in errors[-1:]) if f is not None]
     # failures on their way first (they end the job), then what slows it
     coming = [worker_memory(host, _workers_up(steps)), shm(report), open_files(report),
@@ -81,7 +84,8 @@ def find(steps: pd.DataFrame, host: pd.DataFrame, report: dict[str, Any] | None,
               per_sample(steps, report, cpu_wait_share),
               slower_with_more(history, int((report or {}).get("num_workers") or 0),
                                throughput),
-              startup(steps, report, throughput), head_of_line(steps)]
+              startup(steps, report, throughput), head_of_line(steps),
+              remote_reads(host, steps, **loading) if loading else None]
     seen = {f.cause for f in happened}  # a failure that happened says what the warning would
     return tuple(happened + [f for f in coming if f is not None and f.cause not in seen])
 
@@ -169,11 +173,13 @@ def head_of_line(steps: pd.DataFrame) -> Finding | None:
     # longer than a worker takes to make a batch at the loop's pace (n workers, one batch a
     # step each in turn): a uniform pipeline in order waits that long for every n-th batch
     # while the next sits finished (2 workers of equal 48 ms batches: 43 of 170 steps),
-    # which is no slow sample
+    # which is no slow sample. The loop's pace is the mean step, not the median: where every
+    # other batch waits a whole turn (2 workers, 17 ms remote reads a sample: bimodal
+    # waits) the median step is the short half, and a uniform pipeline read head-of-line
     workers = max(1, int(steps["worker"].dropna().nunique())) if "worker" in steps.columns \
         else 1
     floor = max(HOL_WAIT_X * max(float(wait.median()), 1e-4),
-                HOL_BATCH_X * workers * float((wait + steps["compute_s"]).median()))
+                HOL_BATCH_X * workers * float((wait + steps["compute_s"]).mean()))
     long = steps[(steps["held"].fillna(0) >= 1) & (wait > floor)]
     held_wait = float(long["wait_s"].sum())
     if len(long) < 3 or total <= 0 or held_wait < HOL_SHARE * total:
@@ -294,9 +300,15 @@ def headline(text: str, findings: tuple[Finding, ...], f: Any) -> str:
         wait = f" The device waits for data {share:.0%} of step time." \
             if isinstance(share, float) and not math.isnan(share) else ""
         kept = [] if first.no_more_workers else [text]
-        rest = [x.text for x in findings if x is not first]
-        return " ".join([first.text[0].upper() + first.text[1:] + wait, *kept, *rest])
-    return " ".join([text, *(x.text[0].upper() + x.text[1:] for x in findings)])
+        rest = [_sentence(x.text) for x in findings if x is not first]
+        return " ".join([_sentence(first.text) + wait, *kept, *rest])
+    return " ".join([text, *(_sentence(x.text) for x in findings)])
+
+
+def _sentence(text: str) -> str:
+    """A finding's text as a sentence: capitalised, ended."""
+    text = text[0].upper() + text[1:] if text else text
+    return text if text.endswith((".", "!", "?")) else text + "."
 
 
 def merge(advice: tuple[Advice, ...], findings: tuple[Finding, ...],

@@ -22,6 +22,7 @@ from monitor.records import CpuBudget, HostSample
 from monitor.sampling import procfs
 from monitor.sampling.capacity import capacity
 from monitor.sampling.groups import GroupScan
+from monitor.sampling.sockets import NetReads
 
 MB = 1024 * 1024
 USS_EVERY = 8
@@ -154,6 +155,7 @@ class HostSampler:
         self._mine_cpu: dict[int, float] = {}  # their CPU seconds, last pass
         self._mine_t: float | None = None
         self._scan = GroupScan(proc=proc)  # NOTE [scheduling groups] in groups.py
+        self._net = NetReads(proc)  # NOTE [remote reads] in sockets.py
         psutil.cpu_percent(percpu=True)  # prime: the first call has nothing to compare with
 
     def follow(self, pid: int | None, run_id: int | None) -> None:
@@ -163,6 +165,7 @@ class HostSampler:
             self._kids, self._ranks = {}, {}
             self._passes, self._uss, self._prev = 0, {}, {}
             self._wcpu, self._threads, self._uss_each = {}, {}, {}
+            self._net = NetReads(self.proc)
 
     def follow_ranks(self, ranks: dict[int, int]) -> None:
         """The rank -> PID map of a distributed job under the followed process: each rank
@@ -285,6 +288,7 @@ class HostSampler:
             workers_uss_mb=self._uss.get(key),
             workers_detail=self._detail(key, workers, w_rss, before),
             **self._time_split(key, main, workers),
+            **self._net.sample(key, main.pid, [w.pid for w in workers]),
             **self._cgroup(main.pid),
         )
 

@@ -28,6 +28,8 @@ samples/s at the end (`rate N samples/s`), so a test compares bare runs at two s
 - rank_cache: under torchrun, each rank loads a --cache-mb dataset into its own memory (a
   preloaded tensor); --mmap: local rank 0 writes it to a file once and every rank maps it
   (torch.from_file, shared): one copy a host. Each rank prints its PSS at the end.
+- remote: each sample fetched over HTTP from a server in this process (127.0.0.1, 15 ms
+  a GET, 16 KB): the loaders wait on sockets, on no CPU and no disk.
 - tokenizer: a fast (HF `tokenizers`) tokenizer trained and used on a batch in this process,
   then in each forked worker: with TOKENIZERS_PARALLELISM=true in the environment the
   workers deadlock at their first encode (its thread pool was forked mid-use); =false, or
@@ -219,6 +221,43 @@ def pss_mb() -> float:
     return float("nan")
 
 
+class Remote(Dataset):
+    """Samples behind an HTTP server of this process's own (a bucket, an object store)."""
+
+    LATENCY_S, BYTES = 0.015, 16 * 1024
+
+    def __init__(self) -> None:
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        class Slow(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                time.sleep(Remote.LATENCY_S)  # sleep-ok: the modelled round trip
+                self.send_response(200)
+                self.send_header("Content-Length", str(Remote.BYTES))
+                self.end_headers()
+                self.wfile.write(b"\0" * Remote.BYTES)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Slow)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/sample"
+
+    def __getstate__(self) -> dict:  # (spawned workers: the URL only)
+        return {"url": self.url}
+
+    def __len__(self) -> int:
+        return 100_000
+
+    def __getitem__(self, i: int):
+        import urllib.request
+        with urllib.request.urlopen(f"{self.url}/{i}", timeout=30) as r:
+            data = r.read()
+        return torch.tensor([float(len(data))])
+
+
 class Tokenized(Dataset):
     """Texts encoded by a fast tokenizer made here, and used here once (its thread pool
     runs in this process before the workers fork)."""
@@ -279,6 +318,8 @@ def build(kind: str, workers: int, in_any_order: bool = False,
     if kind == "rank_cache":
         return DataLoader(Preloaded(cache_mb, mmap), batch_size=16, num_workers=workers,
                           shuffle=True)
+    if kind == "remote":
+        return DataLoader(Remote(), batch_size=8, num_workers=workers)
     if kind == "tokenizer":
         return DataLoader(Tokenized(), batch_size=4, num_workers=workers)
     if kind == "fds":

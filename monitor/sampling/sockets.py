@@ -1,0 +1,112 @@
+"""What the loaders read over the network (NOTE [remote reads])."""
+
+# NOTE [remote reads]
+# A loader that fetches its samples over the network (S3, GCS, HTTP, a WebDataset shard in a
+# bucket, HF streaming) sits in socket reads: neither on a CPU nor reading the block device,
+# so the time split calls it blocked, like a sleep or a lock. What tells it apart, read from
+# outside the unmodified script each pass: the loaders' TCP connections and their peers
+# (their descriptors' socket inodes, looked up in /proc/<pid>/net/tcp and tcp6: the
+# process's own network namespace), and the bytes they read through read() that the block
+# device did not serve (/proc/<pid>/io rchar - read_bytes: sockets, and page-cache hits,
+# which the peers tell apart). diagnosis/causes.py names it with the peer, the bytes a
+# sample and the wait a sample; more loaders than cores overlap it (the bound model's l).
+from __future__ import annotations
+
+import json
+import os
+import time
+
+ESTABLISHED = "01"
+MAX_FDS = 4096  # descriptors looked at a process, at most (a loader holds tens)
+
+
+def _inodes(pid: int, proc: str) -> set[str]:
+    out: set[str] = set()
+    try:
+        names = os.listdir(f"{proc}/{pid}/fd")
+    except OSError:
+        return out
+    for name in names[:MAX_FDS]:
+        try:
+            link = os.readlink(f"{proc}/{pid}/fd/{name}")
+        except OSError:
+            continue
+        if link.startswith("socket:["):
+            out.add(link[8:-1])
+    return out
+
+
+def _addr(hex_addr: str) -> str:
+    """'0100007F:1F90' -> '127.0.0.1:8080' (IPv4; IPv6 as its mapped IPv4 where it is one)."""
+    ip, port = hex_addr.split(":")
+    if len(ip) == 8:
+        host = ".".join(str(int(ip[i:i + 2], 16)) for i in (6, 4, 2, 0))
+    elif ip.startswith("0000000000000000FFFF0000"):
+        v4 = ip[24:]
+        host = ".".join(str(int(v4[i:i + 2], 16)) for i in (6, 4, 2, 0))
+    else:
+        words = [ip[i:i + 8] for i in range(0, 32, 8)]
+        host = "[" + ":".join("".join(w[j:j + 2] for j in (6, 4, 2, 0)).lower()
+                              for w in words) + "]"
+    return f"{host}:{int(port, 16)}"
+
+
+def tcp_peers(pid: int, inodes: set[str], proc: str = "/proc") -> dict[str, int]:
+    """The remote ends of the process's established TCP connections among `inodes`."""
+    peers: dict[str, int] = {}
+    if not inodes:
+        return peers
+    for table in ("tcp", "tcp6"):
+        try:
+            with open(f"{proc}/{pid}/net/{table}") as f:
+                next(f, None)
+                for line in f:
+                    p = line.split()
+                    if len(p) > 9 and p[3] == ESTABLISHED and p[9] in inodes:
+                        peers[_addr(p[2])] = peers.get(_addr(p[2]), 0) + 1
+        except (OSError, ValueError):
+            continue
+    return peers
+
+
+def _io(pid: int, proc: str) -> tuple[int, int] | None:
+    """(rchar, read_bytes) of a process from /proc/<pid>/io."""
+    got: dict[str, int] = {}
+    try:
+        with open(f"{proc}/{pid}/io") as f:
+            for line in f:
+                k, _, v = line.partition(":")
+                if k in ("rchar", "read_bytes"):
+                    got[k] = int(v)
+    except (OSError, ValueError):
+        return None
+    return (got["rchar"], got["read_bytes"]) if len(got) == 2 else None
+
+
+class NetReads:
+    """Per key (a rank, or the followed process): the loaders' bytes read not from the block
+    device since the last pass (KB/s), and the peers of their TCP connections now (JSON
+    {peer: connections}); the loaders are the workers, or the main process without them."""
+
+    def __init__(self, proc: str = "/proc", clock=time.monotonic) -> None:
+        self.proc, self.clock = proc, clock
+        self._prev: dict[int | None, tuple[float, dict[int, tuple[int, int]]]] = {}
+
+    def sample(self, key: int | None, main: int, workers: list[int]) -> dict:
+        pids = workers or [main]
+        now = self.clock()
+        io = {p: v for p in pids if (v := _io(p, self.proc)) is not None}
+        peers: dict[str, int] = {}
+        for p in pids:
+            for peer, n in tcp_peers(p, _inodes(p, self.proc), self.proc).items():
+                peers[peer] = peers.get(peer, 0) + n
+        prev, self._prev[key] = self._prev.get(key), (now, io)
+        out: dict = {"loaders_net_kb_s": None,
+                     "loaders_peers": json.dumps(peers) if peers else None}
+        if prev is not None and now > prev[0]:
+            both = [p for p in io if p in prev[1]]
+            if both:
+                got = sum((io[p][0] - prev[1][p][0]) - (io[p][1] - prev[1][p][1])
+                          for p in both)
+                out["loaders_net_kb_s"] = max(0.0, got) / 1024 / (now - prev[0])
+        return out

@@ -1,0 +1,42 @@
+"""The loaders' TCP peers and their reads not from storage (NOTE [remote reads] in
+monitor/sampling/sockets.py), from a /proc fixture and from a real connection."""
+from __future__ import annotations
+
+import json
+import os
+import socket
+
+from monitor.sampling.sockets import NetReads, _addr, tcp_peers
+
+
+def test_addresses_read_as_the_kernel_writes_them():
+    assert _addr("0100007F:1F90") == "127.0.0.1:8080"
+    assert _addr("0000000000000000FFFF00000100007F:0050") == "127.0.0.1:80"
+    assert _addr("B80D01200000000000000000D2040000:01BB").endswith(":443")
+
+
+def test_only_established_connections_of_the_process_are_peers(tmp_path):
+    pid = 7
+    (tmp_path / "7" / "net").mkdir(parents=True)
+    head = ("  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid"
+            "  timeout inode\n")
+    rows = ["   0: 0100007F:9C40 0A00000A:01BB 01 00000000:00000000 00:00000000 00000000 0 0 111 1",
+            "   1: 0100007F:9C41 0A00000A:01BB 06 00000000:00000000 00:00000000 00000000 0 0 112 1",
+            "   2: 0100007F:9C42 0B00000A:0050 01 00000000:00000000 00:00000000 00000000 0 0 999 1"]
+    (tmp_path / "7" / "net" / "tcp").write_text(head + "\n".join(rows) + "\n")
+    assert tcp_peers(pid, {"111", "112"}, str(tmp_path)) == {"10.0.0.10:443": 1}
+
+
+def test_a_real_connection_is_seen_from_outside():
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(1)
+    cli = socket.create_connection(srv.getsockname())
+    conn, _ = srv.accept()
+    try:
+        got = NetReads().sample(None, os.getpid(), [])
+        peers = json.loads(got["loaders_peers"])
+        assert f"127.0.0.1:{srv.getsockname()[1]}" in peers
+    finally:
+        for s in (cli, conn, srv):
+            s.close()
