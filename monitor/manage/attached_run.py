@@ -188,11 +188,7 @@ def run_attached(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     view = next((o for o in outs if o.name == "terminal"), None)
-    try:  # runs whose recording process is gone; a locked store leaves them for later
-        store.close_orphans()
-    except Exception as exc:
-        if not transient(exc):
-            raise
+    store.close_orphans(later_if_locked=True)  # runs whose recording process is gone
     script = outputs.script_name(cmd)
     run_id = store.create_run(args.name or script, ATTACHED, attached_config(script))
     relay = Relay(store.path.resolve(), run_id)  # NOTE [the relay]

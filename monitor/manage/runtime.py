@@ -51,7 +51,6 @@ from monitor.manage.collector_process import CollectorProcess
 from monitor.manage.context import machine_context
 from monitor.manage.jobs import JobHolder
 from monitor.manage.session import SessionManager
-from monitor.probe.writer import transient
 from monitor.sampling.collector import Collector
 from monitor.sampling.host import usable_cores
 from monitor.store import ATTACHED, RUNNING, Store
@@ -87,16 +86,10 @@ class Runtime:
 
     def start(self, orphans: bool = True) -> Runtime:
         """Close runs whose recording process is gone (`orphans`: an attached run's launcher
-        did before its script started), then start sampling. A store another writer holds
-        locked past its busy timeout leaves them for the next start: `monitor run` died there
-        once ("database is locked"), and its script with it."""
-        self.orphans_closed = []
-        try:
-            if orphans:
-                self.orphans_closed = self.store.close_orphans()
-        except Exception as exc:
-            if not transient(exc):
-                raise
+        did before its script started; a locked store leaves them for later), then start
+        sampling."""
+        self.orphans_closed = self.store.close_orphans(later_if_locked=True) if orphans \
+            else []
         self.collector.start()
         atexit.register(self.close)
         return self

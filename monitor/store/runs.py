@@ -84,12 +84,22 @@ class Runs:
         return cur.rowcount == 1
 
     def close_orphans(self, alive: Callable[[int], bool] | None = None,
-                      grace_s: float = 60.0) -> list[int]:
+                      grace_s: float = 60.0, later_if_locked: bool = False) -> list[int]:
         """Fail every `running` run whose recording process is gone (a dashboard or CLI
         that was killed): it can never end by itself; with the reason that process noted
         when it could not write it here (notes.py), else "the process is gone".
-        `alive(pid) -> bool` is injected for tests. Returns the runs closed."""
-        alive = alive or _pid_alive
+        `alive(pid) -> bool` is injected for tests. Returns the runs closed.
+        `later_if_locked`: a store another writer holds locked past its busy timeout
+        leaves them for the next open (`monitor run` died there once, "database is
+        locked", and its script with it) instead of raising."""
+        try:
+            return self._close_orphans(alive or _pid_alive, grace_s)
+        except sqlite3.OperationalError as exc:
+            if later_if_locked and any(w in str(exc).lower() for w in ("locked", "busy")):
+                return []
+            raise
+
+    def _close_orphans(self, alive: Callable[[int], bool], grace_s: float) -> list[int]:
         rows = self.db.conn().execute(
             "SELECT id, pid, started_at FROM runs WHERE status = 'running'").fetchall()
         gone = [run_id for run_id, pid, started in rows
