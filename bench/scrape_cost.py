@@ -31,7 +31,7 @@ from monitor.config import max_workers  # noqa: E402
 from monitor.export.prometheus import serve  # noqa: E402
 from monitor.manage.context import Context  # noqa: E402
 from monitor.records import HostSample, StepRecord  # noqa: E402
-from monitor.sampling.host import cpu_budget, usable_cores  # noqa: E402
+from monitor.sampling.budget import cpu_budget, usable_cores  # noqa: E402
 from monitor.store import ATTACHED, Store  # noqa: E402
 
 # what Prometheus 2.x/3.x sends with a scrape

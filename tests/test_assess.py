@@ -13,7 +13,7 @@ from monitor.assess.window import Context, assess_run
 from monitor.config import LoaderConfig, max_workers
 from monitor.diagnosis import fit_bound
 from monitor.records import HostSample, StepRecord
-from monitor.sampling.host import cpu_budget, usable_cores
+from monitor.sampling.budget import cpu_budget, usable_cores
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG = LoaderConfig.build(preset="starving", num_workers=0, batch_size=32,

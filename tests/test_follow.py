@@ -13,7 +13,7 @@ from monitor.assess.window import Context
 from monitor.cli.args import build_parser
 from monitor.manage import outputs
 from monitor.records import StepRecord
-from monitor.sampling.host import cpu_budget
+from monitor.sampling.budget import cpu_budget
 from monitor.store import ATTACHED, Store
 from tests.conftest import wait_for
 

@@ -139,7 +139,7 @@ def _files(root, files: dict[str, str]):
 
 
 def test_cpu_budget_cgroup_v2_quota_and_throttling(tmp_path):
-    from monitor.sampling.host import cpu_budget
+    from monitor.sampling.budget import cpu_budget
 
     root = _files(tmp_path, {
         "cpu.max": "150000 100000\n",
@@ -152,7 +152,7 @@ def test_cpu_budget_cgroup_v2_quota_and_throttling(tmp_path):
 
 
 def test_cpu_budget_cgroup_v2_unlimited(tmp_path):
-    from monitor.sampling.host import cpu_budget
+    from monitor.sampling.budget import cpu_budget
 
     root = _files(tmp_path, {"cpu.max": "max 100000\n", "cpu.stat": "usage_usec 1\n"})
     b = cpu_budget(root, affinity=4)
@@ -160,7 +160,7 @@ def test_cpu_budget_cgroup_v2_unlimited(tmp_path):
 
 
 def test_cpu_budget_cgroup_v1(tmp_path):
-    from monitor.sampling.host import cpu_budget
+    from monitor.sampling.budget import cpu_budget
 
     root = _files(tmp_path, {
         "cpu/cpu.cfs_quota_us": "100000\n", "cpu/cpu.cfs_period_us": "100000\n",
@@ -175,7 +175,7 @@ def test_cpu_budget_cgroup_v1(tmp_path):
 
 
 def test_cpu_budget_without_cgroup_files_uses_affinity(tmp_path):
-    from monitor.sampling.host import cpu_budget
+    from monitor.sampling.budget import cpu_budget
 
     b = cpu_budget(str(tmp_path / "none"), affinity=3)
     assert (b.usable, b.quota, b.throttled, b.throttled_s) == (3, None, None, None)
@@ -272,7 +272,7 @@ def test_the_monitors_own_processes_are_counted_apart_from_the_job_and_other_pro
 def test_the_cpu_budget_keeps_within_slurms_grant(tmp_path):
     """SLURM_CPUS_PER_TASK bounds the usable cores where no mask or cgroup enforces it;
     outside a Slurm job, or unset, it is not read."""
-    from monitor.sampling.host import cpu_budget
+    from monitor.sampling.budget import cpu_budget
 
     granted = {"SLURM_JOB_ID": "7", "SLURM_CPUS_PER_TASK": "2"}
     b = cpu_budget(str(tmp_path), affinity=16, env=granted)

@@ -12,7 +12,7 @@ import pytest
 
 from monitor.assess.window import Context, Window
 from monitor.records import HostSample, StepRecord
-from monitor.sampling.host import cpu_budget
+from monitor.sampling.budget import cpu_budget
 from monitor.thresholds import AUTOTUNE_MIN_STEPS as MIN_STEPS
 from monitor.tuning.live import Cadence, LiveTuner, RankTuner, observation, std_error
 

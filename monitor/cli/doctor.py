@@ -239,8 +239,8 @@ def run(db: str | None, python: str | None = None, loader: dict[str, Any] | None
         capacity: bool = True) -> list[Check]:
     from monitor.config import prefetch_of
     from monitor.sampling import procfs
+    from monitor.sampling.budget import cpu_budget
     from monitor.sampling.gpu import open_backend
-    from monitor.sampling.host import cpu_budget
     from monitor.store import default_path
 
     checks = torch_check(python or sys.executable)

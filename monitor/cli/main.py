@@ -17,7 +17,7 @@ from typing import Any
 
 from monitor.cli.args import build_parser, parse_param
 from monitor.config import SETTING, SETTINGS, ConfigError, LoaderConfig, max_workers, normalise
-from monitor.sampling.host import usable_cores
+from monitor.sampling.budget import usable_cores
 from monitor.store import ENV_VAR, FAILED
 
 

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from monitor.assess import outcomes
 from monitor.assess.window import Context
 from monitor.config import max_workers
-from monitor.sampling.host import cpu_budget, usable_cores
+from monitor.sampling.budget import cpu_budget, usable_cores
 
 if TYPE_CHECKING:
     from monitor.store import Store

@@ -51,8 +51,8 @@ from monitor.manage.collector_process import CollectorProcess
 from monitor.manage.context import machine_context
 from monitor.manage.jobs import JobHolder
 from monitor.manage.session import SessionManager
+from monitor.sampling.budget import usable_cores
 from monitor.sampling.collector import Collector
-from monitor.sampling.host import usable_cores
 from monitor.store import ATTACHED, RUNNING, Store
 from monitor.tuning.live import Cadence, LiveTuner, window_s
 
