@@ -146,6 +146,10 @@ class HostSample:
                                        "KB/s", default=None)
     workers_read_kb_s: float | None = col("workers' reads from storage (block device)",
                                           "KB/s", default=None)
+    # threads that wanted a CPU at least a fifth of the pass: the main process's, and a
+    # worker's on average (a library's pool: OpenBLAS, OpenMP, OpenCV; one when none runs)
+    proc_busy_threads: float | None = col("main process threads at work", default=None)
+    workers_busy_threads: float | None = col("threads at work a worker", default=None)
     rank: int | None = col("rank whose process this row samples (None: the whole tree)",
                            default=None)
     # each worker since the last pass (JSON list of {pid, cpu_pct, rss_mb, uss_mb, status})

@@ -17,6 +17,12 @@ STARVING_SHARE = 0.10
 # Host CPU busy over the usable cores above which more loader processes cannot run in
 # parallel: 85% leaves room for the sampling jitter of 0.25 s psutil readings.
 CPU_SATURATED = 0.85
+# A verdict's line crossed by less than NOISE_Z standard errors of its figure (over the
+# window's sub-windows and host passes) is borderline, and borderline is taken one way, the
+# way that advises no change (fed, cores busy, loaders contended), so that two identical
+# runs agree (bench/predictions.py --repeat: a quiet 2-worker run read "starving, 3
+# workers" and "cpu-bound" in turn; bare, 3 workers measured x0.97).
+NOISE_Z = 2.0
 # The loaders' own time split (/proc schedstat: on a CPU, waiting for one, blocked). Blocked
 # for at least this share of their time: they mostly wait on something that is not a CPU
 # (storage, a lock, a sleep), so workers beyond the core count still help.
@@ -139,6 +145,10 @@ HOST_STEP_CHANGE = 0.10
 # copy at least this big, and the largest within CACHE_RANK_ALIKE of the smallest (the same
 # data, loaded once per rank). Below 100 MB a copy per rank costs less than a rank's torch.
 CACHE_RANK_MIN_MB = 100.0
+# A process's threads at work at once (each wanting a CPU a fifth of a pass or more) past
+# this, on average over the window: a pool at work beside the one thread a loader needs
+# (diagnosis/threads.py).
+THREADS_AT_WORK = 1.5
 # The loaders read over the network when a TCP peer of theirs was seen in at least this
 # share of a window's passes (a connection a request, open while the loader waits on it).
 REMOTE_SEEN_SHARE = 0.3

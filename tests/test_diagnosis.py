@@ -460,8 +460,8 @@ def test_a_change_that_recorded_no_step_leaves_the_verdict_with_the_settings_bef
 def test_advice_for_a_torchdata_nodes_pipeline_is_in_its_terms():
     """No persistent_workers (the API has none); num_workers is the ParallelMapper's, and a
     thread mapper's gain is not the process-measured model's to promise."""
+    from monitor.diagnosis.finding import Advice, Diagnosis
     from monitor.diagnosis.kinds import in_loader_terms
-    from monitor.diagnosis.rules import Advice, Diagnosis
 
     dg = Diagnosis("starving", "Starving.", {}, (
         Advice("num_workers", 4, 900.0, "more workers", "cpu", 700.0, 1000.0),
@@ -510,3 +510,40 @@ def test_oversubscribed_beside_the_sessions_own_neighbours_advises_no_fewer_work
     alone = diagnose(dataclasses.replace(crowded, same_group_demand=0.0,
                                          group_scans=(((), 0.0),) * 4))
     assert alone.advice[0].param == "num_workers" and alone.advice[0].value == 2
+
+
+def test_a_line_crossed_within_its_noise_is_taken_the_way_that_advises_no_change():
+    """Two identical runs, one a hair each side of a verdict's line, agree: within
+    NOISE_Z standard errors of the line the loaders count as contended and the device as
+    fed (a quiet 2-worker run once read "starving, 3 workers" and "cpu-bound" in turn)."""
+    cfg = LoaderConfig.build(num_workers=2)
+    base = dict(host_cpu_cores=1.5, workers_cpu_cores=1.3, main_cpu_cores=0.2,
+                cpu_per_sample_s=0.004, wall_per_sample_s=0.0054, runq_per_sample_s=0.0013)
+    below = feat(cfg, **base)  # the loaders wait 24% of their time for a CPU: below 25%
+    assert below.loaders_runq_share < 0.25 and diagnose(below).verdict == "starving"
+    noisy = dataclasses.replace(below, loaders_runq_se=0.02)
+    assert diagnose(noisy).verdict == "cpu-bound"
+    plain = dataclasses.replace(below, loaders_runq_se=0.002)
+    assert diagnose(plain).verdict == "starving"
+    fed = feat(cfg, data_wait_share=0.11, host_cpu_cores=0.6, workers_cpu_cores=0.4)
+    assert diagnose(fed).verdict != "healthy"
+    assert diagnose(dataclasses.replace(fed, data_wait_se=0.01)).verdict == "healthy"
+
+
+def test_the_noise_of_a_verdicts_figures_is_measured_from_the_window():
+    """The standard errors come from the window itself: the data-wait share over runs of
+    consecutive steps, the CPU busy and the loaders' CPU wait over the host passes."""
+    from monitor.diagnosis.features import _noise
+    steady = steps_frame([0.01] * 60, [0.05] * 60)
+    jumpy = steps_frame([0.001, 0.05] * 30, [0.05] * 60)
+    assert _noise(steady, pd.DataFrame(), 2, None, 0)["data_wait_se"] == pytest.approx(0.0)
+    assert _noise(jumpy, pd.DataFrame(), 2, None, 0)["data_wait_se"] < 0.02  # alternation
+    bursts = steps_frame([0.001] * 30 + [0.08] * 30, [0.05] * 60)
+    assert _noise(bursts, pd.DataFrame(), 2, None, 0)["data_wait_se"] > 0.05
+    host = pd.DataFrame({"ts": range(6), "cpu_total_pct": [80, 90, 85, 95, 70, 90],
+                         "cpu_per_core": ["[1, 1]"] * 6,
+                         "workers_runq_pct": [20, 40, 30, 30, 20, 40]})
+    got = _noise(steady, host, 2, 0.3, 2)
+    assert 0.02 < got["cpu_busy_se"] < 0.06
+    assert got["loaders_runq_se"] == pytest.approx(0.3 * (host["workers_runq_pct"].std()
+                                                         / 6 ** 0.5) / 30)

@@ -92,7 +92,7 @@ def test_live_off_a_terminal_prints_plain_lines(tmp_path):
 def test_the_live_table_shows_advice_outside_the_loader_as_its_sentence():
     """Advice that is no loader setting ("host": free the cores) reads as its sentence,
     shortened, not as `host = free cores`; a loader setting keeps `name = value → gain`."""
-    from monitor.diagnosis.rules import Advice
+    from monitor.diagnosis.finding import Advice
     from monitor.manage.terminal import ADVICE_CHARS, advice_text
 
     host = Advice("host", "free cores", None, "Other processes take 1.4 of the 2 cores the "

@@ -25,7 +25,6 @@ from monitor.diagnosis import Diagnosis, Features, causes, diagnose, features
 from monitor.diagnosis.causes import Finding
 from monitor.diagnosis.kinds import in_loader_terms
 from monitor.diagnosis.per_rank import cache_per_rank
-from monitor.diagnosis.remote import loader_evidence
 from monitor.diagnosis.rules import HEALTHY
 from monitor.diagnosis.straggler import RankFigures, straggler_diagnosis, stragglers
 from monitor.frames import analysis
@@ -293,7 +292,7 @@ def assess(window: Window, ctx: Context, parts: int = 1) -> Assessment:
         report = window.loader_report or {  # a live window past the epoch's report
             "num_workers": int(f.config.get("num_workers") or 0)}
         found = causes.find(steps, host, report, list(window.loader_errors), f.throughput,
-                            window.history, f.loaders_runq_share, loader_evidence(f))
+                            window.history, f.loaders_runq_share, f)
         if found:
             dg = dataclasses.replace(dg, headline=causes.headline(dg.headline, found, f),
                                      advice=causes.merge(dg.advice, found,
@@ -401,7 +400,7 @@ def _assess_job(window: Window, ctx: Context, ranks: list[int], base: dict) -> A
         {"num_workers": per[who].num_workers}
     found = tuple(dataclasses.replace(x, text=f"rank {who}: {x.text}") for x in causes.find(
         mine, h, report, list(window.loader_errors), per[who].throughput,
-        cpu_wait_share=per[who].loaders_runq_share, loading=loader_evidence(per[who])))
+        cpu_wait_share=per[who].loaders_runq_share, features=per[who]))
     copies = cache_per_rank((window.loader_report or {}).get("by_rank") or {}, local,
                             per[who].mem_total_mb, per[who].memory_budget_mb)
     found = (*found, copies) if copies is not None else found

@@ -13,14 +13,13 @@ from monitor.diagnosis.features import (
     features,
     workload_memory,
 )
+from monitor.diagnosis.finding import Advice, Diagnosis
 from monitor.diagnosis.rules import (
     CORES_BOUND,
     HEALTHY,
     NO_DATA,
     STARVING,
     VERDICTS,
-    Advice,
-    Diagnosis,
     diagnose,
 )
 

@@ -37,7 +37,7 @@ from monitor.diagnosis.costs import (
     slower_with_more,
     startup,
 )
-from monitor.diagnosis.finding import Finding
+from monitor.diagnosis.finding import Advice, Finding
 from monitor.diagnosis.limits import (
     LOADER_ERROR,
     OOM,
@@ -51,7 +51,7 @@ from monitor.diagnosis.limits import (
 )
 from monitor.diagnosis.per_rank import CACHE_PER_RANK
 from monitor.diagnosis.remote import REMOTE_READS, remote_reads
-from monitor.diagnosis.rules import Advice
+from monitor.diagnosis.threads import MAIN_THREADS, WORKER_THREADS, threads_fight
 from monitor.thresholds import (
     HOL_BATCH_X,
     HOL_SHARE,
@@ -65,18 +65,19 @@ IDLE_WORKERS, MEMORY_GROWTH, HEAD_OF_LINE = (
     "idle-workers", "worker-memory-growth", "head-of-line")
 # The one vocabulary of causes a finding names (JSON `findings[].cause`, the page)
 CAUSES = (MEMORY_GROWTH, SHM, OPEN_FILES, OOM, LOADER_ERROR, TOKENIZER_FORK, IDLE_WORKERS,
-          PER_SAMPLE, SLOWER, STARTUP, HEAD_OF_LINE, CACHE_PER_RANK, REMOTE_READS)
+          PER_SAMPLE, SLOWER, STARTUP, HEAD_OF_LINE, CACHE_PER_RANK, REMOTE_READS,
+          WORKER_THREADS, MAIN_THREADS)
 
 
 def find(steps: pd.DataFrame, host: pd.DataFrame, report: dict[str, Any] | None,
          errors: list[str], throughput: float,
          history: tuple[dict[str, Any], ...] = (),
          cpu_wait_share: float | None = None,
-         loading: dict[str, Any] | None = None) -> tuple[Finding, ...]:
+         features: Any = None) -> tuple[Finding, ...]:
     """Every finding the window's evidence (and the run's ended generations, `history`)
     supports, the ones that happened first; `cpu_wait_share`: the loaders' measured wait
     for a CPU (features.loaders_runq_share), so that a cost is judged on a CPU's time;
-    `loading`: the time split's blocked figures (remote.loader_evidence)."""
+    `features`: the window's Features (the time split, the threads at work)."""
     happened = [f for f in (failure(e, report, host) for e in errors[-1:]) if f is not None]
     # failures on their way first (they end the job), then what slows it
     coming = [worker_memory(host, _workers_up(steps)), shm(report), open_files(report),
@@ -85,7 +86,8 @@ def find(steps: pd.DataFrame, host: pd.DataFrame, report: dict[str, Any] | None,
               slower_with_more(history, int((report or {}).get("num_workers") or 0),
                                throughput),
               startup(steps, report, throughput), head_of_line(steps),
-              remote_reads(host, steps, **loading) if loading else None]
+              remote_reads(host, steps, features) if features is not None else None,
+              threads_fight(features) if features is not None else None]
     seen = {f.cause for f in happened}  # a failure that happened says what the warning would
     return tuple(happened + [f for f in coming if f is not None and f.cause not in seen])
 

@@ -11,8 +11,7 @@ from typing import Any
 
 import pandas as pd
 
-from monitor.diagnosis.finding import Finding
-from monitor.diagnosis.rules import Advice
+from monitor.diagnosis.finding import Advice, Finding
 from monitor.frames.analysis import data_wait_share, epoch_stalls, loop_rate
 from monitor.thresholds import (
     HISTORY_MIN_STEPS,

@@ -96,6 +96,13 @@ class Features:
                                              "their time)", "{:.0%}")
     read_per_sample_kb: float | None = ev("loaders' storage reads per sample (KB, block "
                                           "device)", "{:,.1f}")
+    # the standard errors of the figures a verdict turns on, over the window's sub-windows
+    # and host passes (rules.py: a comparison within NOISE_Z of them is borderline)
+    data_wait_se: float | None = ev()
+    cpu_busy_se: float | None = ev()
+    loaders_runq_se: float | None = ev()
+    main_busy_threads: float | None = ev("main process threads at work", "{:.1f}")
+    worker_busy_threads: float | None = ev("threads at work a worker", "{:.1f}")
     missing_evidence: tuple[str, ...] = ev(default=())
     usable_cores: int = ev("usable cores (affinity, cgroup quota, SLURM_CPUS_PER_TASK)", "{}", 1)
     # what they do together, in one task alone's units (NOTE [the CPUs' capacity]); None:
@@ -162,6 +169,35 @@ def _mean(df: pd.DataFrame, col: str) -> float | None:
         return None
     v = pd.to_numeric(df[col], errors="coerce").dropna()
     return float(v.mean()) if len(v) else None
+
+
+def _se(values: Any) -> float | None:
+    v = pd.to_numeric(pd.Series(values), errors="coerce").dropna()
+    return float(v.std(ddof=1) / math.sqrt(len(v))) if len(v) >= 3 else None
+
+
+def _noise(steps: pd.DataFrame, h: pd.DataFrame, usable: int, runq_share: float | None,
+           nw: int) -> dict[str, float | None]:
+    """The standard errors of the data-wait share (over up to 10 runs of consecutive
+    steps), the host's CPU busy and the loaders' CPU wait share (over the host passes)."""
+    out: dict[str, float | None] = {"data_wait_se": None, "cpu_busy_se": None,
+                                    "loaders_runq_se": None}
+    n = len(steps)
+    if n >= 15:
+        k = min(10, n // 5)
+        parts = [steps.iloc[i * n // k:(i + 1) * n // k] for i in range(k)]
+        out["data_wait_se"] = _se([analysis.data_wait_share(p) for p in parts])
+    rows = h.drop_duplicates("ts") if not h.empty and "ts" in h.columns else h
+    if not rows.empty and "cpu_total_pct" in rows.columns and "cpu_per_core" in rows.columns \
+            and rows["cpu_per_core"].notna().any():
+        ncores = len(json.loads(rows["cpu_per_core"].dropna().iloc[0]))
+        out["cpu_busy_se"] = _se(rows["cpu_total_pct"] / 100 * ncores / max(1, usable))
+    col = "proc_runq_pct" if nw == 0 else "workers_runq_pct"
+    if runq_share is not None and not h.empty and col in h.columns:
+        mean, se = _mean(h, col), _se(h[col])
+        if mean and se is not None:
+            out["loaders_runq_se"] = runq_share * se / mean
+    return out
 
 
 def workload_memory(host: pd.DataFrame) -> pd.Series:
@@ -392,6 +428,9 @@ def features(
         runq_per_sample_s=split["runq"], blocked_per_sample_s=split["blocked"],
         loading_cpu_per_wall=share(cpu_s), loaders_runq_share=share(split["runq"]),
         loaders_blocked_share=share(split["blocked"]), read_per_sample_kb=split["read_kb"],
+        **_noise(steps, h, budget.usable, share(split["runq"]), nw),
+        main_busy_threads=_mean(h, "proc_busy_threads"),
+        worker_busy_threads=_mean(h, "workers_busy_threads"),
         missing_evidence=split["missing"],
         usable_cores=budget.usable, cpu_quota=budget.quota, cpu_throttled=budget.throttled,
         capacity_cores=budget.capacity, physical_cores=budget.physical,

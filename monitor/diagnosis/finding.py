@@ -1,10 +1,47 @@
-"""A finding: a cause named from the window's evidence, with its numbers and its fix."""
+"""The diagnosis's records: an Advice (a setting, its predicted gain and its base), a Finding
+(a cause named from the window's evidence, with its numbers and its fix), the Diagnosis."""
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from monitor.diagnosis.rules import Advice
+
+@dataclass(frozen=True, slots=True)
+class Advice:
+    param: str  # a LoaderConfig field, or "dataset"/"host" for changes outside the loader
+    value: Any
+    predicted_throughput: float | None
+    reason: str
+    limit: str | None = None  # the bound model's limit at the advised setting
+    # the range the window's evidence supports (the others' demand at its p90 and p10 while
+    # it was measured), and whether it spans no gain: then the advice cannot promise one
+    predicted_low: float | None = None
+    predicted_high: float | None = None
+    uncertain: bool = False
+    # what its percentage is of: the window's throughput, less the monitor's own cost where
+    # it was separated (bound.py, BoundModel.bare_factor); None where no gain is predicted
+    base_throughput: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True, slots=True)
+class Diagnosis:
+    """`verdict` is the family (VERDICTS: healthy, starving, cpu-bound, ...); `cause` the
+    finding that explains it where one holds (monitor/diagnosis/causes.py CAUSES), which the
+    JSON, the banner, Prometheus and the gate report as the verdict (DESIGN.md: verdict)."""
+
+    verdict: str
+    headline: str
+    bound: dict[str, Any]
+    advice: tuple[Advice, ...] = ()
+    cause: str | None = None
+
+    @property
+    def named(self) -> str:
+        """What `verdict` says outside: the cause where a finding holds, else the family."""
+        return self.cause or self.verdict
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from monitor.diagnosis.rules import Advice, Diagnosis
+from monitor.diagnosis.finding import Advice, Diagnosis
 
 NODES = "torchdata.nodes"
 NODE_OF = {"num_workers": "ParallelMapper(num_workers={v})",

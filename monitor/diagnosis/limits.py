@@ -18,8 +18,7 @@ from typing import Any
 import pandas as pd
 
 from monitor.config import prefetch_of
-from monitor.diagnosis.finding import Finding
-from monitor.diagnosis.rules import Advice
+from monitor.diagnosis.finding import Advice, Finding
 from monitor.thresholds import FD_HEADROOM, OOM_ROOM_MB, SHM_HEADROOM
 
 SHM, OPEN_FILES, OOM = "shm-exhausted", "open-files-limit", "oom-killed"

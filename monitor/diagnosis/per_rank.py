@@ -15,8 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from monitor.diagnosis.finding import Finding
-from monitor.diagnosis.rules import Advice
+from monitor.diagnosis.finding import Advice, Finding
 from monitor.thresholds import CACHE_RANK_ALIKE, CACHE_RANK_MIN_MB
 
 CACHE_PER_RANK = "cache-per-rank"

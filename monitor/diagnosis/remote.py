@@ -9,8 +9,7 @@ from typing import Any
 
 import pandas as pd
 
-from monitor.diagnosis.finding import Finding
-from monitor.diagnosis.rules import Advice
+from monitor.diagnosis.finding import Advice, Finding
 from monitor.thresholds import LOADERS_BLOCKED_SHARE, REMOTE_SEEN_SHARE
 
 REMOTE_READS = "remote-reads"
@@ -30,10 +29,12 @@ def peers(host: pd.DataFrame) -> list[tuple[str, float]]:
     return sorted(((p, k / n) for p, k in seen.items()), key=lambda x: -x[1]) if n else []
 
 
-def remote_reads(host: pd.DataFrame, steps: pd.DataFrame, blocked_share: float | None,
-                 blocked_per_sample_s: float | None, num_workers: int) -> Finding | None:
+def remote_reads(host: pd.DataFrame, steps: pd.DataFrame, f: Any) -> Finding | None:
     """The loaders wait on the network: blocked at least LOADERS_BLOCKED_SHARE of their
-    time, with a TCP peer seen in at least REMOTE_SEEN_SHARE of the passes."""
+    time (the window's Features `f`), with a TCP peer seen in at least REMOTE_SEEN_SHARE of
+    the passes."""
+    blocked_share, blocked_per_sample_s = f.loaders_blocked_share, f.blocked_per_sample_s
+    num_workers = int(f.config.get("num_workers") or 0)
     if blocked_share is None or blocked_share < LOADERS_BLOCKED_SHARE:
         return None
     found = [p for p in peers(host) if p[1] >= REMOTE_SEEN_SHARE]
@@ -63,9 +64,3 @@ def remote_reads(host: pd.DataFrame, steps: pd.DataFrame, blocked_share: float |
                                         "wait_per_sample_ms": wait, "kb_per_sample": kb},
                    (fix,), leads=True)
 
-
-def loader_evidence(features: Any) -> dict[str, Any]:
-    """The time split's figures remote_reads reads from a window's Features."""
-    return {"blocked_share": features.loaders_blocked_share,
-            "blocked_per_sample_s": features.blocked_per_sample_s,
-            "num_workers": int(features.config.get("num_workers") or 0)}

@@ -15,13 +15,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 from monitor.config import max_workers as config_max_workers
 from monitor.config import prefetch_of
 from monitor.diagnosis.bound import BoundModel, best_workers, fit_bound
 from monitor.diagnosis.features import Features
+from monitor.diagnosis.finding import Advice, Diagnosis
 from monitor.thresholds import (
     CPU_SATURATED,
     CPU_THROTTLED_SHARE,
@@ -29,6 +30,7 @@ from monitor.thresholds import (
     LOADERS_BLOCKED_SHARE,
     MEMORY_HEADROOM,
     MIN_GAIN,
+    NOISE_Z,
     OTHER_LOAD_CORES,
     RUNQ_CONTENTION_SHARE,
     SPIKE_X,
@@ -54,44 +56,6 @@ CORES_BOUND = (CPU_BOUND, OVERSUBSCRIBED)  # loader changes cannot help: the cor
 
 
 @dataclass(frozen=True, slots=True)
-class Advice:
-    param: str  # a LoaderConfig field, or "dataset"/"host" for changes outside the loader
-    value: Any
-    predicted_throughput: float | None
-    reason: str
-    limit: str | None = None  # the bound model's limit at the advised setting
-    # the range the window's evidence supports (the others' demand at its p90 and p10 while
-    # it was measured), and whether it spans no gain: then the advice cannot promise one
-    predicted_low: float | None = None
-    predicted_high: float | None = None
-    uncertain: bool = False
-    # what its percentage is of: the window's throughput, less the monitor's own cost where
-    # it was separated (bound.py, BoundModel.bare_factor); None where no gain is predicted
-    base_throughput: float | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-@dataclass(frozen=True, slots=True)
-class Diagnosis:
-    """`verdict` is the family (VERDICTS: healthy, starving, cpu-bound, ...); `cause` the
-    finding that explains it where one holds (monitor/diagnosis/causes.py CAUSES), which the
-    JSON, the banner, Prometheus and the gate report as the verdict (DESIGN.md: verdict)."""
-
-    verdict: str
-    headline: str
-    bound: dict[str, Any]
-    advice: tuple[Advice, ...] = ()
-    cause: str | None = None
-
-    @property
-    def named(self) -> str:
-        """What `verdict` says outside: the cause where a finding holds, else the family."""
-        return self.cause or self.verdict
-
-
-@dataclass(frozen=True, slots=True)
 class Ctx:
     """What every rule reads: the features, the fitted model (or None), and derived facts."""
 
@@ -111,8 +75,9 @@ class Ctx:
 
     @property
     def saturated(self) -> bool:
+        """The cores busy; within the noise of the line, taken as busy (NOISE_Z)."""
         return self.f.cpu_busy_fraction is not None and \
-            self.f.cpu_busy_fraction >= CPU_SATURATED
+            self.f.cpu_busy_fraction >= CPU_SATURATED - NOISE_Z * (self.f.cpu_busy_se or 0.0)
 
     @property
     def blocked(self) -> bool:
@@ -124,7 +89,8 @@ class Ctx:
     def contended(self) -> bool:
         """The loaders are measured waiting for a CPU much of their time."""
         q = self.f.loaders_runq_share
-        return q is not None and q >= RUNQ_CONTENTION_SHARE
+        return q is not None and \
+            q >= RUNQ_CONTENTION_SHARE - NOISE_Z * (self.f.loaders_runq_se or 0.0)
 
     @property
     def reads(self) -> bool:
@@ -269,7 +235,8 @@ def tail_stalls(c: Ctx) -> str | None:
 
 def healthy(c: Ctx) -> str | None:
     f, nw = c.f, c.f.num_workers
-    if f.starved_share >= STARVING_SHARE:
+    noise = NOISE_Z * (f.data_wait_se or 0.0) if f.device_idle_share is None else 0.0
+    if f.starved_share >= STARVING_SHARE + noise:  # within the noise of the line: fed
         return None
     if nw > 1 and c.model is not None:
         n = best_workers(c.model, nw)

@@ -16,7 +16,8 @@ import statistics
 from dataclasses import dataclass
 
 from monitor.diagnosis.features import Features
-from monitor.diagnosis.rules import INPUT_STRAGGLER, Advice, Diagnosis, gain
+from monitor.diagnosis.finding import Advice, Diagnosis
+from monitor.diagnosis.rules import INPUT_STRAGGLER, gain
 from monitor.thresholds import STRAGGLER_MIN_S, STRAGGLER_RATIO
 
 

@@ -30,7 +30,7 @@ from monitor.thresholds import VERDICT_MIN_STEPS
 
 if TYPE_CHECKING:  # (the assessment's modules bring pandas: not on `monitor run`'s start)
     from monitor.assess.window import Assessment
-    from monitor.diagnosis.rules import Advice
+    from monitor.diagnosis.finding import Advice
 
 EVERY_S = 2.0
 FIRST_EVERY_S = 0.25  # until the first verdict: it shows within a refresh of being known

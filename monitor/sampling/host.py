@@ -251,7 +251,8 @@ class HostSampler:
         prev, self._prev[key] = self._prev.get(key), cur
         out: dict[str, float | None] = dict(proc_runq_pct=None, workers_runq_pct=None,
                                             workers_reaped_cpu_pct=None, proc_read_kb_s=None,
-                                            workers_read_kb_s=None)
+                                            workers_read_kb_s=None, proc_busy_threads=None,
+                                            workers_busy_threads=None)
         if prev is None or now <= prev["t"] or prev.get("pid") != main.pid:
             # (a key whose process changed, a rank reported again from another process:
             # its counters are not this one's; a difference read -4,538% once)
@@ -260,7 +261,11 @@ class HostSampler:
         a, b = prev["main"], cur["main"]
         if a is not None and b is not None:
             out["proc_runq_pct"] = 100.0 * b.runq_since(a) / 1e9 / dt
+            out["proc_busy_threads"] = b.busy_threads_since(a, dt)
         both = [p for p in pids if cur["workers"].get(p) and prev["workers"].get(p)]
+        if both:  # a worker's threads at work at once (one each, unless a pool runs)
+            out["workers_busy_threads"] = sum(cur["workers"][p].busy_threads_since(
+                prev["workers"][p], dt) for p in both) / len(both)
         if cur["main"] is not None:  # schedstat works here: workers are measured too
             out["workers_runq_pct"] = 100.0 * sum(
                 cur["workers"][p].runq_since(prev["workers"][p]) for p in both) / 1e9 / dt
@@ -346,6 +351,7 @@ OWN_EVERY = 20  # passes between looks for the monitor's own processes (a proces
 _EMPTY = dict(proc_cpu_pct=None, proc_rss_mb=None, workers=None, workers_cpu_pct=None,
               workers_rss_mb=None, workers_uss_mb=None, proc_runq_pct=None,
               workers_runq_pct=None, workers_reaped_cpu_pct=None, proc_read_kb_s=None,
+              proc_busy_threads=None, workers_busy_threads=None,
               workers_read_kb_s=None, workers_detail=None)
 
 

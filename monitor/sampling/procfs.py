@@ -22,6 +22,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+BUSY_THREAD = 0.2  # of a pass: a thread that wanted a CPU this long was at work in it
+
 
 @dataclass(frozen=True, slots=True)
 class SchedTimes:
@@ -38,6 +40,16 @@ class SchedTimes:
         those born since count whole."""
         then = {t: w for t, _, w in before.threads}
         return sum(max(0, w - then.get(t, 0)) for t, _, w in self.threads)
+
+    def busy_threads_since(self, before: SchedTimes, dt_s: float) -> int:
+        """Threads that wanted a CPU (on one, or waiting for one) at least BUSY_THREAD of
+        the time since `before`: a library's pool at work (OpenBLAS, OpenMP, OpenCV),
+        beside the one thread a loader needs."""
+        if dt_s <= 0:
+            return 0
+        then = {t: (on, w) for t, on, w in before.threads}
+        return sum(1 for t, on, w in self.threads
+                   if (on + w - sum(then.get(t, (0, 0)))) / 1e9 >= BUSY_THREAD * dt_s)
 
 
 def schedstat(pid: int, proc: str = "/proc") -> SchedTimes | None:

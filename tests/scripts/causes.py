@@ -28,6 +28,12 @@ samples/s at the end (`rate N samples/s`), so a test compares bare runs at two s
 - rank_cache: under torchrun, each rank loads a --cache-mb dataset into its own memory (a
   preloaded tensor); --mmap: local rank 0 writes it to a file once and every rank maps it
   (torch.from_file, shared): one copy a host. Each rank prints its PSS at the end.
+- threads: each worker's samples are torch matrix products, with its intra-op pool set to
+  --pool threads in worker_init_fn (default: one a CPU, as a library that sizes its own
+  pool does): pool x workers threads on the cores (--pool 1: the fix).
+- main_threads: CPU-heavy samples (as cpu_heavy) in 2 workers, and a step of torch matrix
+  products on the host with torch's intra-op pool (one thread a CPU by default) beside
+  them (--main-threads 1: the fix).
 - remote: each sample fetched over HTTP from a server in this process (127.0.0.1, 15 ms
   a GET, 16 KB): the loaders wait on sockets, on no CPU and no disk.
 - tokenizer: a fast (HF `tokenizers`) tokenizer trained and used on a batch in this process,
@@ -38,6 +44,7 @@ samples/s at the end (`rate N samples/s`), so a test compares bare runs at two s
 from __future__ import annotations
 
 import argparse
+import os
 import resource
 import time
 
@@ -193,7 +200,6 @@ class Preloaded(Dataset):
         if not mmap:
             self.data = torch.ones(n)  # every page written: resident
         else:
-            import os
             path = f"/tmp/sm-rank-cache-{os.getppid()}-{mb}.bin"  # the launcher's: one a job
             if os.environ.get("LOCAL_RANK", "0") == "0":
                 torch.ones(n).numpy().tofile(path + ".part")
@@ -219,6 +225,26 @@ def pss_mb() -> float:
             if line.startswith("Pss:"):
                 return int(line.split()[1]) / 1024
     return float("nan")
+
+
+class Products(Dataset):
+    """A sample is a few matrix products (decoding, resizing in a library with a pool)."""
+
+    def __len__(self) -> int:
+        return 100_000
+
+    def __getitem__(self, i: int):
+        a = torch.rand(160, 160)
+        for _ in range(4):
+            a = torch.tanh(a @ a)
+        return a[0, :4].clone()
+
+
+def _pool(threads: int):
+    """worker_init_fn: the worker's own pool, sized as a library sizes it."""
+    def init(_worker: int) -> None:
+        torch.set_num_threads(threads)
+    return init
 
 
 class Remote(Dataset):
@@ -292,7 +318,7 @@ class ManyTensors(Dataset):
 def build(kind: str, workers: int, in_any_order: bool = False,
           batched: bool = False, persistent: bool = False, samples: int = 0,
           grow_kb: int = 1024, cold: bool = False, cache_mb: int = 300,
-          mmap: bool = False) -> DataLoader:
+          mmap: bool = False, pool: int = 0) -> DataLoader:
     if kind == "idle_shards":
         return DataLoader(OneShard(100_000), batch_size=8, num_workers=workers)
     if kind == "mem_growth":
@@ -318,6 +344,11 @@ def build(kind: str, workers: int, in_any_order: bool = False,
     if kind == "rank_cache":
         return DataLoader(Preloaded(cache_mb, mmap), batch_size=16, num_workers=workers,
                           shuffle=True)
+    if kind == "threads":
+        return DataLoader(Products(), batch_size=8, num_workers=workers,
+                          worker_init_fn=_pool(pool))
+    if kind == "main_threads":
+        return DataLoader(Busy(), batch_size=8, num_workers=workers)
     if kind == "remote":
         return DataLoader(Remote(), batch_size=8, num_workers=workers)
     if kind == "tokenizer":
@@ -350,11 +381,18 @@ def main() -> None:
     ap.add_argument("--step-ms", type=float, default=3.0, help="the modelled device step")
     ap.add_argument("--cache-mb", type=int, default=300, help="rank_cache: the dataset's MB")
     ap.add_argument("--mmap", action="store_true", help="rank_cache: one mapped file (the fix)")
+    ap.add_argument("--pool", type=int, default=0,
+                    help="threads: a worker's pool (default: one a CPU; 1: the fix)")
+    ap.add_argument("--main-threads", type=int, default=0,
+                    help="main_threads: torch's pool in the main process (1: the fix)")
     a = ap.parse_args()
     if a.sharing:
         torch.multiprocessing.set_sharing_strategy(a.sharing)
     loader = build(a.kind, a.workers, a.any_order, a.batched, a.persistent, a.samples,
-                   a.grow_kb, a.cold, a.cache_mb, a.mmap)
+                   a.grow_kb, a.cold, a.cache_mb, a.mmap, a.pool or (os.cpu_count() or 1))
+    if a.main_threads:
+        torch.set_num_threads(a.main_threads)
+    w = torch.rand(384, 384) if a.kind == "main_threads" else None  # the host step's model
     start, n, samples = time.perf_counter(), 0, 0
     makers: set[int] = set()  # idle_shards: the workers that delivered batches
     first = None
@@ -372,7 +410,11 @@ def main() -> None:
             if first is None:
                 first = time.perf_counter()
             # (no step: sleep(0) yields the CPU, on a busy box a step of its own)
-            if a.step_ms:
+            if w is not None:  # a step on the host's CPU, with torch's intra-op pool
+                x = w
+                for _ in range(6):
+                    x = torch.tanh(x @ w)
+            elif a.step_ms:
                 time.sleep(a.step_ms / 1000)  # sleep-ok: the modelled device step
             n += 1
             if a.kind == "idle_shards":
@@ -390,7 +432,6 @@ def main() -> None:
         print(f"workers delivering {len(makers)} of {a.workers}", flush=True)
     if a.kind == "rank_cache":  # measured while every rank of the host still maps it
         import glob
-        import os
         tag = f"/tmp/sm-rank-cache-{os.getppid()}"
         local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
         barrier(f"{tag}.ready", local)
@@ -404,7 +445,6 @@ def main() -> None:
 def barrier(tag: str, n: int) -> None:
     """Every one of the host's n ranks has reached this line (a file each, polled)."""
     import glob
-    import os
     open(f"{tag}-{os.environ.get('LOCAL_RANK', '0')}", "w").close()
     deadline = time.monotonic() + 60
     while len(glob.glob(f"{tag}-*")) < n and time.monotonic() < deadline:
