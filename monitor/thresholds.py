@@ -263,6 +263,7 @@ PER_SAMPLE_MAX_S = 20e-6
 PER_SAMPLE_WAIT_SHARE = 0.3
 MEM_GROWTH_MB_MIN = 30.0  # workers' memory growing faster than this (MB/min, all together)
 MEM_GROWTH_MIN_S = 5.0  # ... over at least this long a stretch of the window
+MEM_GROWTH_MIN_TOTAL_MB = 32.0  # ... and by at least this much in it (not warm-up)
 SHM_HEADROOM = 0.8  # in-flight batches past this share of /dev/shm's free space: it fills
 FD_HEADROOM = 0.8  # descriptors in flight past this share of `ulimit -n`
 # A worker that died without saying how (torch's "exited unexpectedly", a batch cut off

@@ -271,6 +271,38 @@ def test_samples_read_over_the_network_name_the_peer_and_the_wait(tmp_path, no_l
 
 
 @pytest.mark.slow
+def test_a_pool_in_every_worker_is_named_with_one_thread_a_worker(tmp_path, no_leaks):
+    """Each worker's samples are matrix products with a pool of one thread a CPU: the
+    sampler counts the threads at work in each worker, and the verdict names them with the
+    cap as the fix (no more workers beside it)."""
+    from monitor.diagnosis.threads import WORKER_THREADS
+    code, d = monitored(tmp_path / "t.db", "threads", "--workers", "2", "--seconds", "6",
+                        "--min-batches", "30")
+    assert code == 0, LAST_STDERR
+    f = finding(d, WORKER_THREADS)
+    assert f["numbers"]["threads_a_worker"] >= 1.5, f["numbers"]
+    assert re.search(r"each of the 2 workers keeps [\d.]+ threads at work", f["text"])
+    assert d["advice"][0]["value"] == "one thread a worker", d["advice"]
+    assert not more_workers(d), d["advice"]
+
+
+@pytest.mark.slow
+def test_the_main_processs_pool_beside_busy_workers_is_named_with_its_size(tmp_path,
+                                                                           no_leaks):
+    """A step of matrix products on the host with torch's pool (a thread a CPU) beside 2
+    busy workers: the main process's threads at work are named, with
+    torch.set_num_threads(cores - workers) as the fix; bare, 1 thread measured x1.45 here."""
+    from monitor.diagnosis.threads import MAIN_THREADS
+    code, d = monitored(tmp_path / "m.db", "main_threads", "--workers", "2", "--seconds", "6",
+                        "--min-batches", "30")
+    assert code == 0, LAST_STDERR
+    f = finding(d, MAIN_THREADS)
+    keep = max(1, d["evidence"]["usable_cores"] - 2)
+    assert f["numbers"]["main_threads"] >= 1.5 and f["numbers"]["threads_kept"] == keep
+    assert d["advice"][0]["value"] == f"torch.set_num_threads({keep})", d["advice"]
+
+
+@pytest.mark.slow
 def test_a_tokenizer_forked_mid_use_names_the_deadlock_and_its_fix(tmp_path, no_leaks):
     """A fast tokenizer used in the parent with TOKENIZERS_PARALLELISM=true, then in forked
     workers: they sleep at 0% CPU from their first encode (huggingface/tokenizers' pool

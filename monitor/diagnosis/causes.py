@@ -59,6 +59,7 @@ from monitor.thresholds import (
     IDLE_WORKER_MIN_BATCHES,
     MEM_GROWTH_MB_MIN,
     MEM_GROWTH_MIN_S,
+    MEM_GROWTH_MIN_TOTAL_MB,
 )
 
 IDLE_WORKERS, MEMORY_GROWTH, HEAD_OF_LINE = (
@@ -233,8 +234,12 @@ def _growth(host: pd.DataFrame, col: str) -> tuple[pd.DataFrame, float] | None:
         return None
     later = h[h["ts"] >= (h["ts"].iloc[0] + h["ts"].iloc[-1]) / 2]
     per_min = _slope(h["ts"], h[col]) * 60.0
+    grown = per_min * float(h["ts"].iloc[-1] - h["ts"].iloc[0]) / 60.0
+    # (and by enough to tell from warm-up: 2 workers of a pool's threads grew 7 MB in 6 s,
+    # 74 MB/min, "out of memory in 316 min")
     if not (per_min > MEM_GROWTH_MB_MIN and _slope(later["ts"], later[col]) * 60.0 >
-            MEM_GROWTH_MB_MIN and (later[col].diff() > 0).sum() >= 2):
+            MEM_GROWTH_MB_MIN and (later[col].diff() > 0).sum() >= 2
+            and grown >= MEM_GROWTH_MIN_TOTAL_MB):
         return None
     return h, per_min
 

@@ -18,23 +18,33 @@ from __future__ import annotations
 from typing import Any
 
 from monitor.diagnosis.finding import Advice, Finding
-from monitor.thresholds import RUNQ_CONTENTION_SHARE, STARVING_SHARE, THREADS_AT_WORK
+from monitor.thresholds import (
+    CPU_SATURATED,
+    RUNQ_CONTENTION_SHARE,
+    STARVING_SHARE,
+    THREADS_AT_WORK,
+)
 
 WORKER_THREADS, MAIN_THREADS = "worker-threads", "main-threads"
 
 
 def threads_fight(f: Any) -> Finding | None:
     nw, cores = f.num_workers, f.usable_cores
-    waits = f.loaders_runq_share
-    if nw < 1 or waits is None or waits < RUNQ_CONTENTION_SHARE or \
-            not f.starved_share >= STARVING_SHARE:
+    waits = f.loaders_runq_share or 0.0
+    busy = f.cpu_busy_fraction or 0.0
+    # the cores full, or the loaders waiting for one: a pool's threads spin on a CPU (an
+    # OpenMP pool waits on one: 2 workers x 2 threads, 2 cores, the loaders waited 3% and
+    # ran 14-30x slower than with one thread each)
+    if nw < 1 or not f.starved_share >= STARVING_SHARE or not (
+            waits >= RUNQ_CONTENTION_SHARE or busy >= CPU_SATURATED):
         return None
     each = f.worker_busy_threads
     if each is not None and each >= THREADS_AT_WORK and nw * each > cores:
         text = (f"each of the {nw} workers keeps {each:.1f} threads at work at once (a "
                 "library's own pool: OpenCV, OpenBLAS/OpenMP, a tokenizer): "
-                f"{nw * each:.0f} threads want the {cores} usable cores, and the loaders wait "
-                f"{waits:.0%} of their time for a CPU")
+                f"{nw * each:.0f} threads want the {cores} usable cores ({busy:.0%} busy; the "
+                f"loaders wait {waits:.0%} of their time for a CPU): a pool's threads that "
+                "wait for each other spin on the cores the other workers need")
         fix = Advice("dataset", "one thread a worker", None,
                      "cap each worker's pool in worker_init_fn: torch.set_num_threads(1), "
                      "cv2.setNumThreads(0), threadpoolctl.threadpool_limits(1); or "

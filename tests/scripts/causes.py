@@ -234,7 +234,7 @@ class Products(Dataset):
         return 100_000
 
     def __getitem__(self, i: int):
-        a = torch.rand(160, 160)
+        a = torch.rand(256, 256)
         for _ in range(4):
             a = torch.tanh(a @ a)
         return a[0, :4].clone()
