@@ -432,23 +432,19 @@ def main() -> None:
         print(f"workers delivering {len(makers)} of {a.workers}", flush=True)
     if a.kind == "rank_cache":  # measured while every rank of the host still maps it
         import glob
-        tag = f"/tmp/sm-rank-cache-{os.getppid()}"
-        local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-        barrier(f"{tag}.ready", local)
+
+        import torch.distributed as dist
+        joined = "MASTER_ADDR" in os.environ
+        if joined:
+            dist.init_process_group("gloo")
+            dist.barrier()
         print(f"pss_mb rank {os.environ.get('RANK', '0')} {pss_mb():.0f}", flush=True)
-        barrier(f"{tag}.measured", local)
+        if joined:
+            dist.barrier()
+            dist.destroy_process_group()
         if os.environ.get("LOCAL_RANK", "0") == "0":
-            for f in glob.glob(f"{tag}*"):
+            for f in glob.glob(f"/tmp/sm-rank-cache-{os.getppid()}-*"):
                 os.remove(f)
-
-
-def barrier(tag: str, n: int) -> None:
-    """Every one of the host's n ranks has reached this line (a file each, polled)."""
-    import glob
-    open(f"{tag}-{os.environ.get('LOCAL_RANK', '0')}", "w").close()
-    deadline = time.monotonic() + 60
-    while len(glob.glob(f"{tag}-*")) < n and time.monotonic() < deadline:
-        time.sleep(0.02)  # sleep-ok: polling for the host's other ranks, with a deadline
 
 
 if __name__ == "__main__":
