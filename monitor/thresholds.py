@@ -17,12 +17,15 @@ STARVING_SHARE = 0.10
 # Host CPU busy over the usable cores above which more loader processes cannot run in
 # parallel: 85% leaves room for the sampling jitter of 0.25 s psutil readings.
 CPU_SATURATED = 0.85
-# A verdict's line crossed by less than NOISE_Z standard errors of its figure (over the
-# window's sub-windows and host passes) is borderline, and borderline is taken one way, the
-# way that advises no change (fed, cores busy, loaders contended), so that two identical
+# A verdict's line crossed by less than NOISE_Z (below) standard errors of its figure (over
+# the window's sub-windows and host passes) is borderline, and borderline is taken one way,
+# the way that advises no change (fed, cores busy, loaders contended), so that two identical
 # runs agree (bench/predictions.py --repeat: a quiet 2-worker run read "starving, 3
-# workers" and "cpu-bound" in turn; bare, 3 workers measured x0.97).
-NOISE_Z = 2.0
+# workers" and "cpu-bound" in turn; bare, 3 workers measured x0.97). The CPU busy fraction's
+# own noise is at least CPU_BUSY_NOISE, from run to run: four identical quiet runs read
+# 0.77, 0.83, 0.86 and 0.88 busy, each with a standard error of 0.01 over its passes (the
+# spread is between runs, not within one).
+CPU_BUSY_NOISE = 0.05
 # The loaders' own time split (/proc schedstat: on a CPU, waiting for one, blocked). Blocked
 # for at least this share of their time: they mostly wait on something that is not a CPU
 # (storage, a lock, a sleep), so workers beyond the core count still help.

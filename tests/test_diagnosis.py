@@ -364,7 +364,7 @@ def test_features_split_loading_time_from_schedstat_rows():
 
 def test_features_without_schedstat_rows_say_what_is_missing():
     steps, t0, t1 = starved_steps()
-    host = host_frame(t0, t1, proc=30.0, workers=None, n_workers=0, total=80.0)
+    host = host_frame(t0, t1, proc=30.0, workers=None, n_workers=0, total=60.0)
     f = features(steps, host, LoaderConfig.build().to_dict(), BUDGET)
     assert f.blocked_per_sample_s is None and f.loaders_blocked_share is None
     assert any("schedstat" in m for m in f.missing_evidence)
@@ -517,7 +517,7 @@ def test_a_line_crossed_within_its_noise_is_taken_the_way_that_advises_no_change
     NOISE_Z standard errors of the line the loaders count as contended and the device as
     fed (a quiet 2-worker run once read "starving, 3 workers" and "cpu-bound" in turn)."""
     cfg = LoaderConfig.build(num_workers=2)
-    base = dict(host_cpu_cores=1.5, workers_cpu_cores=1.3, main_cpu_cores=0.2,
+    base = dict(host_cpu_cores=1.3, workers_cpu_cores=1.1, main_cpu_cores=0.2,
                 cpu_per_sample_s=0.004, wall_per_sample_s=0.0054, runq_per_sample_s=0.0013)
     below = feat(cfg, **base)  # the loaders wait 24% of their time for a CPU: below 25%
     assert below.loaders_runq_share < 0.25 and diagnose(below).verdict == "starving"

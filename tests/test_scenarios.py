@@ -27,10 +27,12 @@ import pytest
 from monitor.config import LoaderConfig
 from monitor.manage.measure import measure
 from monitor.thresholds import (
+    CPU_BUSY_NOISE,
     CPU_SATURATED,
     EPOCH_STALL_SHARE,
     LOADERS_BLOCKED_SHARE,
     MEMORY_HEADROOM,
+    NOISE_Z,
     OTHER_LOAD_CORES,
     RUNQ_CONTENTION_SHARE,
     STARVING_SHARE,
@@ -85,15 +87,17 @@ QUIET = {"starving@0": "starving", "starving@2": "healthy", "cpu-bound@2": "cpu-
 
 
 def supported(verdict: str, ev: dict, nw: int) -> bool:
-    """Does the measured evidence meet the verdict's own condition?"""
+    """Does the measured evidence meet the verdict's own condition (a line within its
+    noise is borderline, taken the way that advises no change: rules.py, NOISE_Z)?"""
     share, busy = ev["data_wait_share"], ev.get("cpu_busy_fraction") or 0.0
     runq, blocked = ev.get("loaders_runq_share") or 0.0, ev.get("loaders_blocked_share") or 0.0
+    full = busy >= CPU_SATURATED - NOISE_Z * max(ev.get("cpu_busy_se") or 0.0, CPU_BUSY_NOISE)
+    waits = runq >= RUNQ_CONTENTION_SHARE - NOISE_Z * (ev.get("loaders_runq_se") or 0.0)
     return {
-        "healthy": share < STARVING_SHARE,
+        "healthy": share < STARVING_SHARE + NOISE_Z * (ev.get("data_wait_se") or 0.0),
         "starving": share >= STARVING_SHARE,
-        "cpu-bound": share >= STARVING_SHARE and (busy >= CPU_SATURATED
-                                                  or runq >= RUNQ_CONTENTION_SHARE),
-        "oversubscribed": nw > ev["usable_cores"] and busy >= CPU_SATURATED,
+        "cpu-bound": share >= STARVING_SHARE and (full or waits),
+        "oversubscribed": nw > ev["usable_cores"] and full,
         "io-bound": blocked >= LOADERS_BLOCKED_SHARE
         and (ev.get("read_per_sample_kb") or 0.0) >= STORAGE_READ_KB,
         "epoch-stall": (ev.get("epoch_stall_share") or 0.0) >= EPOCH_STALL_SHARE,

@@ -24,6 +24,7 @@ from monitor.diagnosis.bound import BoundModel, best_workers, fit_bound
 from monitor.diagnosis.features import Features
 from monitor.diagnosis.finding import Advice, Diagnosis
 from monitor.thresholds import (
+    CPU_BUSY_NOISE,
     CPU_SATURATED,
     CPU_THROTTLED_SHARE,
     EPOCH_STALL_SHARE,
@@ -76,8 +77,9 @@ class Ctx:
     @property
     def saturated(self) -> bool:
         """The cores busy; within the noise of the line, taken as busy (NOISE_Z)."""
+        se = max(self.f.cpu_busy_se or 0.0, CPU_BUSY_NOISE)
         return self.f.cpu_busy_fraction is not None and \
-            self.f.cpu_busy_fraction >= CPU_SATURATED - NOISE_Z * (self.f.cpu_busy_se or 0.0)
+            self.f.cpu_busy_fraction >= CPU_SATURATED - NOISE_Z * se
 
     @property
     def blocked(self) -> bool:
