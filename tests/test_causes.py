@@ -218,29 +218,33 @@ def test_a_small_dev_shm_is_the_failed_runs_reason_with_its_numbers(tmp_path, no
     assert roomy.returncode == 0, roomy.stderr[-1000:]
 
 
+def stuck_until_named(db: Path, said: str, args: list[str], **env: str) -> tuple[dict, str]:
+    """The reproducer under `monitor run --json`, hung at its first batch, until its stall
+    event says `said`; then stopped as a user would (Ctrl-C): (its JSON, its stderr). The
+    start-up allowance is 6 s, not 30 (forked workers start in well under a second)."""
+    p = subprocess.Popen([sys.executable, "-m", "monitor", "run", "--db", str(db), "--json",
+                          "--", sys.executable, str(SCRIPT), *args], cwd=ROOT,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         env={**ENV, "STARVATION_MONITOR_STARTUP_S": "6",
+                              "STARVATION_MONITOR_STALL_MIN_S": "4", **env})
+    store = Store(db) if wait_for(db.exists, timeout=60) else None
+    assert wait_for(lambda: said in " ".join(
+        store.events(1, kinds=("stalled",))["label"]), timeout=120), p.stderr
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=120)
+    return json.loads(out.strip().splitlines()[-1]), err
+
+
 @pytest.mark.slow
 def test_the_open_files_limit_names_the_hang_it_causes(tmp_path, no_leaks):
     """ulimit -n 128 and batches of 300 tensors: the workers cannot send their batches and
     the loop waits for ever; the stall says which limit, and the stopped run keeps it."""
     db = tmp_path / "f.db"
-    p = subprocess.Popen([sys.executable, "-m", "monitor", "run", "--db", str(db), "--json",
-                          "--", sys.executable, str(SCRIPT), "fds", "--workers", "2",
-                          "--seconds", "3"], cwd=ROOT, stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True,
-                         # the hang is at the first batch: a start-up allowance of 6 s, not
-                         # 30 (forked workers start in well under a second, busy or not)
-                         env={**ENV, "STARVATION_MONITOR_STARTUP_S": "6",
-                              "STARVATION_MONITOR_STALL_MIN_S": "4"})
-    store = Store(db) if wait_for(db.exists, timeout=60) else None
-    assert wait_for(lambda: "Open files:" in " ".join(
-        store.events(1, kinds=("stalled",))["label"]), timeout=120), p.stderr
-    p.send_signal(signal.SIGINT)
-    out, err = p.communicate(timeout=120)
-    d = json.loads(out.strip().splitlines()[-1])
+    d, _ = stuck_until_named(db, "Open files:", ["fds", "--workers", "2", "--seconds", "3"])
     f = finding(d, limits.OPEN_FILES)
     assert re.search(r"holds \d+ of its ulimit -n 128", f["text"]), f["text"]
     assert any("set_sharing_strategy('file_system')" in a["reason"] for a in d["advice"])
-    error = store.run(d["run_id"])["error"]
+    error = Store(db).run(d["run_id"])["error"]
     assert "ulimit -n 128" in error, error
     fixed = bare("fds", "--workers", "2", "--seconds", "2", "--sharing", "file_system")
     assert fixed.returncode == 0 and rate(fixed) > 0, fixed.stderr[-1000:]
@@ -309,20 +313,9 @@ def test_a_tokenizer_forked_mid_use_names_the_deadlock_and_its_fix(tmp_path, no_
     forked mid-use). The stall names it, `verdict` is the cause, the advice the variable;
     bare with it false the same script delivers."""
     pytest.importorskip("tokenizers")
-    db = tmp_path / "t.db"
-    p = subprocess.Popen([sys.executable, "-m", "monitor", "run", "--db", str(db), "--json",
-                          "--", sys.executable, str(SCRIPT), "tokenizer", "--workers", "2",
-                          "--seconds", "2"], cwd=ROOT, stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True,
-                         env={**ENV, "TOKENIZERS_PARALLELISM": "true",
-                              "STARVATION_MONITOR_STARTUP_S": "6",
-                              "STARVATION_MONITOR_STALL_MIN_S": "4"})
-    store = Store(db) if wait_for(db.exists, timeout=60) else None
-    assert wait_for(lambda: "Tokenizers after fork:" in " ".join(
-        store.events(1, kinds=("stalled",))["label"]), timeout=120), p.stderr
-    p.send_signal(signal.SIGINT)
-    out, err = p.communicate(timeout=120)
-    d = json.loads(out.strip().splitlines()[-1])
+    d, err = stuck_until_named(tmp_path / "t.db", "Tokenizers after fork:",
+                               ["tokenizer", "--workers", "2", "--seconds", "2"],
+                               TOKENIZERS_PARALLELISM="true")
     f = finding(d, limits.TOKENIZER_FORK)
     assert d["verdict"] == limits.TOKENIZER_FORK, d["verdict"]
     assert "TOKENIZERS_PARALLELISM=true" in f["text"] and "2 DataLoader workers" in f["text"]
