@@ -42,6 +42,12 @@ CASES = {
     "open files": ("fds", ["--workers", "2"], ["--workers", "2", "--sharing", "file_system"],
                    "file_system sharing"),
     "worker memory": ("mem_growth", ["--workers", "2"], None, "bounded cache (no bare fix)"),
+    "a pool in every worker": ("threads", ["--workers", "2"], ["--workers", "2", "--pool", "1"],
+                               "one thread a worker"),
+    "the main process's pool": ("main_threads", ["--workers", "2"],
+                                ["--workers", "2", "--main-threads", "1"],
+                                "torch.set_num_threads(1)"),
+    "remote reads": ("remote", ["--workers", "2"], "advised", "the advised num_workers"),
 }
 BUSY = ("contention (2 busy jobs)", ("cpu_heavy", ["--workers", "0", "--step-ms", "10"],
                                      "advised", "the advised num_workers"))
@@ -81,9 +87,9 @@ def row(cause: str, case: tuple, seconds: float, tmp: Path) -> str:
     first = (d.get("advice") or [{}])[0]
     pred = first.get("predicted_throughput")
     advice = f"{first.get('param')}={first.get('value')}" if first else "none"
-    if fix == "advised":
-        fix = [*args[:0], "--workers", str(first.get("value")), *args[2:]] \
-            if first.get("param") == "num_workers" else None
+    if fix == "advised":  # the first num_workers advice (a finding's own fix may lead)
+        nw = next((x for x in d.get("advice") or [] if x.get("param") == "num_workers"), None)
+        fix = [*args[:0], "--workers", str(nw["value"]), *args[2:]] if nw else None
     before, after = [], []
     for _ in range(2):
         before.append(bare(kind, args, seconds))
