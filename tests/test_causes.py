@@ -20,7 +20,13 @@ import pytest
 from monitor.assess.window import steady_window
 from monitor.diagnosis import VERDICTS, causes, limits
 from monitor.store import Store
-from monitor.thresholds import LOADERS_BLOCKED_SHARE, STORAGE_READ_KB
+from monitor.thresholds import (
+    CPU_SATURATED,
+    LOADERS_BLOCKED_SHARE,
+    RUNQ_CONTENTION_SHARE,
+    STARVING_SHARE,
+    STORAGE_READ_KB,
+)
 from tests.conftest import wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -300,8 +306,19 @@ def test_the_main_processs_pool_beside_busy_workers_is_named_with_its_size(tmp_p
     code, d = monitored(tmp_path / "m.db", "main_threads", "--workers", "2", "--seconds", "6",
                         "--min-batches", "30")
     assert code == 0, LAST_STDERR
+    ev = d["evidence"]
+    assert ev["main_busy_threads"] >= 1.5, ev["main_busy_threads"]  # counted, fed or not
+    # other processes that keep the cores busy slow the host step more than the loaders:
+    # the device may then be fed, and there is nothing to name (threads.py's conditions)
+    starved = ev["data_wait_share"] >= STARVING_SHARE and (
+        (ev["loaders_runq_share"] or 0) >= RUNQ_CONTENTION_SHARE
+        or (ev["cpu_busy_fraction"] or 0) >= CPU_SATURATED) and \
+        (ev["workers_cpu_cores"] or 0) >= 0.5 * min(2, ev["usable_cores"])
+    if not starved:
+        assert MAIN_THREADS not in [x["cause"] for x in d["findings"]], d["findings"]
+        return
     f = finding(d, MAIN_THREADS)
-    keep = max(1, d["evidence"]["usable_cores"] - 2)
+    keep = max(1, ev["usable_cores"] - 2)
     assert f["numbers"]["main_threads"] >= 1.5 and f["numbers"]["threads_kept"] == keep
     assert d["advice"][0]["value"] == f"torch.set_num_threads({keep})", d["advice"]
 

@@ -27,16 +27,27 @@ def test_only_established_connections_of_the_process_are_peers(tmp_path):
     assert tcp_peers(pid, {"111", "112"}, str(tmp_path)) == {"10.0.0.10:443": 1}
 
 
-def test_a_real_connection_is_seen_from_outside():
+def test_only_the_loaders_own_connections_count():
+    """The main process loading (no workers): a connection it holds at every pass (a
+    process group's, a tracker's) is not a read; one new since the last pass is. A forked
+    worker's inherited sockets are its parent's (the fixture's worker is this process, so
+    everything it holds is its parent's)."""
     srv = socket.socket()
     srv.bind(("127.0.0.1", 0))
-    srv.listen(1)
-    cli = socket.create_connection(srv.getsockname())
-    conn, _ = srv.accept()
+    srv.listen(2)
+    kept = socket.create_connection(srv.getsockname())
+    conns = [srv.accept()[0]]
+    net = NetReads()
+    peer = f"127.0.0.1:{srv.getsockname()[1]}"
     try:
-        got = NetReads().sample(None, os.getpid(), [])
-        peers = json.loads(got["loaders_peers"])
-        assert f"127.0.0.1:{srv.getsockname()[1]}" in peers
+        assert net.sample(None, os.getpid(), [])["loaders_peers"] is None  # first pass
+        assert net.sample(None, os.getpid(), [])["loaders_peers"] is None  # held since
+        fresh = socket.create_connection(srv.getsockname())
+        conns.append(srv.accept()[0])
+        got = json.loads(net.sample(None, os.getpid(), [])["loaders_peers"])
+        assert peer in got and len(got) == 2, got  # the new pair's two ends: both ours here
+        assert net.sample(None, os.getpid(), [os.getpid()])["loaders_peers"] is None
+        fresh.close()
     finally:
-        for s in (cli, conn, srv):
+        for s in (kept, *conns, srv):
             s.close()

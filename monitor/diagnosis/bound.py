@@ -55,15 +55,15 @@ Throughput in samples/s at N workers and batch size b:
 The limit named is the argmin; "workers" within 5% of "cores" is reported as "cores" (a tie:
 more workers would not get more CPU).
 
-The CPUs in one task alone's units (NOTE [the CPUs' capacity] in monitor/sampling/
-capacity.py): k busy CPUs do cap(k) of a lone task's work (capacity_at: a core each up to
-the physical cores, SMT siblings and shared vCPUs the measured rest; a 2-vCPU VM gives about
-1.5). U is cap(U), measured by `doctor` and kept, else from the topology, else the CPU count;
-c and o_cpu, measured at the window's k_w busy CPUs, are taken to a lone task's speed,
-c x cap(k_w) / k_w; the fallback K scales by cap(U) / U. So a window at one worker no longer
-predicts two CPUs' worth for two workers on a box whose two do 1.5, and a window with both
-busy predicts what it measured. What remains is learned: a prediction for a num_workers
-other than the window's own is multiplied by its limit's scale:
+The CPUs in one task alone's units (NOTE [the CPUs' capacity] in
+monitor/sampling/capacity.py): k busy CPUs do cap(k) of a lone task's work (capacity_at: a
+core each up to the physical cores, SMT siblings and shared vCPUs the measured rest; a
+2-vCPU VM gives about 1.5). U is cap(U), measured by `doctor` and kept, else from the
+topology, else the CPU count; c and o_cpu, measured at the window's k_w busy CPUs, are taken
+to a lone task's speed, c x cap(k_w) / k_w; the fallback K scales by cap(U) / U. So a window
+at one worker no longer predicts two CPUs' worth for two workers on a box whose two do 1.5,
+and a window with both busy predicts what it measured. What remains is learned: a
+prediction for a num_workers other than the window's own is multiplied by its limit's scale:
 what this machine's earlier outcomes of that limit measured against their predictions
 (monitor/assess/outcomes.py learns them from each applied change; 1 until one is measured).
 

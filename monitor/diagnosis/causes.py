@@ -332,7 +332,8 @@ def merge(advice: tuple[Advice, ...], findings: tuple[Finding, ...],
         # kept alive between epochs: the workers advised from none, dropped with them
         or a.param == "persistent_workers" and workers_now == 0)))
     first: list[Advice] = []
-    for a in (a for f in findings for a in f.advice):
+    led = lead(findings)  # the verdict's cause: its fix first
+    for a in (a for f in sorted(findings, key=lambda f: f is not led) for a in f.advice):
         if a not in first:
             first.append(a)
     said = {(a.param, str(a.value)) for a in first}  # a setting the findings advise already

@@ -10,6 +10,12 @@
 # device did not serve (/proc/<pid>/io rchar - read_bytes: sockets, and page-cache hits,
 # which the peers tell apart). diagnosis/causes.py names it with the peer, the bytes a
 # sample and the wait a sample; more loaders than cores overlap it (the bound model's l).
+# Only the loaders' own connections count: a forked worker inherits its parent's sockets
+# (torch.distributed's gloo pairs and store, a tracker's), so a worker's are those its parent
+# does not hold; the main process loading itself (num_workers=0) holds the job's own
+# connections for its whole life, so its are those new since the last pass (a request a
+# connection; a kept-alive client's pool is not seen there). Two torchrun ranks that sleep
+# for their samples read "remote-reads" on their gloo connections before this.
 from __future__ import annotations
 
 import json
@@ -91,14 +97,19 @@ class NetReads:
     def __init__(self, proc: str = "/proc", clock=time.monotonic) -> None:
         self.proc, self.clock = proc, clock
         self._prev: dict[int | None, tuple[float, dict[int, tuple[int, int]]]] = {}
+        self._held: dict[int | None, set[str]] = {}  # the main process's sockets, last pass
 
     def sample(self, key: int | None, main: int, workers: list[int]) -> dict:
         pids = workers or [main]
         now = self.clock()
         io = {p: v for p in pids if (v := _io(p, self.proc)) is not None}
+        parent = _inodes(main, self.proc)
+        held, self._held[key] = self._held.get(key), parent
         peers: dict[str, int] = {}
-        for p in pids:
-            for peer, n in tcp_peers(p, _inodes(p, self.proc), self.proc).items():
+        for p in pids:  # the loaders' own connections (NOTE above)
+            own = _inodes(p, self.proc) - parent if workers else \
+                (parent - held if held is not None else set())
+            for peer, n in tcp_peers(p, own, self.proc).items():
                 peers[peer] = peers.get(peer, 0) + n
         prev, self._prev[key] = self._prev.get(key), (now, io)
         out: dict = {"loaders_net_kb_s": None,
