@@ -112,24 +112,28 @@ def capacity(usable: int, affinity: set[int] | None = None, sys_root: str = "/sy
     return Capacity(float(usable), usable, phys, "the CPU count (not measured)")
 
 
-def _busy() -> tuple[float, float] | None:
-    """(busy, total) jiffies of all CPUs, from /proc/stat."""
-    line = (read_text("/proc/stat") or "").split("\n", 1)[0].split()
-    if len(line) < 5 or line[0] != "cpu":
-        return None
-    v = [float(x) for x in line[1:]]
-    idle = v[3] + (v[4] if len(v) > 4 else 0.0)
-    return sum(v) - idle, sum(v)
+def _busy(cpus: list[int]) -> tuple[float, float] | None:
+    """(busy, total) jiffies of these CPUs (the affinity set's), from /proc/stat."""
+    want = {f"cpu{c}" for c in cpus}
+    busy = total = 0.0
+    for line in (read_text("/proc/stat") or "").splitlines():
+        p = line.split()
+        if len(p) >= 5 and p[0] in want:
+            v = [float(x) for x in p[1:]]
+            idle = v[3] + (v[4] if len(v) > 4 else 0.0)
+            busy, total = busy + sum(v) - idle, total + sum(v)
+    return (busy, total) if total > 0 else None
 
 
 def _phase(k: int, seconds: float) -> tuple[float, float, float]:
     """k spinning processes: (their summed rate, the least share of its wall time one of
     them was on a CPU, other processes' busy cores meanwhile)."""
-    before = _busy()
+    cpus = _cpus(None)
+    before = _busy(cpus)
     procs = [subprocess.Popen([sys.executable, "-c", SPIN, str(seconds)],
                               stdout=subprocess.PIPE, text=True) for _ in range(k)]
     out = [p.communicate()[0].split() for p in procs]
-    after = _busy()
+    after = _busy(cpus)
     done = [(float(o[0]), float(o[1])) for o in out if len(o) == 2]
     if len(done) < k:
         return 0.0, 0.0, 0.0
@@ -137,7 +141,7 @@ def _phase(k: int, seconds: float) -> tuple[float, float, float]:
     others = 0.0
     if before and after and after[1] > before[1]:
         tick = os.sysconf("SC_CLK_TCK")
-        wall = (after[1] - before[1]) / len(_cpus(None)) / tick
+        wall = (after[1] - before[1]) / len(cpus) / tick
         others = max(0.0, ((after[0] - before[0]) / tick - cpu) / max(wall, 1e-9))
     return sum(r for r, _ in done), min(t for _, t in done) / seconds, others
 
