@@ -668,3 +668,26 @@ def test_a_copy_per_rank_needs_big_alike_copies_on_one_host():
     apart = {0: {0}, 1: {1}, 2: {2}}
     assert cache_per_rank({0: rep(4000), 1: rep(4000), 2: rep(4000)}, apart, None,
                           None) is None  # a copy per host is what it takes
+
+
+def test_what_a_dataset_holds_counts_copies_not_mapped_files(tmp_path):
+    """The probe's weighing (held_bytes): tensors (a storage shared by views once), arrays
+    and a list of them; never a mapped file (np.memmap, torch.from_file, HF datasets'
+    Arrow tables read from disk), which the page cache holds once a host."""
+    import numpy as np
+    import torch
+
+    from monitor.probe.workers import held_bytes
+
+    class Ds:
+        pass
+    ds = Ds()
+    ds.x = torch.zeros(1000, 250)  # 1 MB
+    ds.view = ds.x[:10]
+    ds.ims = [np.zeros((100, 100, 3), np.uint8) for _ in range(10)]  # 300 KB
+    assert held_bytes(ds) == (1_000_000 + 300_000, "x")
+    path = tmp_path / "m.bin"
+    np.zeros(250_000, np.float32).tofile(path)
+    ds.mapped = np.memmap(path, np.float32, "r")
+    ds.from_file = torch.from_file(str(path), shared=True, size=250_000)
+    assert held_bytes(ds) == (1_300_000, "x")

@@ -156,7 +156,11 @@ def held_bytes(ds: Any) -> tuple[int, str | None]:
         if isinstance(n, int) and not isinstance(x, type):
             base = getattr(x, "base", None)  # a view of another array: its base counts
             key = id(base if base is not None else x)
-            if key in seen or getattr(x, "filename", None) is not None:  # np.memmap: a file
+            # a mapped file is the page cache's, one copy a host: np.memmap (its filename),
+            # HF datasets' Arrow tables read from disk (MemoryMappedTable; InMemoryTable,
+            # keep_in_memory=True, is a copy and counts)
+            if key in seen or getattr(x, "filename", None) is not None or \
+                    "MemoryMapped" in type(x).__name__:
                 return 0
             seen.add(key)
             return n
