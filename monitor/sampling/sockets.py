@@ -105,12 +105,13 @@ class NetReads:
         io = {p: v for p in pids if (v := _io(p, self.proc)) is not None}
         parent = _inodes(main, self.proc)
         held, self._held[key] = self._held.get(key), parent
-        peers: dict[str, int] = {}
-        for p in pids:  # the loaders' own connections (NOTE above)
-            own = _inodes(p, self.proc) - parent if workers else \
-                (parent - held if held is not None else set())
-            for peer, n in tcp_peers(p, own, self.proc).items():
-                peers[peer] = peers.get(peer, 0) + n
+        own: set[str] = set()  # the loaders' own connections (NOTE above)
+        for p in workers:
+            own |= _inodes(p, self.proc) - parent
+        if not workers and held is not None:
+            own = parent - held
+        # one read of the namespace's table a pass (a forked worker shares its parent's)
+        peers = tcp_peers(main, own, self.proc)
         prev, self._prev[key] = self._prev.get(key), (now, io)
         out: dict = {"loaders_net_kb_s": None,
                      "loaders_peers": json.dumps(peers) if peers else None}
