@@ -166,6 +166,13 @@ def held_bytes(ds: Any) -> tuple[int, str | None]:
             return n
         return 0
 
+    try:
+        return _held(ds, size, budget)
+    except Exception:  # a property that raises: weigh nothing, never the loop's problem
+        return 0, None
+
+
+def _held(ds: Any, size: Any, budget: list[int]) -> tuple[int, str | None]:
     per: dict[str, int] = {}
     for name, v in list(getattr(ds, "__dict__", {}).items()):
         if budget[0] <= 0:
