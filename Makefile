@@ -42,6 +42,18 @@ $(MLFLOW_VENV)/.ready: | $(PY)
 	$(MLFLOW_VENV)/bin/python -m pip install -q --no-compile "mlflow>=2.16"
 	touch $@
 
+# PyPI's torch with its torchvision and Ultralytics, for tests/test_vision.py: PyPI's
+# torchvision is built against PyPI's (CUDA) torch and fails to import beside .venv's CPU
+# torch, so scripts that need it run in a venv of their own (5.9 GB; pip takes torch and
+# torchvision from this machine's disk where they lie there). Pinned: the tests' figures are
+# these releases'.
+VISION_VENV := .venv-vision
+$(VISION_VENV)/.ready:
+	$(PYTHON) -m venv $(VISION_VENV)
+	$(VISION_VENV)/bin/python -m pip install -q --no-compile torch==2.14.1 torchvision==0.29.1 \
+		ultralytics==8.4.190
+	touch $@
+
 # The same command a pip-installed user runs: Streamlit's settings (no usage statistics,
 # loopback) come on its command line, not from this checkout's .streamlit/.
 run: $(VENV)/.runtime
@@ -59,7 +71,7 @@ run: $(VENV)/.runtime
 # 642 s) with two Chromiums side by side.
 TEST_WORKERS ?= 4
 
-test: $(VENV)/.dev $(MLFLOW_VENV)/.ready
+test: $(VENV)/.dev $(MLFLOW_VENV)/.ready $(VISION_VENV)/.ready
 	bash .ci/test-deps
 	$(PY) -m ruff check .
 	PYTHONDONTWRITEBYTECODE= $(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup --durations=25
@@ -71,4 +83,4 @@ bench: $(VENV)/.runtime
 	$(PY) bench/presets.py
 
 clean:
-	rm -rf $(VENV) $(MLFLOW_VENV) .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(MLFLOW_VENV) $(VISION_VENV) .pytest_cache .ruff_cache

@@ -355,8 +355,12 @@ class Recorder(LoaderRequests):
     # -- epochs and control --------------------------------------------------------------
     def start_epoch(self, loader: Any) -> None:
         """At iter(loader): apply pending loader changes, count the epoch (the last epoch's
-        steps are the watchdog's to write; the autotuner's handshake writes them first)."""
-        self.epoch += 1
+        steps are the watchdog's to write; the autotuner's handshake writes them first).
+        An iterator of this loader that delivered no batch started no epoch: Ultralytics
+        calls iter() twice an epoch (`enumerate(loader)`, then again inside its progress
+        bar), and its first never runs."""
+        if self.open is None or self.open.delivered > 0:
+            self.epoch += 1
         self.trained = self.trained or _grad_enabled()
         ph = self.probe.phases
         if ph is not None and ph.note:  # (the optimizer is not a torch one: said once)
