@@ -527,7 +527,13 @@ def test_a_line_crossed_within_its_noise_is_taken_the_way_that_advises_no_change
     assert diagnose(plain).verdict == "starving"
     fed = feat(cfg, data_wait_share=0.11, host_cpu_cores=0.6, workers_cpu_cores=0.4)
     assert diagnose(fed).verdict != "healthy"
-    assert diagnose(dataclasses.replace(fed, data_wait_se=0.01)).verdict == "healthy"
+    within = diagnose(dataclasses.replace(fed, data_wait_se=0.01))
+    assert within.verdict == "healthy"
+    # the sentence says where 11% stands: not "below 10%" (Ray Train once read "13% of
+    # step time (below 10%)")
+    assert "11% of step time (within the noise of the 10% line: ±2%" in within.headline, \
+        within.headline
+    assert "(below 10%)" in diagnose(feat(cfg, data_wait_share=0.05)).headline
 
 
 def test_the_noise_of_a_verdicts_figures_is_measured_from_the_window():

@@ -249,8 +249,11 @@ def healthy(c: Ctx) -> str | None:
     if f.device_idle_share is not None:
         return (f"Healthy: the device is idle {f.device_idle_share:.0%} of the time between "
                 f"steps (CUDA events; below {STARVING_SHARE:.0%}); it is fed.")
-    return (f"Healthy: data wait is {f.data_wait_share:.0%} of step time (below "
-            f"{STARVING_SHARE:.0%}); the device is fed.")
+    where = (f"below {STARVING_SHARE:.0%}" if f.data_wait_share < STARVING_SHARE else
+             f"within the noise of the {STARVING_SHARE:.0%} line: ±{noise:.0%} between "
+             "parts of the window")
+    return (f"Healthy: data wait is {f.data_wait_share:.0%} of step time ({where}); the "
+            "device is fed.")
 
 
 def epoch_stall(c: Ctx) -> str | None:
