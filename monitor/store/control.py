@@ -14,11 +14,9 @@ if TYPE_CHECKING:
 
 class Control:
     """Owns `control`."""
+    db: Db  # the Store's file (core.py: the Store is made of these parts)
 
-    def __init__(self, db: Db) -> None:
-        self.db = db
-
-    def request(self, run_id: int, kind: str, payload: dict[str, Any] | None = None) -> int:
+    def request_control(self, run_id: int, kind: str, payload: dict[str, Any] | None = None) -> int:
         """Queue a request for a run; returns its id."""
         cur = self.db.conn().execute(
             "INSERT INTO control (run_id, ts, kind, payload) VALUES (?, ?, ?, ?)",
@@ -26,11 +24,11 @@ class Control:
         )
         return int(cur.lastrowid)
 
-    def pending(self, run_id: int, after_id: int = 0) -> list[tuple[int, str, Any]]:
+    def pending_control(self, run_id: int, after_id: int = 0) -> list[tuple[int, str, Any]]:
         """Control requests for a run newer than `after_id` not yet applied, oldest first."""
         return self._after(run_id, after_id, " AND applied_at IS NULL")
 
-    def after(self, run_id: int, after_id: int) -> list[tuple[int, str, Any]]:
+    def control_after(self, run_id: int, after_id: int) -> list[tuple[int, str, Any]]:
         """Every control request of a run after `after_id`, applied or not (each rank of a
         job applies a job-wide request itself)."""
         return self._after(run_id, after_id, "")
@@ -41,19 +39,19 @@ class Control:
             "ORDER BY id", (run_id, after_id)).fetchall()
         return [(i, k, json.loads(p) if p else None) for i, k, p in rows]
 
-    def mark(self, control_id: int, result: str) -> None:
+    def mark_control(self, control_id: int, result: str) -> None:
         """Record a request's result (applied, superseded, refused: ...)."""
         self.db.conn().execute(
             "UPDATE control SET applied_at = ?, result = ? WHERE id = ?",
             (time.time(), result, control_id),
         )
 
-    def requests(self, run_id: int, limit: int = 10) -> pd.DataFrame:
+    def control_requests(self, run_id: int, limit: int = 10) -> pd.DataFrame:
         """A run's newest requests first."""
         return self.db.frame(
             "SELECT * FROM control WHERE run_id = ? ORDER BY id DESC LIMIT ?", (run_id, limit))
 
-    def result(self, control_id: int) -> tuple[float | None, str | None]:
+    def control_result(self, control_id: int) -> tuple[float | None, str | None]:
         """(when it was applied, its result); (None, None) while pending."""
         row = self.db.conn().execute(
             "SELECT applied_at, result FROM control WHERE id = ?", (control_id,)

@@ -17,15 +17,13 @@ CALIBRATION_MAX_AGE_S = 6 * 3600
 
 class Meta:
     """Owns `meta`, `calibration` and `gpu_devices`."""
+    db: Db  # the Store's file (core.py: the Store is made of these parts)
 
-    def __init__(self, db: Db) -> None:
-        self.db = db
-
-    def set(self, key: str, value: str | None) -> None:
+    def set_meta(self, key: str, value: str | None) -> None:
         self.db.conn().execute("INSERT OR REPLACE INTO meta (key, value, ts) VALUES (?, ?, ?)",
                                (key, value, time.time()))
 
-    def get(self, key: str) -> str | None:
+    def meta(self, key: str) -> str | None:
         row = self.db.conn().execute("SELECT value FROM meta WHERE key = ?",
                                      (key,)).fetchone()
         return row[0] if row else None

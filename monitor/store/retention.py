@@ -14,9 +14,7 @@ MACHINE_TABLES = ("gpu_samples", "gpu_util")
 
 class Retention:
     """Deletes across every table, in one transaction per removal."""
-
-    def __init__(self, db: Db) -> None:
-        self.db = db
+    db: Db  # the Store's file (core.py: the Store is made of these parts)
 
     def gc(self, keep_days: float | None = None,
            max_mb: float | None = None) -> tuple[list[int], int, int]:

@@ -18,9 +18,7 @@ if TYPE_CHECKING:
 
 class Rollups:
     """Owns `step_seconds`, derived from `steps`."""
-
-    def __init__(self, db: Db) -> None:
-        self.db = db
+    db: Db  # the Store's file (core.py: the Store is made of these parts)
 
     def roll_up(self, run_id: int) -> None:
         """Bring the run's rollup up to date: the last rolled second again (it may have been

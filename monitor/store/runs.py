@@ -43,13 +43,12 @@ def _pid_alive(pid: int) -> bool:
 
 class Runs:
     """Owns `runs` and `ranks` (and the job key a distributed job's ranks share, in meta)."""
-
-    def __init__(self, db: Db, notes: Notes) -> None:
-        self.db, self.notes = db, notes
+    db: Db  # the Store's file (core.py: the Store is made of these parts)
+    notes: Notes
 
     # -- a run's life ----------------------------------------------------------------------
-    def create(self, name: str, kind: str, config: dict[str, Any],
-               accelerator: str | None = None) -> int:
+    def create_run(self, name: str, kind: str, config: dict[str, Any],
+                   accelerator: str | None = None) -> int:
         """A new run, `running` from now; returns its id."""
         cur = self.db.conn().execute(
             "INSERT INTO runs (name, kind, config, accelerator, status, started_at) "
@@ -58,7 +57,7 @@ class Runs:
         )
         return int(cur.lastrowid)
 
-    def update(self, run_id: int, **values: Any) -> None:
+    def update_run(self, run_id: int, **values: Any) -> None:
         """Set some of a run's fields (UPDATABLE); config and device given as dicts."""
         bad = set(values) - set(UPDATABLE)
         if bad:
@@ -70,7 +69,7 @@ class Runs:
         self.db.conn().execute(f"UPDATE runs SET {sets} WHERE id = ?",
                                (*values.values(), run_id))
 
-    def finish(self, run_id: int, status: str, error: str | None = None) -> bool:
+    def finish_run(self, run_id: int, status: str, error: str | None = None) -> bool:
         """Mark a running run ended. The first writer wins: a later call (say the session
         manager's reaper after the workload already reported its own error) changes nothing
         and returns False."""
@@ -109,11 +108,11 @@ class Runs:
         for run_id in gone:
             why = noted.get(run_id) or ("the process recording this run is gone (killed "
                                         "before it could end the run)")
-            if self.finish(run_id, "failed", why):
+            if self.finish_run(run_id, "failed", why):
                 closed.append(run_id)
         return closed
 
-    def import_(self, run: dict[str, Any], frames: dict[str, Any]) -> int:
+    def import_run(self, run: dict[str, Any], frames: dict[str, Any]) -> int:
         """Insert a run record and its rows (monitor/export/files.py) in one transaction, as
         a new run; a run exported while running comes in stopped. Returns the new id."""
         status = run.get("status") if run.get("status") != RUNNING else STOPPED
@@ -141,11 +140,11 @@ class Runs:
         return new
 
     # -- reads ------------------------------------------------------------------------------
-    def list(self, limit: int = 200) -> pd.DataFrame:
+    def runs(self, limit: int = 200) -> pd.DataFrame:
         """The newest runs first."""
         return self.db.frame("SELECT * FROM runs ORDER BY id DESC LIMIT ?", (limit,))
 
-    def get(self, run_id: int) -> dict[str, Any] | None:
+    def run(self, run_id: int) -> dict[str, Any] | None:
         """One run's row, config and device parsed; None when there is no such run."""
         try:
             key = int(run_id)  # numpy's ints too (sqlite3 binds Python's alone)
@@ -168,7 +167,7 @@ class Runs:
                             ).fetchall()
         return (int(newest) if newest is not None else None), tuple(int(r[0]) for r in live)
 
-    def resolve(self, spec: str) -> int | None:
+    def resolve_run(self, spec: str) -> int | None:
         """A run id from `N`, `latest`, `latest~K` (K runs before the latest) or `name:NAME`
         (the latest run of that name); None when there is no such run."""
         spec = spec.strip()
@@ -186,7 +185,7 @@ class Runs:
             row = None
         return int(row[0]) if row else None
 
-    def previous(self, run_id: int) -> int | None:
+    def previous_run(self, run_id: int) -> int | None:
         """The run stored just before `run_id` (the report's comparison), None if none."""
         row = self.db.conn().execute("SELECT MAX(id) FROM runs WHERE id < ?",
                                      (int(run_id),)).fetchone()

@@ -24,9 +24,7 @@ MAX_PARAMS = 32_000 if sqlite3.sqlite_version_info >= (3, 32) else 999
 
 class Series:
     """Owns the record tables and `events`."""
-
-    def __init__(self, db: Db) -> None:
-        self.db = db
+    db: Db  # the Store's file (core.py: the Store is made of these parts)
 
     def insert(self, records: Sequence[Any]) -> int:
         """Insert records of one type in one transaction; returns the count."""
