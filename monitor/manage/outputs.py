@@ -115,6 +115,28 @@ class Mlflow:
             raise OutputError(str(exc)) from None
 
 
+class Wandb:
+    """A Weights & Biases run's metrics (monitor/export/wandb_out.py)."""
+
+    def add_flags(self, p: argparse.ArgumentParser) -> None:
+        p.add_argument("--wandb", metavar="PROJECT", nargs="?", const="", default=None,
+                       help="log the run's per-step figures (starvation/...) and its verdict "
+                            "to Weights & Biases: the script's own run where $WANDB_RUN_ID "
+                            "names it (online), else a run of its own in PROJECT (default "
+                            "$WANDB_PROJECT, else starvation-monitor); WANDB_MODE=offline "
+                            "works (needs the [wandb] extra)")
+
+    def make(self, args: argparse.Namespace, rt: Any) -> Output | None:
+        if getattr(args, "wandb", None) is None:
+            return None
+        from monitor.export.wandb_out import WandbMissing, WandbOutput
+
+        try:
+            return WandbOutput(args.wandb or None, rt.store, script_name(args.cmd))
+        except WandbMissing as exc:
+            raise OutputError(str(exc)) from None
+
+
 def script_name(cmd: list[str]) -> str:
     """The training script's file name in a command line (`python train.py ...`, a
     launcher's `torchrun ... train.py`), else the command's."""
@@ -123,7 +145,7 @@ def script_name(cmd: list[str]) -> str:
                 os.path.basename(cmd[0]) if cmd else "script")
 
 
-KINDS: tuple[Kind, ...] = (Metrics(), Terminal(), TensorBoard(), Mlflow())
+KINDS: tuple[Kind, ...] = (Metrics(), Terminal(), TensorBoard(), Mlflow(), Wandb())
 
 
 def add_flags(p: argparse.ArgumentParser) -> None:
