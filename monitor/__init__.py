@@ -1,6 +1,7 @@
 """Starvation Monitor: shows, per step, whether a GPU is starved by its input pipeline."""
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 __version__ = "0.1.0"
@@ -11,25 +12,51 @@ def watch(loader: Any, name: str | None = None) -> Any:
     to the store (see monitor.probe.patch)."""
     from monitor.probe.patch import watch as _watch
 
-    return _watch(loader, name)
+    it = _watch(loader, name)
+    _in_cells(name)
+    return it
+
+
+def _in_cells(name: str | None) -> None:
+    """In a Jupyter kernel, the run live in the cell that trains (monitor/notebook.py)."""
+    if "ipykernel" in sys.modules:
+        from monitor.notebook import follow_in_cells, live
+        from monitor.probe.patch import recorder
+
+        rec = recorder(name)
+        follow_in_cells(rec)
+        live(rec)  # this cell's, at once: the epoch began before the hook was there
+
+
+def show(run_id: int, db: str | None = None) -> None:
+    """Show a run in this notebook cell: its line, its last window's verdict and advice."""
+    from monitor.notebook import show as _show
+
+    _show(run_id, db)
 
 
 def lightning_callback(name: str | None = None) -> Any:
     """A Lightning Callback recording the fit loop's steps (monitor.probe.frameworks)."""
     from monitor.probe.frameworks import lightning_callback as make
 
-    return make(name)
+    cb = make(name)
+    _in_cells(name)
+    return cb
 
 
 def hf_callback(name: str | None = None) -> Any:
     """A Hugging Face TrainerCallback recording the Trainer's steps (monitor.probe.frameworks)."""
     from monitor.probe.frameworks import hf_callback as make
 
-    return make(name)
+    cb = make(name)
+    _in_cells(name)
+    return cb
 
 
 def fastai_callback(name: str | None = None) -> Any:
     """A fastai Callback recording Learner.fit's steps (monitor.probe.frameworks)."""
     from monitor.probe.frameworks import fastai_callback as make
 
-    return make(name)
+    cb = make(name)
+    _in_cells(name)
+    return cb

@@ -52,7 +52,7 @@ def test_wheel_holds_the_packages_the_dependencies_and_the_console_script(wheel)
     assert norm(base) == norm(wanted)
     extras = {ln.split(":", 1)[1].strip() for ln in meta.splitlines()
               if ln.startswith("Provides-Extra:")}
-    assert {"tensorboard", "wandb"} <= extras  # --tensorboard's, --wandb's: where asked
+    assert {"tensorboard", "wandb", "notebook"} <= extras  # --tensorboard's, --wandb's: where asked
     assert "starvation-monitor = monitor.cli.main:console" in entry
 
 

@@ -47,16 +47,20 @@ _recorder: Recorder | None = None
 _recorder_lock = threading.Lock()
 
 
-def script_name(argv0: str | None = None, env: dict[str, str] | None = None) -> str:
+def script_name(argv0: str | None = None, env: dict[str, str] | None = None,
+                main: Any = None) -> str:
     """What a run recorded in this process is named after: the script's file name; in a
     Jupyter kernel (whose argv[0] is ipykernel_launcher.py) the notebook's, which Jupyter's
-    server passes to the kernel in JPY_SESSION_NAME."""
+    server passes to the kernel in JPY_SESSION_NAME and VS Code sets in the kernel's globals
+    (`__vsc_ipynb_file__`, the __main__ module of a kernel)."""
     env = env if env is not None else dict(os.environ)
     argv0 = argv0 if argv0 is not None else (sys.argv[0] if sys.argv else "")
     name = os.path.basename(argv0 or "python")
-    if name in ("ipykernel_launcher.py", "ipykernel_launcher", "__main__.py") and \
-            env.get("JPY_SESSION_NAME"):
-        return os.path.basename(env["JPY_SESSION_NAME"])
+    if name in ("ipykernel_launcher.py", "ipykernel_launcher", "__main__.py"):
+        main = main if main is not None else sys.modules.get("__main__")
+        notebook = env.get("JPY_SESSION_NAME") or getattr(main, "__vsc_ipynb_file__", None)
+        if isinstance(notebook, str) and notebook:
+            return os.path.basename(notebook)
     return name
 
 

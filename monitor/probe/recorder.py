@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import atexit
 import sys
+from collections.abc import Callable
 from typing import Any
 
 from monitor import control
@@ -87,6 +88,9 @@ class Recorder(LoaderRequests):
         self.stopped: str | None = None  # why recording stopped (the training goes on)
         self.said_no_midepoch = False
         self.closing = False  # at exit, past the last flush: events are written at once
+        # called with the recorder at each timed epoch's start, never raising into the loop
+        # (the notebook's live view registers one: monitor/notebook.py)
+        self.epoch_hooks: list[Callable[[Recorder], None]] = []
         # the watchdog's thread writes the steps: the loop only appends
         self.probe.inline_flush = False
         self.probe.ring = relay_ring(self.probe, self._say)
@@ -361,6 +365,11 @@ class Recorder(LoaderRequests):
         bar), and its first never runs."""
         if self.open is None or self.open.delivered > 0:
             self.epoch += 1
+        for hook in self.epoch_hooks:
+            try:
+                hook(self)
+            except Exception:  # a hook's failure is its own
+                pass
         self.trained = self.trained or _grad_enabled()
         ph = self.probe.phases
         if ph is not None and ph.note:  # (the optimizer is not a torch one: said once)
