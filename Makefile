@@ -52,6 +52,7 @@ $(VISION_VENV)/.ready:
 	$(PYTHON) -m venv $(VISION_VENV)
 	$(VISION_VENV)/bin/python -m pip install -q --no-compile torch==2.14.1 torchvision==0.29.1 \
 		ultralytics==8.4.190
+	PYTHONDONTWRITEBYTECODE= $(VISION_VENV)/bin/python -c "import torchvision, ultralytics.models.yolo"
 	touch $@
 
 # The same command a pip-installed user runs: Streamlit's settings (no usage statistics,

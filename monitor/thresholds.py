@@ -274,6 +274,11 @@ FD_HEADROOM = 0.8  # descriptors in flight past this share of `ulimit -n`
 # the fullest sample): the kernel's OOM killer, most likely (its SIGKILL reaped too late for
 # the loop's error to say so)
 OOM_ROOM_MB = 256.0
+# torch.compile's recompiles (monitor/diagnosis/compiles.py): a step whose compute took this
+# many times the window's median and this much more, in the steps of a look at dynamo that
+# found new graphs, is a step that compiled
+COMPILE_STALL_X = 2.5
+COMPILE_STALL_MIN_S = 0.05
 HOL_WAIT_X = 5.0  # a wait this many times the median, with finished batches held behind it
 HOL_SHARE = 0.5  # ... holding this share of the window's data wait: head-of-line
 # ... and longer than this many times a worker's turn (workers x the median step): a uniform

@@ -28,7 +28,16 @@ from monitor.diagnosis.per_rank import cache_per_rank
 from monitor.diagnosis.rules import HEALTHY
 from monitor.diagnosis.straggler import RankFigures, straggler_diagnosis, stragglers
 from monitor.frames import analysis
-from monitor.records import CONFIG, EPOCH, LOADER, LOADER_ERROR, STALLED, WORKERS_READY, CpuBudget
+from monitor.records import (
+    COMPILE,
+    CONFIG,
+    EPOCH,
+    LOADER,
+    LOADER_ERROR,
+    STALLED,
+    WORKERS_READY,
+    CpuBudget,
+)
 from monitor.thresholds import (
     KPI_WINDOW_S,
     STEADY_MAX_S,
@@ -190,7 +199,7 @@ def run_history(store: Store, run_id: int, steps: pd.DataFrame,
     return history.generations(store, run_id, events, int(ranks[0]) if len(ranks) else None)
 
 
-LOADER_KINDS = (LOADER, EPOCH, WORKERS_READY, LOADER_ERROR, STALLED)
+LOADER_KINDS = (LOADER, EPOCH, WORKERS_READY, LOADER_ERROR, STALLED, COMPILE)
 
 
 def loader_notes(events: pd.DataFrame) -> tuple[dict[str, Any] | None, tuple[str, ...]]:
@@ -213,6 +222,10 @@ def loader_notes(events: pd.DataFrame) -> tuple[dict[str, Any] | None, tuple[str
     if not rep.empty:
         report = {**reports[int(json.loads(rep["data"].iloc[-1]).get("rank") or 0)],
                   "by_rank": reports}
+        # torch.compile's looks (monitor/probe/compiles.py): the report's rank's
+        report["compiles"] = [d for d in (json.loads(x) for x in events.loc[
+            events["kind"] == COMPILE, "data"] if x) if int(d.get("rank") or 0) ==
+            int(report.get("rank") or 0)]
     errors = tuple(str(x) for k, x in zip(events["kind"], events["label"], strict=True)
                    if k == LOADER_ERROR or (k == STALLED and (
                        "Open files:" in str(x) or "Tokenizers after fork:" in str(x))))

@@ -14,6 +14,8 @@ unmodified script. Pure: frames and the probe's `loader` report in, findings out
 - per-sample overhead: big batches of samples that each cost the loop a few µs, fetched one
   at a time: Python's per-sample call and collate are the cost; a batched fetch
   (`__getitems__`) is the fix, advised first (workers only share the cost out).
+- recompiles: steps stalled while torch.compile compiled again for new shapes
+  (monitor/diagnosis/compiles.py).
 - worker start-up: workers not kept between epochs start again at each: the epoch's
   iter() (where spawn and forkserver pickle the dataset object to each worker), then each
   worker's first batch (it imports torch and unpickles the dataset), from the probe.
@@ -29,6 +31,7 @@ from typing import Any
 
 import pandas as pd
 
+from monitor.diagnosis.compiles import RECOMPILES, recompiles
 from monitor.diagnosis.costs import (
     PER_SAMPLE,
     SLOWER,
@@ -67,7 +70,7 @@ IDLE_WORKERS, MEMORY_GROWTH, HEAD_OF_LINE = (
 # The one vocabulary of causes a finding names (JSON `findings[].cause`, the page)
 CAUSES = (MEMORY_GROWTH, SHM, OPEN_FILES, OOM, LOADER_ERROR, TOKENIZER_FORK, IDLE_WORKERS,
           PER_SAMPLE, SLOWER, STARTUP, HEAD_OF_LINE, CACHE_PER_RANK, REMOTE_READS,
-          WORKER_THREADS, MAIN_THREADS)
+          WORKER_THREADS, MAIN_THREADS, RECOMPILES)
 
 
 def find(steps: pd.DataFrame, host: pd.DataFrame, report: dict[str, Any] | None,
@@ -87,6 +90,7 @@ def find(steps: pd.DataFrame, host: pd.DataFrame, report: dict[str, Any] | None,
               slower_with_more(history, int((report or {}).get("num_workers") or 0),
                                throughput),
               startup(steps, report, throughput), head_of_line(steps),
+              recompiles(steps, report, throughput),
               remote_reads(host, steps, features) if features is not None else None,
               threads_fight(features) if features is not None else None]
     seen = {f.cause for f in happened}  # a failure that happened says what the warning would

@@ -15,12 +15,13 @@ from monitor.diagnosis.finding import Advice, Diagnosis
 NODES = "torchdata.nodes"
 NODE_OF = {"num_workers": "ParallelMapper(num_workers={v})",
            "prefetch_factor": "Prefetcher(prefetch_factor={v})",
-           "pin_memory": "a PinMemory node at the end of the pipeline"}
+           "pin_memory": "a PinMemory node at the end of the pipeline",
+           "drop_last": "Batcher(drop_last={v})"}
 
 
 def _in_nodes(a: Advice, method: str | None) -> Advice | None:
     """One advice in a nodes pipeline's terms; None where it has no such setting."""
-    if a.param not in NODE_OF and a.param not in ("dataset", "host"):
+    if a.param not in NODE_OF and a.param not in ("dataset", "host", "model"):
         return None  # persistent_workers, in_order on a loader, ...: not this API's
     if a.param not in NODE_OF:
         return a

@@ -17,6 +17,7 @@ from typing import Any
 
 from monitor import control
 from monitor.probe import lifeline, workers
+from monitor.probe.compiles import CompileWatch
 from monitor.probe.identity import (
     rank_identity,
 )
@@ -38,7 +39,15 @@ from monitor.probe.samples import sample_counter
 from monitor.probe.timing import Probe, TimedIterator
 from monitor.probe.watchdog import RELAY_GONE, Watchdog
 from monitor.probe.writer import relay_ring
-from monitor.records import EPOCH, EVALUATION, LOADER, LOADER_ERROR, PROBE, WORKERS_READY
+from monitor.records import (
+    COMPILE,
+    EPOCH,
+    EVALUATION,
+    LOADER,
+    LOADER_ERROR,
+    PROBE,
+    WORKERS_READY,
+)
 from monitor.store import Store
 
 FLUSH_S, FLUSH_STEADY_S = 0.5, 2.0  # writes while young, then (NOTE [the writer's wake])
@@ -91,6 +100,7 @@ class Recorder(LoaderRequests):
         # called with the recorder at each timed epoch's start, never raising into the loop
         # (the notebook's live view registers one: monitor/notebook.py)
         self.epoch_hooks: list[Callable[[Recorder], None]] = []
+        self.compiles = CompileWatch()  # torch.compile's graphs, looked at per epoch
         # the watchdog's thread writes the steps: the loop only appends
         self.probe.inline_flush = False
         self.probe.ring = relay_ring(self.probe, self._say)
@@ -118,6 +128,17 @@ class Recorder(LoaderRequests):
         the user's training."""
         self.probe.flush()
 
+    def look_at_compiles(self) -> None:
+        """torch.compile's graphs new since the last look (monitor/probe/compiles.py), an
+        event; at an epoch's start and at exit, never on the step's path."""
+        try:
+            data = self.compiles.look(self.probe.step)
+            if data is not None:
+                self._event(COMPILE, f"torch.compile: {data['new_graphs']} graph(s) compiled "
+                            f"by step {data['step']}", data)
+        except Exception:  # the compile figures are extra
+            pass
+
     def close(self) -> None:
         """At exit: the last step of an epoch that was delivered whole is recorded (a loop
         that stops by length never asks again); a loop left mid-epoch drops its last."""
@@ -125,6 +146,7 @@ class Recorder(LoaderRequests):
         try:
             if it is not None and not it.ended and not it.passthrough and it.complete():
                 it.finish()
+            self.look_at_compiles()
             if self.timed_loader is not None and not self.stopped:
                 self._fill_batch_size(self.timed_loader)
         except Exception as exc:  # at exit too: a sentence, never a traceback
@@ -365,6 +387,7 @@ class Recorder(LoaderRequests):
         bar), and its first never runs."""
         if self.open is None or self.open.delivered > 0:
             self.epoch += 1
+        self.look_at_compiles()
         for hook in self.epoch_hooks:
             try:
                 hook(self)

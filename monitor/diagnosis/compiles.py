@@ -1,0 +1,108 @@
+"""torch.compile recompiling on changing shapes: steps that stalled in their compute while
+dynamo compiled new graphs for shapes it had not seen (monitor/probe/compiles.py reads its
+graph counter and guard failures at each epoch's start and at exit: the `compiles` of the
+loader report). The device idles through each; more workers cannot help. Named with the
+steps, the time they took, the shapes that changed, and the fix in the script's terms: one
+shape (pad to fixed lengths, drop_last=True) or one graph for all (mark the dimension
+dynamic). Pure: the window's steps and the loader report in."""
+from __future__ import annotations
+
+import math
+import re
+from typing import Any
+
+import pandas as pd
+
+from monitor.diagnosis.finding import Advice, Finding
+from monitor.thresholds import COMPILE_STALL_MIN_S, COMPILE_STALL_X
+
+RECOMPILES = "recompiles"
+MISMATCH = re.compile(r"size mismatch at index (\d+)\. expected (\d+), actual (\d+)")
+SHOWN_STEPS = 6
+
+
+def shape_changes(reasons: list[str]) -> list[tuple[int, int, int]]:
+    """(dimension, expected, actual) of each size guard that failed, first seen first."""
+    out: list[tuple[int, int, int]] = []
+    for r in reasons:
+        m = MISMATCH.search(r)
+        if m is not None and (key := (int(m[1]), int(m[2]), int(m[3]))) not in out:
+            out.append(key)
+    return out
+
+
+def described(changes: list[tuple[int, int, int]]) -> str:
+    """The shapes that changed, per dimension: "dimension 1 took 8 sizes, 39 to 46; the
+    batch dimension: a short batch (4 of 8)"."""
+    out = []
+    for d in sorted({c[0] for c in changes}):
+        sizes = sorted({x for dd, a, b in changes if dd == d for x in (a, b)})
+        short = [(a, b) for dd, a, b in changes if dd == 0 == d and b < a]
+        name = "the batch dimension" if d == 0 else f"dimension {d}"
+        if short:
+            out.append(f"{name}: a short batch ({min(b for _, b in short)} of "
+                       f"{max(a for a, _ in short)})")
+        else:
+            out.append(f"{name} took {len(sizes)} sizes, {sizes[0]} to {sizes[-1]}")
+    return "; ".join(out)
+
+
+def recompiles(steps: pd.DataFrame, report: dict[str, Any] | None,
+               throughput: float) -> Finding | None:
+    """The window's steps that stalled while dynamo compiled again: the looks that found new
+    graphs with guard failures, from the first step of the window on."""
+    looks = [e for e in (report or {}).get("compiles") or ()
+             if int(e.get("recompiles") or 0) > 0]
+    if not looks or steps.empty or "compute_s" not in steps.columns:
+        return None
+    first, last = int(steps["step"].min()), int(steps["step"].max())
+    # each look covers the steps since the one before it
+    mine, before = [], -1
+    for e in sorted(looks, key=lambda e: int(e["step"])):
+        if int(e["step"]) >= first and before <= last:
+            mine.append(e)
+        before = int(e["step"])
+    if not mine:
+        return None
+    compute = steps["compute_s"].astype(float)
+    med = float(compute.median())
+    slow = steps[(compute > max(COMPILE_STALL_X * med, med + COMPILE_STALL_MIN_S))
+                 & (steps["step"] > 0)]  # the run's first step compiles: warm-up's
+    if slow.empty:
+        return None
+    lost = float((slow["compute_s"] - med).sum())
+    start = float((steps["ts"] - steps["wait_s"] - steps["compute_s"]).min())
+    window_s = float(steps["ts"].max()) - start
+    n = sum(int(e["recompiles"]) for e in mine)
+    changes = shape_changes([r for e in mine for r in e.get("reasons") or ()])
+    at = ", ".join(str(int(s)) for s in slow["step"].head(SHOWN_STEPS)) + \
+        (", ..." if len(slow) > SHOWN_STEPS else "")
+    share = lost / window_s if window_s > 0 else math.nan
+    said = described(changes)
+    text = (f"Steps stalled while torch.compile compiled again: {n} recompile"
+            f"{'s' if n != 1 else ''} on new shapes" + (f" ({said})" if said else "") +
+            f"; {len(slow)} step{'s' if len(slow) != 1 else ''} took "
+            f"{float(slow['compute_s'].mean()):.2f} s each against a median step of "
+            f"{med * 1e3:.0f} ms (steps {at}), {lost:.1f} s lost, {share:.0%} of this "
+            "window. The device waits while it compiles: more workers cannot help.")
+    pred = throughput * window_s / (window_s - lost) if 0 < lost < window_s and \
+        throughput > 0 else None
+    short = any(d == 0 and b < a for d, a, b in changes)
+    other = any(d > 0 for d, _, _ in changes)
+    advice: list[Advice] = []
+    if other or not changes:
+        dims = sorted({d for d, _, _ in changes if d > 0}) or [1]
+        advice.append(Advice(
+            "model", "one shape for every batch", pred,
+            "pad each batch to one of a few fixed lengths (buckets) in the collate_fn, or "
+            f"let one graph take every length: torch._dynamo.mark_dynamic(x, {dims[0]}) on "
+            "the batch, or torch.compile(dynamic=None) instead of dynamic=False"))
+    if short:
+        advice.append(Advice(
+            "drop_last", True, None if other else pred,
+            "drop_last=True: the epoch's short last batch is a shape of its own, compiled "
+            "again (or pad it to the batch size)"))
+    return Finding(RECOMPILES, text, {"recompiles": n, "slow_steps": slow["step"].astype(int)
+                                      .tolist()[:50], "lost_s": lost, "share": share,
+                                      "changes": [list(c) for c in changes]},
+                   tuple(advice), no_more_workers=True, leads=True)

@@ -1,0 +1,91 @@
+"""torch.compile recompiling on changing shapes: the reproducer (tests/scripts/recompiles.py,
+a model compiled with dynamic=False fed batches padded to their longest sequence) under
+`monitor run --json` is named `recompiles` with its steps, the shapes that changed and the
+fix; the same script with one shape (--buckets) is not. The finding's rules on frames."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from monitor.diagnosis.compiles import RECOMPILES, described, recompiles, shape_changes
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPT = ROOT / "tests" / "scripts" / "recompiles.py"
+ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
+
+
+def monitored(db: Path, *args: str) -> dict:
+    r = subprocess.run([sys.executable, "-m", "monitor", "run", "--db", str(db), "--json",
+                        "--", sys.executable, str(SCRIPT), *args], cwd=ROOT, env=ENV,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.slow
+def test_recompiles_on_new_shapes_name_the_steps_the_shapes_and_the_fix(tmp_path, no_leaks):
+    d = monitored(tmp_path / "r.db", "--epochs", "4")
+    assert d["verdict"] == RECOMPILES, (d["verdict"], d["verdict_text"])
+    f = next(x for x in d["findings"] if x["cause"] == RECOMPILES)
+    assert "torch.compile compiled again" in f["text"] and "dimension 1 took" in f["text"]
+    assert f["numbers"]["recompiles"] >= 2 and f["numbers"]["slow_steps"], f
+    first = d["advice"][0]
+    assert first["param"] == "model" and "mark_dynamic(x, 1)" in first["reason"], first
+    assert first["predicted_throughput"] > d["throughput"], (first, d["throughput"])
+    assert not any(a["param"] == "num_workers" and a["value"] > 0 for a in d["advice"])
+    # one shape for every batch: no recompile to name
+    fixed = monitored(tmp_path / "b.db", "--epochs", "4", "--buckets")
+    assert fixed["verdict"] != RECOMPILES and not any(
+        x["cause"] == RECOMPILES for x in fixed["findings"]), fixed["verdict_text"]
+
+
+def frame(compute: list[float], first: int = 0) -> pd.DataFrame:
+    ts, rows = 1000.0, []
+    for i, c in enumerate(compute):
+        ts += 0.002 + c
+        rows.append({"step": first + i, "ts": ts, "wait_s": 0.002, "compute_s": c})
+    return pd.DataFrame(rows)
+
+
+REASONS = ["0/1: tensor 'args[0]' size mismatch at index 1. expected 12, actual 17",
+           "0/0: tensor 'args[0]' size mismatch at index 1. expected 10, actual 17",
+           "0/2: tensor 'args[0]' size mismatch at index 0. expected 8, actual 5"]
+
+
+def test_the_finding_counts_the_stalled_steps_and_says_the_shapes():
+    steps = frame([0.01] * 10 + [0.4] + [0.01] * 10 + [0.5] + [0.01] * 8)
+    report = {"compiles": [{"step": 30, "recompiles": 2, "reasons": REASONS}]}
+    f = recompiles(steps, report, 100.0)
+    assert f is not None and f.cause == RECOMPILES and f.no_more_workers and f.leads
+    assert f.numbers["slow_steps"] == [10, 21] and f.numbers["recompiles"] == 2
+    assert abs(f.numbers["lost_s"] - (0.39 + 0.49)) < 1e-9
+    # the fixes: one shape (its gain: the lost time back), and drop_last for the short batch
+    assert [a.param for a in f.advice] == ["model", "drop_last"]
+    span = float(steps["ts"].max() - (steps["ts"] - steps["wait_s"] - steps["compute_s"]).min())
+    assert f.advice[0].predicted_throughput == pytest.approx(100.0 * span / (span - 0.88))
+    assert "dimension 1 took 3 sizes, 10 to 17" in f.text
+    assert "the batch dimension: a short batch (5 of 8)" in f.text
+
+
+def test_no_finding_without_a_recompile_or_a_stalled_step_in_the_window():
+    steps = frame([0.01] * 10 + [0.4] + [0.01] * 10, first=100)
+    assert recompiles(steps, {"compiles": []}, 100.0) is None
+    assert recompiles(steps, None, 100.0) is None
+    # the recompiles were read before this window's steps: they are not its
+    assert recompiles(steps, {"compiles": [{"step": 40, "recompiles": 3, "reasons": REASONS},
+                                           {"step": 90, "recompiles": 0}]}, 100.0) is None
+    # recompiles with no stalled step (a compile cheaper than the noise): nothing to name
+    flat = frame([0.01] * 20, first=100)
+    assert recompiles(flat, {"compiles": [{"step": 120, "recompiles": 2}]}, 100.0) is None
+
+
+def test_shape_changes_are_read_from_dynamos_guard_failures():
+    assert shape_changes(REASONS) == [(1, 12, 17), (1, 10, 17), (0, 8, 5)]
+    assert described([(0, 8, 5)]) == "the batch dimension: a short batch (5 of 8)"
+    assert shape_changes(["0/0: ___check_obj_id(L['self'], 1401)"]) == []
