@@ -12,6 +12,7 @@ output never stops the others, the store or the job.
 from __future__ import annotations
 
 import math
+import sys
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
@@ -22,6 +23,7 @@ from monitor.assess.recent import read_recent
 from monitor.assess.window import Assessment, Context, assess
 from monitor.frames import analysis
 from monitor.periodic import Periodic
+from monitor.records import TRACKER
 from monitor.store import Store
 
 LAG_S = 5.0  # how far back each read looks for steps a rank flushed late
@@ -90,6 +92,24 @@ def window_figures(steps: pd.DataFrame, host: pd.DataFrame) -> dict[str, float]:
         if len(mem):
             out["workers_memory_mb"] = float(mem.iloc[-1])
     return {k: v for k, v in out.items() if v is not None and math.isfinite(v)}
+
+
+def rank_figures(steps: pd.DataFrame, samples: pd.DataFrame) -> dict[int, dict[str, float]]:
+    """Each rank's window_figures of one window of new steps (rank 0 where none is said)."""
+    ranks = steps["rank"].fillna(0).astype(int) if "rank" in steps.columns else \
+        pd.Series(0, index=steps.index)
+    return {int(r): window_figures(g, samples) for r, g in steps.groupby(ranks)}
+
+
+def said_lost(store: Any, run_id: int | None, tracker: str, text: str, lost: int) -> None:
+    """What a tracker's output could not send: one line on stderr, and an event of the run
+    (a store that cannot take it: the line is all)."""
+    print(f"starvation-monitor: {text}", file=sys.stderr)
+    if store is not None and run_id is not None:
+        try:
+            store.add_event(run_id, TRACKER, text, {"tracker": tracker, "dropped": lost})
+        except Exception:
+            pass
 
 
 class Output(Protocol):

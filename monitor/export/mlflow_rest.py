@@ -39,9 +39,8 @@ from typing import Any
 
 import pandas as pd
 
-from monitor.assess.follow import window_figures
+from monitor.assess.follow import rank_figures, said_lost
 from monitor.periodic import Periodic
-from monitor.records import TRACKER
 
 API = "/api/2.0/mlflow/"
 PREFIX = "starvation/"
@@ -119,9 +118,7 @@ class MlflowOutput:
     def on_rows(self, steps: pd.DataFrame, samples: pd.DataFrame) -> None:
         if steps.empty:
             return
-        ranks = steps["rank"].fillna(0).astype(int) if "rank" in steps.columns else \
-            pd.Series(0, index=steps.index)
-        by_rank = {int(r): window_figures(g, samples) for r, g in steps.groupby(ranks)}
+        by_rank = rank_figures(steps, samples)
         last = steps.sort_values("ts").iloc[-1]
         stamp, step = int(float(last["ts"]) * 1000), int(last["step"])
         for k, v in flat_figures(by_rank).items():
@@ -168,15 +165,10 @@ class MlflowOutput:
             self._call("runs/update", {"run_id": self.mlflow_run, "status": "FINISHED",
                                        "end_time": int(time.time() * 1000)}, quiet=True)
         if lost:
-            text = (f"mlflow: {lost} of {lost + self.sent} points could not be sent to "
-                    f"{self.uri}" + (f" ({self.last_failure})" if self.last_failure else ""))
-            print(f"starvation-monitor: {text}", file=sys.stderr)
-            if self.store is not None and self.run_id is not None:
-                try:
-                    self.store.add_event(self.run_id, TRACKER, text,
-                                         {"tracker": "mlflow", "dropped": lost})
-                except Exception:
-                    pass
+            said_lost(self.store, self.run_id, "mlflow",
+                      f"mlflow: {lost} of {lost + self.sent} points could not be sent to "
+                      f"{self.uri}" + (f" ({self.last_failure})" if self.last_failure else ""),
+                      lost)
 
     # -- its own thread: finds the run, sends --------------------------------------------
     def _call(self, path: str, body: dict[str, Any] | None = None, get: bool = False,

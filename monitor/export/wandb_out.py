@@ -32,10 +32,9 @@ from typing import Any
 
 import pandas as pd
 
-from monitor.assess.follow import window_figures
+from monitor.assess.follow import rank_figures, said_lost
 from monitor.export.mlflow_rest import flat_figures, report
 from monitor.periodic import Periodic
-from monitor.records import TRACKER
 
 EXTRA = "pip install 'starvation-monitor[wandb]'"
 PREFIX = "starvation/"
@@ -89,9 +88,7 @@ class WandbOutput:
     def on_rows(self, steps: pd.DataFrame, samples: pd.DataFrame) -> None:
         if steps.empty:
             return
-        ranks = steps["rank"].fillna(0).astype(int) if "rank" in steps.columns else \
-            pd.Series(0, index=steps.index)
-        by_rank = {int(r): window_figures(g, samples) for r, g in steps.groupby(ranks)}
+        by_rank = rank_figures(steps, samples)
         point: dict[str, Any] = {PREFIX + k: v for k, v in flat_figures(by_rank).items()}
         if len(by_rank) > 1:
             for r, figures in by_rank.items():
@@ -133,14 +130,9 @@ class WandbOutput:
         lost = self.dropped + len(self.queue)
         if lost:
             why = f" ({self.failure})" if self.failure else ""
-            text = f"wandb: {lost} of {lost + self.logged} points could not be logged{why}"
-            print(f"starvation-monitor: {text}", file=sys.stderr)
-            if self.store is not None and self.run_id is not None:
-                try:
-                    self.store.add_event(self.run_id, TRACKER, text,
-                                         {"tracker": "wandb", "dropped": lost})
-                except Exception:
-                    pass
+            said_lost(self.store, self.run_id, "wandb",
+                      f"wandb: {lost} of {lost + self.logged} points could not be logged{why}",
+                      lost)
 
     # -- its own thread: starts the W&B run, hands it the points ---------------------------
     def _send(self) -> None:
