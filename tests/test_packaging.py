@@ -13,16 +13,18 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-pytestmark = pytest.mark.slow
+# one worker builds the one wheel (`--dist loadgroup`)
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("packaging")]
 
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory) -> Path:
     """Built from a copy of the tree: setuptools builds in the source folder (build/), and two
-    test workers building there at once collide (CI: "File exists: build/bdist...")."""
+    test workers building there at once collide (CI: "File exists: build/bdist..."). The
+    venvs are left out (.venv-vision alone is 6 GB: the copy took 85 s a worker)."""
     out, src = tmp_path_factory.mktemp("wheel"), tmp_path_factory.mktemp("src") / "tree"
     shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(
-        ".git", ".venv", "build", "dist", "*.egg-info", "__pycache__", ".pytest_cache",
+        ".git", ".venv*", "build", "dist", "*.egg-info", "__pycache__", ".pytest_cache",
         ".ruff_cache", ".whl", ".gl", "runs", "artifacts", "*.db", "*.db-wal", "*.db-shm"))
     r = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w",
                         str(out), str(src)], capture_output=True, text=True, timeout=300)
