@@ -13,19 +13,21 @@ def watch(loader: Any, name: str | None = None) -> Any:
     from monitor.probe.patch import watch as _watch
 
     it = _watch(loader, name)
-    _in_cells(name)
+    _in_cells(name, now=True)  # this cell's, at once: its epoch began before the hook was there
     return it
 
 
-def _in_cells(name: str | None) -> None:
-    """In a Jupyter kernel, the run live in the cell that trains (monitor/notebook.py)."""
+def _in_cells(name: str | None, now: bool = False) -> None:
+    """In a Jupyter kernel, the run live in the cell that trains (monitor/notebook.py), from
+    the next epoch's start (a callback made in one cell and fitted in another), or `now`."""
     if "ipykernel" in sys.modules:
         from monitor.notebook import follow_in_cells, live
         from monitor.probe.patch import recorder
 
         rec = recorder(name)
         follow_in_cells(rec)
-        live(rec)  # this cell's, at once: the epoch began before the hook was there
+        if now:
+            live(rec)
 
 
 def show(run_id: int, db: str | None = None) -> None:
