@@ -2,7 +2,7 @@
 synchronize, no `.item()` each step (a loss is read every 100 steps, as a logger would), so
 the host runs ahead of the device and only CUDA events see the device's own idle time.
 
-    python bench/async_train.py --num-workers 0 --seconds 40
+    python bench/async_train.py --num-workers 0 --seconds 40 [--syncs 3]
 
 Each sample costs --decode-ms of CPU (a decode and augmentation); the model is a small conv
 net at batch size 64, so at num_workers=0 the GPU waits for the loader and at 4 it is fed.
@@ -37,6 +37,10 @@ def main() -> None:
     ap.add_argument("--num-workers", type=int, default=0)
     ap.add_argument("--seconds", type=float, default=40.0)
     ap.add_argument("--decode-ms", type=float, default=1.0)
+    ap.add_argument("--syncs", type=int, default=0,
+                    help="host syncs a step: a metric read with .item() between the passes "
+                         "(the host waits for the device each time), as a script that logs "
+                         "every step does")
     a = ap.parse_args()
     torch.set_num_threads(1)
     dev = torch.device("cuda")
@@ -52,7 +56,11 @@ def main() -> None:
     while time.monotonic() < end:
         for x, y in loader:
             x, y = x.to(dev, non_blocking=True), y.to(dev, non_blocking=True)
-            loss = nn.functional.cross_entropy(model(x), y)
+            out = model(x)
+            for _ in range(a.syncs):  # e.g. accuracy.item() each step: the host waits
+                (out.argmax(1) == y).float().mean().item()
+                out = model(x)
+            loss = nn.functional.cross_entropy(out, y)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()

@@ -11,8 +11,8 @@ series; healthy a flat line near 100%. Then the device's own clock: bench/async_
 unmodified asynchronous loop, no per-step sync) under `monitor run` at num_workers 0 and 4,
 with its CUDA-event idle per step, idle share and busy against NVML's utilization, and each
 step phase's device time (forward, backward, optimizer step from events at their boundaries).
-Fits in
-5 minutes with the defaults.
+Last, at 4 workers with 3 host syncs a step (`--syncs 3`: an .item() between passes): the
+syncs the probe counted and the host-syncs finding. Fits in 6 minutes with the defaults.
 Figures only; nothing is asserted. Exits 2 with the reason when NVML or CUDA is missing.
 """
 from __future__ import annotations
@@ -54,11 +54,11 @@ def async_check(seconds: float) -> None:
     root = Path(__file__).resolve().parent.parent
     db = Path(tempfile.mkdtemp()) / "async.db"
     print("\nasynchronous script (bench/async_train.py) under monitor run, CUDA events:")
-    for nw in (0, 4):
+    for nw, syncs in ((0, 0), (4, 0), (4, 3)):
         r = subprocess.run([sys.executable, "-m", "monitor", "run", "--db", str(db), "--json",
                             "--no-live", "--", sys.executable,
                             str(root / "bench" / "async_train.py"), "--num-workers", str(nw),
-                            "--seconds", str(seconds)],
+                            "--seconds", str(seconds), "--syncs", str(syncs)],
                            cwd=root, capture_output=True, text=True, timeout=seconds + 240)
         if r.returncode != 0:
             print(f"  num_workers {nw}: monitor run failed ({r.returncode}): "
@@ -85,6 +85,11 @@ def async_check(seconds: float) -> None:
               f"mean {fmt(nv_mean, '.1f')}% (CV {fmt(nv_cv)}): "
               f"difference {fmt((busy.mean() * 100 - nv_mean) if nv_mean else None, '+.1f')}"
               " points")
+        if syncs:  # issue 54: host syncs, counted on a sample of steps (NOTE [counting syncs])
+            said = store.events(d["run_id"], kinds=("syncs",))["label"].tolist()
+            found = [f["text"] for f in d.get("findings") or () if f["cause"] == "host-syncs"]
+            print(f"    --syncs {syncs}: counted {said[-1:] or 'none'}; verdict {d['verdict']}; "
+                  f"{found[0] if found else 'no host-syncs finding'}")
         ph = d.get("phases") or {}
         if ph:  # issue 34: each phase's device time per step, from events at its boundaries
             per = ph.get("seconds_per_step") or {}

@@ -24,6 +24,7 @@ LOADER_ERROR = "loader error"  # an exception the loader raised: assess/window.p
 SHM = "shm"  # /dev/shm segments of killed processes removed: the run's events
 TRACKER = "tracker"  # what an output could not send to its tracker: the run's events
 COMPILE = "compile"  # torch.compile's graphs new since the probe's last look: assess/window.py
+SYNCS = "syncs"  # the host's CUDA syncs on a sample of steps (probe/syncs.py): assess/window.py
 # Event kinds of the stall watchdog (monitor/probe/watchdog.py writes, assess/stall.py reads).
 STALLED, RESUMED = "stalled", "resumed"
 STALL_KINDS = (STALLED, RESUMED)

@@ -279,6 +279,10 @@ OOM_ROOM_MB = 256.0
 # found new graphs, is a step that compiled
 COMPILE_STALL_X = 2.5
 COMPILE_STALL_MIN_S = 0.05
+# Host syncs on CUDA (monitor/diagnosis/syncs.py): a step that stops the host this many times
+# on a synchronizing call, with the GPU busy less than this share of the time (NVML, %)
+SYNCS_MIN_PER_STEP = 1.0
+SYNC_BUSY_MAX_PCT = 80.0
 HOL_WAIT_X = 5.0  # a wait this many times the median, with finished batches held behind it
 HOL_SHARE = 0.5  # ... holding this share of the window's data wait: head-of-line
 # ... and longer than this many times a worker's turn (workers x the median step): a uniform

@@ -58,3 +58,23 @@ def workload_gpu(devices: Sequence[GpuDevice], device: dict | None) -> int | Non
     return resolve_device(devices, uuid=device.get("uuid"), pci=device.get("pci"),
                           cuda_index=device.get("cuda_index"),
                           cuda_visible=device.get("cuda_visible_devices"))
+
+
+def window_gpu_util(store: Any, run: dict[str, Any], start: float, end: float
+                    ) -> float | None:
+    """NVML's utilisation (0..100, mean) of the run's GPU over [start, end]: None without
+    NVML, without its samples there, or when the run's GPU is not known and the machine has
+    more than one (another job's would be read)."""
+    try:
+        available, _, devices = store.gpu_inventory()
+        if not available or not end > start:
+            return None
+        dev = workload_gpu(devices, run.get("device"))
+        util = store.gpu_util(start, end)
+        if dev is not None:
+            util = util[util["gpu"] == dev]
+        elif util["gpu"].nunique() > 1:
+            return None
+        return float(util["util_pct"].mean()) if len(util) else None
+    except Exception:  # the utilisation is extra evidence
+        return None

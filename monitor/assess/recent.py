@@ -18,8 +18,10 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
+from monitor.assess.devices import window_gpu_util
 from monitor.assess.window import Assessment, Window, recent_window, run_history
 from monitor.diagnosis import NO_DATA
+from monitor.frames import analysis
 from monitor.frames.analysis import rank_rows, run_rows
 from monitor.thresholds import KPI_WINDOW_S
 
@@ -48,8 +50,10 @@ class Recent:
         if rank is not None:
             steps, host = rank_rows(steps, rank), rank_rows(host, rank)
         w = recent_window(self.run, steps, host, self.events, self.end, self.ranks)
+        util = window_gpu_util(self.store, self.run, *analysis.span(w.steps)) \
+            if not w.steps.empty else None
         return dataclasses.replace(w, history=run_history(self.store, int(self.run["id"]),
-                                                          w.steps, self.events))
+                                                          w.steps, self.events), gpu_util=util)
 
 
 def read_recent(store: Store, run_id: int, end: float) -> Recent | None:

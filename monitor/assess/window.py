@@ -21,6 +21,7 @@ import pandas as pd
 
 from monitor.assess import history
 from monitor.assess import phases as step_phases
+from monitor.assess.devices import window_gpu_util
 from monitor.diagnosis import Diagnosis, Features, causes, diagnose, features
 from monitor.diagnosis.causes import Finding
 from monitor.diagnosis.kinds import in_loader_terms
@@ -35,6 +36,7 @@ from monitor.records import (
     LOADER,
     LOADER_ERROR,
     STALLED,
+    SYNCS,
     WORKERS_READY,
     CpuBudget,
 )
@@ -80,6 +82,7 @@ class Window:
     # the run's loader generations that ended, with what each measured (history.generations)
     history: tuple[dict[str, Any], ...] = ()
     note: str = ""  # a sentence the verdict carries about the window (settings it lacks)
+    gpu_util: float | None = None  # NVML's utilisation of the run's GPU over it (0..100)
 
     @property
     def accelerator(self) -> str:
@@ -184,7 +187,8 @@ def steady_window(store: Store, run_id: int) -> Window | None:
                 "of the settings before it.")
     return Window(run, steps, _host_of(store, run_id, start, end), caption,
                   store.ranks(run_id), _warmup(store, run_id, steps, last), report, errors,
-                  run_history(store, run_id, steps, events), note)
+                  run_history(store, run_id, steps, events), note,
+                  window_gpu_util(store, run, start, end))
 
 
 def run_history(store: Store, run_id: int, steps: pd.DataFrame,
@@ -199,7 +203,7 @@ def run_history(store: Store, run_id: int, steps: pd.DataFrame,
     return history.generations(store, run_id, events, int(ranks[0]) if len(ranks) else None)
 
 
-LOADER_KINDS = (LOADER, EPOCH, WORKERS_READY, LOADER_ERROR, STALLED, COMPILE)
+LOADER_KINDS = (LOADER, EPOCH, WORKERS_READY, LOADER_ERROR, STALLED, COMPILE, SYNCS)
 
 
 def loader_notes(events: pd.DataFrame) -> tuple[dict[str, Any] | None, tuple[str, ...]]:
@@ -222,10 +226,12 @@ def loader_notes(events: pd.DataFrame) -> tuple[dict[str, Any] | None, tuple[str
     if not rep.empty:
         report = {**reports[int(json.loads(rep["data"].iloc[-1]).get("rank") or 0)],
                   "by_rank": reports}
-        # torch.compile's looks (monitor/probe/compiles.py): the report's rank's
-        report["compiles"] = [d for d in (json.loads(x) for x in events.loc[
-            events["kind"] == COMPILE, "data"] if x) if int(d.get("rank") or 0) ==
-            int(report.get("rank") or 0)]
+        # torch.compile's looks and the sync counts (monitor/probe/compiles.py, syncs.py):
+        # the report's rank's
+        for kind, key in ((COMPILE, "compiles"), (SYNCS, "syncs")):
+            report[key] = [d for d in (json.loads(x) for x in events.loc[
+                events["kind"] == kind, "data"] if x) if int(d.get("rank") or 0) ==
+                int(report.get("rank") or 0)]
     errors = tuple(str(x) for k, x in zip(events["kind"], events["label"], strict=True)
                    if k == LOADER_ERROR or (k == STALLED and (
                        "Open files:" in str(x) or "Tokenizers after fork:" in str(x))))
@@ -305,7 +311,7 @@ def assess(window: Window, ctx: Context, parts: int = 1) -> Assessment:
         report = window.loader_report or {  # a live window past the epoch's report
             "num_workers": int(f.config.get("num_workers") or 0)}
         found = causes.find(steps, host, report, list(window.loader_errors), f.throughput,
-                            window.history, f.loaders_runq_share, f)
+                            window.history, f.loaders_runq_share, f, window.gpu_util)
         if found:
             dg = dataclasses.replace(dg, headline=causes.headline(dg.headline, found, f),
                                      advice=causes.merge(dg.advice, found,

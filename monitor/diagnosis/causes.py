@@ -15,7 +15,8 @@ unmodified script. Pure: frames and the probe's `loader` report in, findings out
   at a time: Python's per-sample call and collate are the cost; a batched fetch
   (`__getitems__`) is the fix, advised first (workers only share the cost out).
 - recompiles: steps stalled while torch.compile compiled again for new shapes
-  (monitor/diagnosis/compiles.py).
+  (monitor/diagnosis/compiles.py); host syncs on CUDA: the GPU idle inside steps that stop
+  the host at synchronizing calls (monitor/diagnosis/syncs.py).
 - worker start-up: workers not kept between epochs start again at each: the epoch's
   iter() (where spawn and forkserver pickle the dataset object to each worker), then each
   worker's first batch (it imports torch and unpickles the dataset), from the probe.
@@ -54,6 +55,7 @@ from monitor.diagnosis.limits import (
 )
 from monitor.diagnosis.per_rank import CACHE_PER_RANK
 from monitor.diagnosis.remote import REMOTE_READS, remote_reads
+from monitor.diagnosis.syncs import HOST_SYNCS, host_syncs
 from monitor.diagnosis.threads import MAIN_THREADS, WORKER_THREADS, threads_fight
 from monitor.thresholds import (
     HOL_BATCH_X,
@@ -70,18 +72,19 @@ IDLE_WORKERS, MEMORY_GROWTH, HEAD_OF_LINE = (
 # The one vocabulary of causes a finding names (JSON `findings[].cause`, the page)
 CAUSES = (MEMORY_GROWTH, SHM, OPEN_FILES, OOM, LOADER_ERROR, TOKENIZER_FORK, IDLE_WORKERS,
           PER_SAMPLE, SLOWER, STARTUP, HEAD_OF_LINE, CACHE_PER_RANK, REMOTE_READS,
-          WORKER_THREADS, MAIN_THREADS, RECOMPILES)
+          WORKER_THREADS, MAIN_THREADS, RECOMPILES, HOST_SYNCS)
 
 
 def find(steps: pd.DataFrame, host: pd.DataFrame, report: dict[str, Any] | None,
          errors: list[str], throughput: float,
          history: tuple[dict[str, Any], ...] = (),
          cpu_wait_share: float | None = None,
-         features: Any = None) -> tuple[Finding, ...]:
+         features: Any = None, gpu_util: float | None = None) -> tuple[Finding, ...]:
     """Every finding the window's evidence (and the run's ended generations, `history`)
     supports, the ones that happened first; `cpu_wait_share`: the loaders' measured wait
     for a CPU (features.loaders_runq_share), so that a cost is judged on a CPU's time;
-    `features`: the window's Features (the time split, the threads at work)."""
+    `features`: the window's Features (the time split, the threads at work); `gpu_util`:
+    NVML's utilisation of the run's GPU over the window (0..100)."""
     happened = [f for f in (failure(e, report, host) for e in errors[-1:]) if f is not None]
     # failures on their way first (they end the job), then what slows it
     coming = [worker_memory(host, _workers_up(steps)), shm(report), open_files(report),
@@ -91,6 +94,8 @@ def find(steps: pd.DataFrame, host: pd.DataFrame, report: dict[str, Any] | None,
                                throughput),
               startup(steps, report, throughput), head_of_line(steps),
               recompiles(steps, report, throughput),
+              host_syncs(report, features, gpu_util, throughput)
+              if features is not None else None,
               remote_reads(host, steps, features) if features is not None else None,
               threads_fight(features) if features is not None else None]
     seen = {f.cause for f in happened}  # a failure that happened says what the warning would

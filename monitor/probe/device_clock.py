@@ -28,6 +28,8 @@ import sys
 from collections import deque
 from typing import Any
 
+from monitor.probe.syncs import SyncCount
+
 POOL = 256  # events kept for reuse (two a step, and two a phase where phases are timed)
 FORWARD, BACKWARD, OPTIMIZER = 0, 1, 2  # mark()'s phases, in take()'s order
 MAX_PENDING = 32  # steps whose events may be outstanding before the oldest are dropped
@@ -52,6 +54,7 @@ class DeviceClock:
         # the step from which to look for CUDA again: the loop calls batch_arrived only when
         # `active or step >= look_at` (a comparison a step, not a call)
         self.look_at = 0
+        self.syncs: SyncCount | None = None  # the host's syncs on a sample of steps
 
     def look(self) -> None:
         """Look for CUDA at the next step (an epoch starts: a script that moved its model to
@@ -72,6 +75,7 @@ class DeviceClock:
         try:
             if cuda is not None and cuda.is_initialized():  # never initialises it
                 self._cuda, self.active = cuda, True
+                self.syncs = SyncCount(cuda)  # NOTE [counting syncs] in syncs.py
         except Exception:  # a broken CUDA install is the script's to report
             return False
         return self.active
@@ -98,6 +102,9 @@ class DeviceClock:
             self.current = (step, self._record())
         except Exception as exc:
             self._give_up(exc)
+            return
+        if self.syncs is not None and step >= self.syncs.next_at:
+            self.syncs.start(step)
 
     def mark(self, phase: int, end: bool) -> None:
         """A phase of the current step starts or ends (FORWARD, BACKWARD, OPTIMIZER): an
@@ -113,6 +120,8 @@ class DeviceClock:
         """B: the loop asks for the next batch (or the epoch ended)."""
         if self.current is None or not self.active:
             return
+        if self.syncs is not None and self.syncs.on:
+            self.syncs.stop()
         step, a = self.current
         marks, self.current, self.marks = self.marks, None, []
         try:

@@ -26,6 +26,7 @@ from monitor.probe import workers
 from monitor.probe.device_clock import DeviceClock
 from monitor.probe.samples import sample_counter
 from monitor.probe.writer import StepWriter
+from monitor.records import SYNCS
 from monitor.ring import STEP, STEP_PENDING, RingWriter
 from monitor.store import Store
 
@@ -172,6 +173,11 @@ class Probe(StepWriter):
         """Completed CUDA events, kept for the writer (the training thread only: the one
         that may query them)."""
         timed = self.device.harvest()
+        sc = self.device.syncs
+        if sc is not None and sc.report is not None:  # NOTE [counting syncs]
+            r, sc.report = sc.report, None
+            self.event(SYNCS, f"{r['per_step']:.1f} CUDA syncs a step ({r['steps']} steps "
+                       "counted)", r)
         if timed and self.ring is not None:
             for step, (idle, span, phases) in timed.items():
                 self.ring.put_device(step, idle, span, phases)
