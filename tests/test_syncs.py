@@ -158,3 +158,43 @@ def test_no_finding_where_the_gpu_is_busy_the_loop_starves_or_nothing_syncs():
     few = {"syncs": [{"steps": 8, "syncs": 2, "per_step": 0.25, "sites": {}}]}
     assert host_syncs(few, fed(), 62.0, 100.0) is None
     assert syncs_mod.SYNC_EVERY > 1  # a sample of steps, never every step
+
+
+def test_a_runs_verdict_names_its_host_syncs_from_the_count_and_nvml(store):
+    """The probe on the fake device with 3 syncs a step and a fed loop; NVML's utilisation of
+    the one GPU stored at 58% over the steps (the collector's rows, as on a machine with
+    NVML): the run's steady window is judged `host-syncs`, its sites in the sentence."""
+    from monitor.assess.window import assess, steady_window
+    from monitor.manage.context import machine_context
+    from monitor.records import LOADER, GpuDevice, GpuUtilSample
+
+    dev = Device()
+    dev.initialized = True
+    run = store.create_run("cuda", "attached", {"num_workers": 2, "batch_size": 8})
+    probe = Probe(store, run, clock=lambda: dev.host, wall=lambda: 1000.0 + dev.host,
+                  flush_interval=0.05)
+    cuda = SyncingCuda(dev)
+    probe.device = DeviceClock(cuda)
+    store.add_event(run, LOADER, "epoch 0", {"rank": 0, "num_workers": 2, "batch_size": 8,
+                                             "epoch": 0})
+
+    def batches():
+        for _ in range(SYNC_EVERY // 2 + SYNC_EVERY * REPORT_AFTER + 20):
+            dev.host += 0.0005  # fed: the batch is there
+            yield [0] * 8
+
+    for _ in probe.iterate(batches(), 0):
+        for _ in range(3):
+            dev.launch(0.004)
+            cuda.item()  # the host waits each time
+            dev.host += 0.003  # then runs Python while the device idles
+    dev.host += 5.0
+    probe.flush_final()
+    steps = store.steps(run)
+    store.set_gpu_inventory(True, "", [GpuDevice(0, "fake", None, None, 80_000.0)])
+    store.insert([GpuUtilSample(float(t), 0, 58.0, "samples")
+                  for t in steps["ts"].iloc[::5]])
+    a = assess(steady_window(store, run), machine_context())
+    assert a.diagnosis.named == HOST_SYNCS, (a.diagnosis.named, a.diagnosis.headline)
+    assert "3.0 CUDA syncs a step" in a.diagnosis.headline
+    assert "test_syncs.py:" in a.diagnosis.headline and "busy 58%" in a.diagnosis.headline
