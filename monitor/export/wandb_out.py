@@ -142,13 +142,19 @@ class WandbOutput:
             self.dropped += len(self.queue)
             self.queue.clear()
             return
-        while self.queue:
-            self.run.log(self.queue.popleft())
-            self.logged += 1
-        with self._lock:
-            summary, self.summary = self.summary, {}
-        for k, v in summary.items():
-            self.run.summary[k] = v
+        try:
+            while self.queue:
+                point = self.queue.popleft()
+                self.run.log(point)
+                self.logged += 1
+            with self._lock:
+                summary, self.summary = self.summary, {}
+            for k, v in summary.items():
+                self.run.summary[k] = v
+        except Exception as exc:  # W&B's service gone mid-run: the rest is dropped, said
+            self.dropped += 1
+            self.failure = f"W&B stopped taking points: {type(exc).__name__}: {exc}"
+            self.run = None
 
     def _start_run(self) -> None:
         wandb = self.wandb
