@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -53,7 +54,7 @@ def server(cmd: list[str], url: str, tmp: Path) -> subprocess.Popen:
     p = subprocess.Popen(cmd, cwd=tmp, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                          start_new_session=True)
     if not wait_for(lambda: up(url), timeout=120, every=0.5):
-        p.kill()
+        os.killpg(p.pid, signal.SIGKILL)
         raise SystemExit(f"{cmd[0]} did not answer at {url}")
     return p
 
@@ -117,8 +118,8 @@ def main() -> None:
                 page.screenshot(path=str(out / "notebook-cell.png"))
                 browser.close()
         finally:
-            for p in procs:
-                p.kill()
+            for p in procs:  # each server's own session: its workers (uvicorn's) with it
+                os.killpg(p.pid, signal.SIGKILL)
                 p.wait()
     for name in ("tensorboard-scalars.png", "mlflow-run.png", "notebook-cell.png"):
         print(f"{out / name}: {(out / name).stat().st_size:,} bytes")
