@@ -60,20 +60,29 @@ def workload_gpu(devices: Sequence[GpuDevice], device: dict | None) -> int | Non
                           cuda_visible=device.get("cuda_visible_devices"))
 
 
+def run_gpu_samples(store: Any, run: dict[str, Any], start: float, end: float
+                    ) -> tuple[int | None, Any] | None:
+    """(the run's NVML index or None where not known, NVML's utilisation rows over [start,
+    end], that GPU's where known); None without NVML."""
+    available, _, devices = store.gpu_inventory()
+    if not available:
+        return None
+    dev = workload_gpu(devices, run.get("device"))
+    util = store.gpu_util(start, end)
+    return dev, util[util["gpu"] == dev] if dev is not None else util
+
+
 def window_gpu_util(store: Any, run: dict[str, Any], start: float, end: float
                     ) -> float | None:
     """NVML's utilisation (0..100, mean) of the run's GPU over [start, end]: None without
     NVML, without its samples there, or when the run's GPU is not known and the machine has
     more than one (another job's would be read)."""
     try:
-        available, _, devices = store.gpu_inventory()
-        if not available or not end > start:
+        got = run_gpu_samples(store, run, start, end) if end > start else None
+        if got is None:
             return None
-        dev = workload_gpu(devices, run.get("device"))
-        util = store.gpu_util(start, end)
-        if dev is not None:
-            util = util[util["gpu"] == dev]
-        elif util["gpu"].nunique() > 1:
+        dev, util = got
+        if dev is None and util["gpu"].nunique() > 1:
             return None
         return float(util["util_pct"].mean()) if len(util) else None
     except Exception:  # the utilisation is extra evidence

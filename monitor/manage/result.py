@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from monitor.assess.devices import workload_gpu
+from monitor.assess.devices import run_gpu_samples
 from monitor.frames import analysis
 
 if TYPE_CHECKING:
@@ -19,13 +19,11 @@ GpuFigures = tuple[int | None, float | None, float | None]  # (NVML index, util 
 def gpu_figures(store: Store, run: dict[str, Any], a: Assessment | None) -> GpuFigures:
     """The GPU the run used and NVML's utilization over its assessed window (0..100): all
     None without NVML or without assessed steps."""
-    available, _, devices = store.gpu_inventory()
-    if not available or a is None or not a.features.steps:
+    got = run_gpu_samples(store, run, a.start, a.end) \
+        if a is not None and a.features.steps else None
+    if got is None:
         return None, None, None
-    dev = workload_gpu(devices, run.get("device"))
-    util = store.gpu_util(a.start, a.end)
-    if dev is not None:
-        util = util[util["gpu"] == dev]
+    dev, util = got
     mean, cv = analysis.series_stats(util["util_pct"])
     return dev, mean, cv
 

@@ -17,15 +17,14 @@ from typing import Any
 REASONS_KEPT = 20
 
 
-def read() -> tuple[int, dict[int, list[str]]] | None:
-    """(graphs compiled, each compiled frame's guard failures as text), or None where dynamo
-    was never imported."""
+def read() -> tuple[int, dict[int, list[Any]]] | None:
+    """(graphs compiled, each compiled frame's guard failures), or None where dynamo was
+    never imported."""
     utils = sys.modules.get("torch._dynamo.utils")
     if utils is None:
         return None
     graphs = int(utils.counters["stats"].get("unique_graphs", 0))
-    failures = {id(code): [str(r) for r in reasons]
-                for code, reasons in list(utils.guard_failures.items())}
+    failures = {id(code): list(reasons) for code, reasons in list(utils.guard_failures.items())}
     return graphs, failures
 
 
@@ -41,7 +40,7 @@ class CompileWatch:
         if got is None:
             return None
         graphs, failures = got
-        new = [r for code, reasons in failures.items()
+        new = [str(r) for code, reasons in failures.items()  # (only the new ones as text)
                for r in reasons[self.seen.get(code, 0):]]
         self.seen = {code: len(reasons) for code, reasons in failures.items()}
         if graphs <= self.graphs:
