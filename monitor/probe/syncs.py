@@ -107,8 +107,8 @@ class SyncCount:
         # the script's own warnings, shown as they would be: through its showwarning, or,
         # where that is the module's own, the way the module shows one (a recording
         # catch_warnings replaces that way, not showwarning)
-        if saved[0] is not getattr(warnings, "_showwarning_orig", None):
+        impl = getattr(warnings, "_showwarnmsg_impl", None)  # (private: may go)
+        if saved[0] is not getattr(warnings, "_showwarning_orig", None) or impl is None:
             saved[0](message, category, filename, lineno, file, line)
         else:
-            warnings._showwarnmsg_impl(warnings.WarningMessage(  # type: ignore[attr-defined]
-                message, category, filename, lineno, file, line))
+            impl(warnings.WarningMessage(message, category, filename, lineno, file, line))
