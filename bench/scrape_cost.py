@@ -4,11 +4,12 @@ over HTTP as Prometheus scrapes it.
 
     python bench/scrape_cost.py [--ranks 8] [--scrapes 40] [--minutes 5] [--interval 1]
 
-Figures only: a scrape's wall time; the CPU of rendering one (the scraping thread's, the
-snapshot fresh: NOTE [scrape from a snapshot] in monitor/export/prometheus.py); the CPU of
-one snapshot build with every rank assessed (what each scrape cost before the snapshot);
-and the exporter's whole CPU (server threads and its snapshot loop) while scraped every
---interval seconds, in cores.
+Figures only: a scrape's wall time; the CPU of answering one on the scraping thread (the
+store read, each rank's assessment reused: NOTE [what a scrape reads] in
+monitor/export/prometheus.py), and of one with every rank assessed (once every ASSESS_S);
+their mean over ASSESS_S at the scrape interval; the CPU of rendering the families with
+prometheus-client's encoder and with monitor/export/exposition.py's (the same bytes); and
+the exporter's whole CPU (server threads) while scraped every --interval seconds, in cores.
 """
 from __future__ import annotations
 
@@ -24,11 +25,14 @@ import time
 import urllib.request
 from pathlib import Path
 
+from prometheus_client.exposition import choose_encoder
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from monitor.config import max_workers  # noqa: E402
-from monitor.export.prometheus import serve  # noqa: E402
+from monitor.export.exposition import Families, Renderer  # noqa: E402
+from monitor.export.prometheus import ASSESS_S, serve  # noqa: E402
 from monitor.manage.context import Context  # noqa: E402
 from monitor.records import HostSample, StepRecord  # noqa: E402
 from monitor.sampling.budget import cpu_budget, usable_cores  # noqa: E402
@@ -81,25 +85,32 @@ def main() -> None:
             port = s.getsockname()[1]
         exporter = serve(str(db), Context(cpu_budget(), max_workers(usable_cores())), port)
         url = f"http://127.0.0.1:{port}/metrics"
-        collector, snapshots = exporter.collector, exporter.snapshots
+        collector, scrapes = exporter.collector, exporter.scrapes
         try:
             body = _scrape(url)  # the first: caches warm
-            builds = []
-            for _ in range(5):  # a build with every rank assessed (each scrape's, before)
+            assessed = []
+            for _ in range(5):  # an answer with every rank assessed (one every ASSESS_S)
                 collector.assessed.clear()
                 c0 = time.thread_time()
-                snapshots.build()
-                builds.append(time.thread_time() - c0)
+                scrapes.answer(FORMAT)
+                assessed.append(time.thread_time() - c0)
             reused = []
-            for _ in range(5):  # a build within ASSESS_S of the last assessments
+            for _ in range(a.scrapes):  # within ASSESS_S of the last assessments
                 c0 = time.thread_time()
-                snapshots.build()
+                scrapes.answer(FORMAT)
                 reused.append(time.thread_time() - c0)
-            renders = []
-            for _ in range(a.scrapes):
+            _, families = collector.families()
+            encoder = choose_encoder(FORMAT[0])[0]
+            client, ours, renderer = [], [], Renderer()
+            renderer.render(families, encoder)  # (as served: the label sets kept escaped)
+            for _ in range(10):
                 c0 = time.thread_time()
-                snapshots.answer(FORMAT)
-                renders.append(time.thread_time() - c0)
+                client_text = encoder(Families(families))
+                client.append(time.thread_time() - c0)
+                c0 = time.thread_time()
+                our_text = renderer.render(families, encoder)
+                ours.append(time.thread_time() - c0)
+            assert client_text == our_text
             walls = []
             c0, w0 = time.process_time(), time.monotonic()
             for k in range(a.scrapes):
@@ -111,18 +122,24 @@ def main() -> None:
         finally:
             exporter.shutdown()
             exporter.server_close()
+    ms = 1000.0
+    per = max(1, round(ASSESS_S / a.interval))  # scrapes in one ASSESS_S
+    mean = (statistics.median(assessed) + (per - 1) * statistics.median(reused)) / per
     series = sum(1 for line in body.decode().splitlines() if line and line[0] != "#")
     print(f"ranks {a.ranks}, {a.minutes:g} min recorded, {a.scrapes} scrapes, "
           f"{series} series, {len(body) / 1024:,.0f} KB a scrape")
-    print(f"wall per scrape: median {statistics.median(walls) * 1000:,.1f} ms, "
-          f"max {max(walls) * 1000:,.1f} ms")
-    print(f"CPU per scrape (the counters read and rendered, then the snapshot's bytes; "
-          f"gzip): median {statistics.median(renders) * 1000:,.2f} ms")
-    print(f"CPU per snapshot build, every rank assessed (a scrape's before the snapshot): "
-          f"median {statistics.median(builds) * 1000:,.1f} ms")
-    print(f"CPU per snapshot build, assessments reused (4 builds in 5): "
-          f"median {statistics.median(reused) * 1000:,.1f} ms")
-    print(f"exporter CPU while scraped every {a.interval:g} s (HTTP, renders, its loop): "
+    print(f"wall per scrape: median {statistics.median(walls) * ms:,.1f} ms, "
+          f"max {max(walls) * ms:,.1f} ms")
+    print(f"CPU per scrape, assessments reused (the store read, rendered, gzip): median "
+          f"{statistics.median(reused) * ms:,.2f} ms")
+    print(f"CPU per scrape, every rank assessed (one every {ASSESS_S:g} s): median "
+          f"{statistics.median(assessed) * ms:,.1f} ms")
+    print(f"CPU per scrape, mean over {ASSESS_S:g} s scraped every {a.interval:g} s: "
+          f"{mean * ms:,.1f} ms")
+    print(f"rendering the families: prometheus-client's encoder median "
+          f"{statistics.median(client) * ms:,.2f} ms, exposition.py's "
+          f"{statistics.median(ours) * ms:,.2f} ms (the same bytes)")
+    print(f"exporter CPU while scraped every {a.interval:g} s (HTTP, reads, renders): "
           f"{cores:.3f} cores")
 
 

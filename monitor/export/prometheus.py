@@ -1,5 +1,6 @@
 """`/metrics` for Prometheus: a prometheus-client custom collector over the store (no
-hand-written text). NOTE [scrape from a snapshot] below.
+text written as the client writes it, monitor/export/exposition.py). NOTE [what a scrape
+reads] below.
 
 Names follow Prometheus conventions: one prefix (`starvation_`), base units (`_seconds`,
 `_bytes`, ratios 0-1, `_total` for counters). Run series are per rank, labelled RUN_LABELS
@@ -10,23 +11,25 @@ series carry `gpu`, `UUID` and `hostname`, spelled as dcgm-exporter spells them,
 labels; an ended run ages out after RECENT_S. The data-wait share over any window is
 `rate(starvation_data_wait_seconds_total[w]) / rate(starvation_step_seconds_total[w])`.
 
-A snapshot is built with its own SQLite connection (WAL: readers never block the
+Each read is on the reading thread's own SQLite connection (WAL: readers never block the
 workload's writes), closed before it returns. See METRICS for the list.
 """
 
-# NOTE [scrape from a snapshot]
-# Served (`serve`), a scrape reads the counters first (Prometheus stamps them with its
-# start), then every other family, each rank's recent window assessed (its verdict, cause,
-# wait and busy gauges) at most every ASSESS_S and reused between: an assessment took 10-35
-# ms a rank, so assessing at every scrape took 131 ms of CPU a scrape at 8 ranks (13% of a
-# core at a 1 s scrape interval; bench/scrape_cost.py). monitor/export/metrics_http.py also
-# has a loop (Snapshots.keep_fresh) that builds the snapshot just before each scrape is due,
-# so that a scrape only renders the counters (2.5 ms at 8 ranks); it is not started: with it,
-# tests/test_cluster.py's two-node job read a PromQL throughput 9-17% under the stores' on
-# a quiet box in 5 of 6 runs (142-148 against 156-167 samples/s), and 0 of 3 with each
-# scrape building its own snapshot (the loop running or not), for a reason not yet found:
-# the counters were read at the scrape in both. Find it before starting the loop. A
-# collector that is not served (a test's registry, a one-off text) assesses every time.
+# NOTE [what a scrape reads]
+# Served (`serve`), a scrape reads the store as it is: every family but the counters, then
+# the counters (each rank's sums kept between scrapes, the steps past the last one's mark
+# added), each rank's recent window assessed (its verdict, cause, wait and busy gauges) at
+# most every ASSESS_S and reused between: an assessment takes 10-35 ms a rank, so assessing
+# at every scrape took 131 ms of CPU a scrape at 8 ranks (bench/scrape_cost.py). The rest
+# is read as tuples, never DataFrames (the runs, ranks and host rows: 12 ms of pandas a
+# scrape at 8 ranks before), and written by monitor/export/exposition.py (each rank's label
+# set escaped once: the client's encoder took 7 ms for the same bytes). A scrape with the
+# assessments reused costs ~2 ms of CPU at 8 ranks.
+# A loop that built the snapshot just before each scrape was due (so that a scrape only read
+# the counters) was tried and removed: with it, tests/test_cluster.py's two-node job read a
+# PromQL throughput 9-17% under the stores' in 5 runs of 6, and each scrape reading its own
+# did not (0 of 3), for a reason never found; at ~2 ms a scrape it saves nothing worth that.
+# A collector that is not served (a test's registry, a one-off text) assesses every time.
 
 from __future__ import annotations
 
@@ -52,15 +55,14 @@ from monitor.assess.window import Assessment, Context, Window, assess
 from monitor.config import LIVE_SETTINGS, LOADER_SETTINGS
 from monitor.diagnosis import VERDICTS
 from monitor.diagnosis.causes import CAUSES
-from monitor.export.metrics_http import Exporter, Snapshots, start
-from monitor.frames.analysis import rank_rows, run_rows, workers_memory_mb
+from monitor.export.metrics_http import Exporter, Scrapes, start
 from monitor.records import PLACEMENT
 from monitor.store import ATTACHED, RUNNING, Store
 from monitor.thresholds import KPI_WINDOW_S
 
 PREFIX = "starvation_"
 RECENT_S = 300.0  # ended runs stay exported this long, so their last increments are scraped
-ASSESS_S = 5.0  # a served rank's window is assessed this often (NOTE [scrape from a snapshot])
+ASSESS_S = 5.0  # a served rank's window is assessed this often (NOTE [what a scrape reads])
 # One series per rank of a run. `job_id` is the same on every node of one job (the probe's
 # monitor/probe/identity.py job_id); `gpu` and `UUID` are the rank's GPU as dcgm-exporter
 # labels it (empty on a CPU rank), so `* on(hostname, gpu) group_left` joins DCGM's series.
@@ -118,6 +120,7 @@ HOST_GAUGES = (("workers", "workers", 1.0), ("workers_cpu_cores", "workers_cpu_p
                ("main_process_cpu_cores", "proc_cpu_pct", 0.01),
                ("workers_memory_bytes", "workers_uss_mb", MB),
                ("main_process_memory_bytes", "proc_rss_mb", MB))
+HOST_COLUMNS = [*(col for _, col, _ in HOST_GAUGES), "workers_rss_mb"]  # read for them
 
 
 def _fam(kind: type, name: str, labels: list[str], **kw: Any) -> Any:
@@ -153,8 +156,8 @@ class RankSeries:
 
 
 class StoreCollector:
-    """The registry's collector: every series from the store, read at each collect (served,
-    at each snapshot's build: `serve`)."""
+    """The registry's collector: every series from the store, read at each collect (served:
+    at each scrape, `serve`)."""
 
     def __init__(self, db: str, ctx: Context, hostname: str | None = None,
                  assess_every: float = 0.0) -> None:
@@ -167,9 +170,16 @@ class StoreCollector:
         self.totals: dict[tuple[int, int], dict[str, Any]] = {}
         self.marks: dict[int, int] = {}  # run -> the last steps rowid counted
         self.totals_lock = threading.Lock()
-        self.assess_every = assess_every  # 0: each build assesses each rank
-        self.counter_store: Store | None = None
+        self.assess_every = assess_every  # 0: each collect assesses each rank
+        self.reader: Store | None = None  # opened once; each read opens a connection only
         self.assessed: dict[tuple[int, int], tuple[float, Any, Assessment]] = {}
+    def _reader(self) -> Store:
+        """The store, opened once (its schema checked once): each thread's read opens its
+        own connection, closed by the reader (scrapes come on new threads)."""
+        if self.reader is None:
+            self.reader = Store(self.db)
+        return self.reader
+
     def describe(self) -> list[Metric]:
         return []  # families vary with the store; nothing to check at registration
 
@@ -180,8 +190,8 @@ class StoreCollector:
 
     def families(self) -> tuple[Counted, list[Metric]]:
         """Every family but the counters from the store now, and the ranks whose counters
-        a scrape reads (a served exporter's snapshot is built with it)."""
-        store = Store(self.db)
+        a scrape reads after them."""
+        store = self._reader()
         try:
             counted, families = self._runs(store)
             return counted, [*families, *self._gpus(store)]
@@ -193,12 +203,11 @@ class StoreCollector:
         read at its scrape, whose time Prometheus stamps it with (rate() needs that)."""
         fams = {n: _fam(CounterMetricFamily, n, RUN_LABELS) for n in COUNTERS}
         if counted.runs:
-            if self.counter_store is None:  # opened once: a scrape opens a connection only
-                self.counter_store = Store(self.db)
+            store = self._reader()
             try:
-                totals = self._totals(self.counter_store, counted.runs)
+                totals = self._totals(store, counted.runs)
             finally:
-                self.counter_store.close()  # (this thread's connection)
+                store.close()  # (this thread's connection)
             for key, labels, started_at in counted.ranks:
                 t = totals.get(key, {})
                 # counted from the rank's first step: a young rank's rate reads its own
@@ -213,23 +222,23 @@ class StoreCollector:
         """The run's ranks as they reported themselves; a run with none is rank 0 of one,
         except a script whose probe has not said who it is and has no steps: no series yet."""
         rid = str(run["id"])
-        df = store.ranks(int(run["id"]))
-        if df.empty and run.get("kind") == ATTACHED and not stepped:
+        rows = store.rank_records(int(run["id"]))
+        if not rows and run.get("kind") == ATTACHED and not stepped:
             return []
-        if df.empty:
+        if not rows:
             gpu = workload_gpu(devices, run.get("device"))
             return [RankSeries(0, [rid, "", "0", "", "", self.hostname, _text(gpu),
                                    self._uuid(devices, gpu), *([""] * len(PLACEMENT))],
                                run.get("config") or {}, 1)]
         out = []
-        for r in df.itertuples():
-            gpu = workload_gpu(devices, r.device) if r.device else None
-            out.append(RankSeries(int(r.rank), [
-                rid, _text(getattr(r, "job_id", None)), str(int(r.rank)), _text(r.local_rank),
-                _text(getattr(r, "node_rank", None)), _text(r.hostname) or self.hostname,
+        for r in rows:
+            gpu = workload_gpu(devices, r["device"]) if r["device"] else None
+            out.append(RankSeries(int(r["rank"]), [
+                rid, _text(r.get("job_id")), str(int(r["rank"])), _text(r["local_rank"]),
+                _text(r.get("node_rank")), _text(r["hostname"]) or self.hostname,
                 _text(gpu), self._uuid(devices, gpu),
-                *(str((getattr(r, "placement", None) or {}).get(k, "")) for k in PLACEMENT)],
-                r.config or run.get("config") or {}, int(r.world_size or 1)))
+                *(str((r.get("placement") or {}).get(k, "")) for k in PLACEMENT)],
+                r["config"] or run.get("config") or {}, int(r["world_size"] or 1)))
         return out
 
     @staticmethod
@@ -238,43 +247,41 @@ class StoreCollector:
 
     def _runs(self, store: Store) -> tuple[Counted, list[Metric]]:
         now = time.time()
-        runs = store.runs(limit=200)
-        runs = runs[(runs["status"] == RUNNING) | (runs["ended_at"] >= now - RECENT_S)]
-        counted = Counted([int(r) for r in runs["id"]], [])
+        runs = store.shown_runs(now - RECENT_S)
+        counted = Counted([int(r["id"]) for r in runs], [])
         gauges = {n: _fam(GaugeMetricFamily, n, RUN_LABELS) for n in (
             "wait_per_step_seconds", "device_busy_ratio", *(g for g, _, _ in HOST_GAUGES))}
         verdict = _fam(StateSetMetricFamily, "verdict", RUN_LABELS)
         cause = _fam(StateSetMetricFamily, "cause", RUN_LABELS)
         loader = _fam(InfoMetricFamily, "loader", RUN_LABELS)
         info = _fam(InfoMetricFamily, "run", RUN_LABELS)
-        totals = self._totals(store, [int(r) for r in runs["id"]])
+        totals = self._totals(store, counted.runs)
         devices = store.gpu_inventory()[2]
-        for row in runs.itertuples():
-            run = store.run(int(row.id)) or {}
-            ranks = self.ranks_of(store, run, devices, any(k[0] == int(row.id)
-                                                           for k in totals)) if run else []
+        for run in runs:
+            rid = int(run["id"])
+            ranks = self.ranks_of(store, run, devices, any(k[0] == rid for k in totals))
             if not ranks:
                 continue
             end = min(now, run["ended_at"]) if run.get("status") != RUNNING else now
-            # every rank assessed within assess_every: only its host rows are read
-            fresh = all(self._assessed((int(row.id), rs.rank), rs.config, now) for rs in ranks)
-            recent = read_recent(store, int(run["id"]), end) if not fresh else None
-            host = run_rows(store.host_samples(end - KPI_WINDOW_S, end), int(row.id)) \
-                if fresh else None
+            # every rank assessed within assess_every: its window is not read
+            fresh = all(self._assessed((rid, rs.rank), rs.config, now) for rs in ranks)
+            recent = read_recent(store, rid, end) if not fresh else None
+            last = store.host_last(rid, end - KPI_WINDOW_S, end, HOST_COLUMNS)
             for rs in ranks:
-                counted.ranks.append(((int(row.id), rs.rank), rs.labels, float(row.started_at)))
+                counted.ranks.append(((rid, rs.rank), rs.labels, float(run["started_at"])))
                 if recent is not None or fresh:
                     self._recent(recent.window(rs.rank) if recent is not None else None,
-                                 (int(row.id), rs.rank), rs.config, now, rs.labels, gauges,
-                                 (verdict, cause), rank_rows(host, rs.rank) if fresh else None)
+                                 (rid, rs.rank), rs.config, now, rs.labels, gauges,
+                                 (verdict, cause), last.get(rs.rank, last.get(None)))
                 cfg = rs.config
                 loader.add_metric(rs.labels, {k: str(cfg.get(k)) for k in LOADER_SETTINGS})
                 info.add_metric(rs.labels, {
-                    "name": str(row.name), "kind": str(row.kind), "status": str(row.status),
+                    "name": str(run["name"]), "kind": str(run["kind"]),
+                    "status": str(run["status"]),
                     "accelerator_kind": str(run.get("accelerator_kind")),
                     "world_size": str(rs.world_size)})
         with self.lock:  # the runs no longer shown: their verdicts are let go
-            shown = {int(i) for i in runs["id"]}
+            shown = set(counted.runs)
             self.held = {k: v for k, v in self.held.items() if k[0] in shown}
             self.assessed = {k: v for k, v in self.assessed.items() if k[0] in shown}
         return counted, [*gauges.values(), verdict, cause, loader, info]
@@ -311,11 +318,11 @@ class StoreCollector:
 
     def _recent(self, w: Window | None, key: tuple[int, int], config: dict, now: float,
                 labels: list[str], gauges: dict, verdicts: tuple[Any, Any],
-                host: Any = None) -> None:
+                host: dict[str, Any] | None = None) -> None:
         """One rank's gauges and verdict over its last 10 s (the page's KPI window); the
         verdict held as the page's banner holds it (assess/recent.py steady_verdict). An
         assessment younger than `assess_every` with the same settings is used again (then
-        `w` may be None, and `host` holds the rank's host rows of the window)."""
+        `w` may be None); `host`: the rank's newest host row of the window (Store.host_last)."""
         seq = (key, tuple(str(config.get(k)) for k in LIVE_SETTINGS))
         a = self._assessed(key, config, now)
         if a is None:
@@ -334,12 +341,11 @@ class StoreCollector:
         verdict.add_metric(labels, {v: v == shown.verdict for v in VERDICTS})
         named = shown.diagnosis.cause or NO_CAUSE
         cause.add_metric(labels, {c: c == named for c in (*CAUSES, NO_CAUSE)})
-        host = w.host if w is not None else host
-        if host is not None and not host.empty:
-            last = host.iloc[-1]
+        if host is not None:  # the rank's newest host row (USS carried forward, else RSS)
             for name, col, scale in HOST_GAUGES:
-                v = workers_memory_mb(host).iloc[-1] if col == "workers_uss_mb" \
-                    else last.get(col)
+                v = host.get(col)
+                if col == "workers_uss_mb" and (v is None or v != v):
+                    v = host.get("workers_rss_mb")
                 if v is not None and v == v:
                     gauges[name].add_metric(labels, float(v) * scale)
 
@@ -372,27 +378,25 @@ class ExporterError(RuntimeError):
 
 
 def serve(db: str, ctx: Context, port: int, address: str = "127.0.0.1") -> Exporter:
-    """Serve /metrics on address:port in daemon threads, each scrape answered from a
-    snapshot (NOTE [scrape from a snapshot]); shutdown() and server_close() end it."""
+    """Serve /metrics on address:port in daemon threads, each scrape reading the store
+    (NOTE [what a scrape reads]); shutdown() and server_close() end it."""
     collector = StoreCollector(db, ctx, assess_every=ASSESS_S)
-    snapshots = Snapshots(collector.families, collector.counters)
+    scrapes = Scrapes(collector.families, collector.counters)
     try:
-        server = start(port, address, snapshots.answer)
+        server = start(port, address, scrapes.answer)
     except OSError as exc:
         raise ExporterError(f"cannot serve metrics on {address}:{port} ({exc.strerror or exc})"
                             ": pick a free port with --metrics-port") from None
-    # (each scrape builds its snapshot: NOTE [scrape from a snapshot] says why the loop is
-    # not started)
-    return Exporter(server, snapshots, collector)
+    return Exporter(server, scrapes, collector)
 
 
 class MetricsOutput:
     """/metrics served while a run lasts, as an output of its follow (monitor/assess/
     follow.py, monitor/manage/outputs.py): made (the port bound, ExporterError when it
-    cannot be) before the run exists, shut down at close. Its snapshot is built from the
-    store (StoreCollector), so the rows it is handed are not kept."""
+    cannot be) before the run exists, shut down at close. A scrape reads the store
+    (StoreCollector), so the rows it is handed are not kept."""
 
-    name, takes_rows = "prometheus", False  # its snapshot reads the store
+    name, takes_rows = "prometheus", False  # a scrape reads the store
 
     def __init__(self, db: str, ctx: Context, port: int, address: str = "127.0.0.1") -> None:
         self.server = serve(db, ctx, port, address)
@@ -401,10 +405,10 @@ class MetricsOutput:
         """(Every run of the store is served, this one among them.)"""
 
     def on_rows(self, steps: Any, samples: Any) -> None:
-        """(Its snapshot reads the store.)"""
+        """(A scrape reads the store.)"""
 
     def on_verdict(self, a: Any) -> None:
-        """(Its snapshot assesses each rank's window itself.)"""
+        """(A scrape assesses each rank's window itself.)"""
 
     def verdict_every(self) -> float:
         return math.inf

@@ -151,12 +151,17 @@ class Runs:
         except (TypeError, ValueError):
             return None
         row = self.db.row("SELECT * FROM runs WHERE id = ?", (key,))
-        if row is None:
-            return None
-        row["config"] = json.loads(row["config"])
-        dev = row.get("device")
-        row["device"] = json.loads(dev) if isinstance(dev, str) else None
-        return row
+        return _parsed_run(row) if row is not None else None
+
+    def shown_runs(self, ended_since: float, limit: int = 200) -> list[dict[str, Any]]:
+        """Of the newest `limit` runs, those running or ended since `ended_since`, newest
+        first, parsed as run() parses one (no DataFrame: the exporter reads them at each
+        scrape)."""
+        cur = self.db.conn().execute(
+            "SELECT * FROM (SELECT * FROM runs ORDER BY id DESC LIMIT ?) WHERE status = ? "
+            "OR ended_at >= ? ORDER BY id DESC", (limit, RUNNING, ended_since))
+        names = [d[0] for d in cur.description]
+        return [_parsed_run(dict(zip(names, r, strict=True))) for r in cur.fetchall()]
 
     def live_state(self) -> tuple[int | None, tuple[int, ...]]:
         """(the newest run's id, the ids of running runs, newest first): one cheap query the
@@ -239,3 +244,24 @@ class Runs:
             df["placement"] = [json.loads(x) if isinstance(x, str) else {}
                                for x in df["placement"]]
         return df
+
+    def rank_records(self, run_id: int) -> list[dict[str, Any]]:
+        """ranks() as dicts, no DataFrame (the exporter's read at each scrape)."""
+        cur = self.db.conn().execute("SELECT * FROM ranks WHERE run_id = ? ORDER BY rank",
+                                     (run_id,))
+        names = [d[0] for d in cur.description]
+        out = []
+        for r in cur.fetchall():
+            row = dict(zip(names, r, strict=True))
+            for k, empty in (("config", {}), ("device", None), ("placement", {})):
+                row[k] = json.loads(row[k]) if isinstance(row[k], str) else empty
+            out.append(row)
+        return out
+
+
+def _parsed_run(row: dict[str, Any]) -> dict[str, Any]:
+    """A runs row with its config and device parsed."""
+    row["config"] = json.loads(row["config"])
+    dev = row.get("device")
+    row["device"] = json.loads(dev) if isinstance(dev, str) else None
+    return row

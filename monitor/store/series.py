@@ -148,6 +148,28 @@ class Series:
         last per-core reading) for charts of long windows."""
         return self._rows("host_samples", since, until, bucket_s, ("run_id", "rank"))
 
+    def host_last(self, run_id: int, since: float, until: float,
+                  cols: Sequence[str]) -> dict[int | None, dict[str, Any]]:
+        """Each rank's newest host row of the run over [since, until], `cols` of it (tuples,
+        no DataFrame: the exporter reads this at every scrape), the workers' USS carried
+        forward from the rank's last row that read it (read one sampler pass in 8; as
+        frames.analysis.workers_memory_mb). Keyed as frames.analysis.rank_rows cuts: a row
+        with no rank is rank 0's where any row has one; with none at all (the whole node's
+        rows) the one key is None, every rank's."""
+        cols = list(dict.fromkeys([*cols, "workers_uss_mb"]))
+        rows = self.db.conn().execute(
+            f"SELECT rank, {', '.join(cols)} FROM host_samples WHERE ts >= ? AND ts <= ? "
+            "AND run_id = ? ORDER BY ts", (since, until, run_id)).fetchall()
+        ranked = any(r[0] is not None for r in rows)
+        out: dict[int | None, dict[str, Any]] = {}
+        for rank, *vals in rows:
+            key = (int(rank) if rank is not None else 0) if ranked else None
+            row = dict(zip(cols, vals, strict=True))
+            if row["workers_uss_mb"] is None and key in out:
+                row["workers_uss_mb"] = out[key]["workers_uss_mb"]
+            out[key] = row
+        return out
+
     def gpu_samples(self, since: float, until: float | None = None,
                     bucket_s: float | None = None) -> pd.DataFrame:
         """Per-GPU samples over [since, until]; with `bucket_s`, bucket means."""
