@@ -51,3 +51,36 @@ def test_only_the_loaders_own_connections_count():
     finally:
         for s in (kept, *conns, srv):
             s.close()
+
+
+def test_the_tcp_tables_are_read_again_when_the_loaders_sockets_change(tmp_path):
+    """A worker holding the same sockets pass after pass (a DataLoader's Unix sockets): the
+    namespace's TCP tables are read once and then one pass in PEERS_EVERY, and at once when
+    a socket of the loaders' comes or goes."""
+    from monitor.sampling.sockets import PEERS_EVERY
+
+    head = ("  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid"
+            "  timeout inode\n")
+
+    def table(peer_hex: str) -> None:
+        (tmp_path / "7" / "net" / "tcp").write_text(
+            head + f"   0: 0100007F:9C40 {peer_hex} 01 00000000:00000000 00:00000000 00000000"
+            " 0 0 111 1\n")
+
+    for pid in (7, 8):
+        (tmp_path / str(pid) / "fd").mkdir(parents=True)
+    (tmp_path / "7" / "net").mkdir()
+    os.symlink("socket:[111]", tmp_path / "8" / "fd" / "3")  # the worker's (8) own socket
+    table("0A00000A:01BB")
+    net = NetReads(proc=str(tmp_path))
+
+    def peers() -> dict:
+        return json.loads(net.sample(0, 7, [8])["loaders_peers"] or "{}")
+
+    assert peers() == {"10.0.0.10:443": 1}
+    table("0B00000A:01BB")  # the table changes, the worker's sockets do not: not read again
+    assert all(peers() == {"10.0.0.10:443": 1} for _ in range(PEERS_EVERY - 1))
+    assert peers() == {"10.0.0.11:443": 1}  # ... until PEERS_EVERY passes
+    table("0C00000A:01BB")
+    os.symlink("socket:[112]", tmp_path / "8" / "fd" / "4")  # a socket comes: read at once
+    assert peers() == {"10.0.0.12:443": 1}
