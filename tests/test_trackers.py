@@ -267,7 +267,7 @@ def test_mlflow_logs_into_the_scripts_own_run_and_a_server_gone_loses_nothing_el
 
 
 def test_many_ranks_in_a_flat_tracker_are_min_max_and_the_worst_rank():
-    from monitor.export.mlflow_rest import flat_figures
+    from monitor.assess.follow import flat_figures
 
     one = {"data_wait_share": 0.2, "wait_ms": 3.0}
     assert flat_figures({0: one}) == one

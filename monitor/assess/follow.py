@@ -7,7 +7,10 @@ view (monitor/manage/terminal.py) and the Prometheus exporter (monitor/export/pr
 are two. It gets the run's new steps and host samples at each tick, and the run's recent
 window assessed (the page's KPI window, monitor/assess/recent.py) as often as the most eager
 output asks. An output that raises is counted and dropped from that call: a slow or broken
-output never stops the others, the store or the job.
+output never stops the others, the store or the job. What the trackers' outputs share lives
+here too: a window's figures (window_figures, rank_figures), many ranks' flattened for a
+flat tracker (flat_figures), the verdict as text (report), what could not be sent
+(said_lost).
 """
 from __future__ import annotations
 
@@ -99,6 +102,32 @@ def rank_figures(steps: pd.DataFrame, samples: pd.DataFrame) -> dict[int, dict[s
     ranks = steps["rank"].fillna(0).astype(int) if "rank" in steps.columns else \
         pd.Series(0, index=steps.index)
     return {int(r): window_figures(g, samples) for r, g in steps.groupby(ranks)}
+
+
+def flat_figures(by_rank: dict[int, dict[str, float]]) -> dict[str, float]:
+    """One rank's figures as they are; many ranks' as each figure's min and max over the
+    ranks, and the rank with the largest data-wait share (the worst fed)."""
+    if len(by_rank) == 1:
+        return next(iter(by_rank.values()))
+    out: dict[str, float] = {}
+    names = {k for f in by_rank.values() for k in f}
+    for k in names:
+        vals = [f[k] for f in by_rank.values() if k in f]
+        out[f"{k}/min"], out[f"{k}/max"] = min(vals), max(vals)
+    waits = {r: f.get("data_wait_share", -1.0) for r, f in by_rank.items()}
+    out["data_wait_share/worst_rank"] = float(max(waits, key=waits.__getitem__))
+    return out
+
+
+def report(run_id: int | None, a: Any) -> str:
+    """The verdict of the run's last window and its advice, in full, as text."""
+    d = a.diagnosis
+    lines = [f"starvation-monitor run {run_id}: {d.named}", d.headline, ""]
+    for x in d.advice:
+        pred = x.predicted_throughput
+        lines.append(f"- {x.param} = {x.value}" + (f" (predicted {pred:,.0f} samples/s)"
+                                                   if pred else "") + f": {x.reason}")
+    return "\n".join(lines if d.advice else [*lines, "no advice"]) + "\n"
 
 
 def said_lost(store: Any, run_id: int | None, tracker: str, text: str, lost: int) -> None:

@@ -39,7 +39,7 @@ from typing import Any
 
 import pandas as pd
 
-from monitor.assess.follow import rank_figures, said_lost
+from monitor.assess.follow import flat_figures, rank_figures, report, said_lost
 from monitor.periodic import Periodic
 
 API = "/api/2.0/mlflow/"
@@ -66,21 +66,6 @@ def tracking_uri(given: str | None) -> str:
         raise MlflowError(f"--mlflow {uri!r}: give the tracking server's http:// or https:// "
                           "address (a file store or 'databricks' needs MLflow's own client)")
     return uri.rstrip("/")
-
-
-def flat_figures(by_rank: dict[int, dict[str, float]]) -> dict[str, float]:
-    """One rank's figures as they are; many ranks' as each figure's min and max over the
-    ranks, and the rank with the largest data-wait share (the worst fed)."""
-    if len(by_rank) == 1:
-        return next(iter(by_rank.values()))
-    out: dict[str, float] = {}
-    names = {k for f in by_rank.values() for k in f}
-    for k in names:
-        vals = [f[k] for f in by_rank.values() if k in f]
-        out[f"{k}/min"], out[f"{k}/max"] = min(vals), max(vals)
-    waits = {r: f.get("data_wait_share", -1.0) for r, f in by_rank.items()}
-    out["data_wait_share/worst_rank"] = float(max(waits, key=waits.__getitem__))
-    return out
 
 
 class MlflowOutput:
@@ -294,17 +279,6 @@ class MlflowOutput:
     def _failed(self, now: float) -> None:
         self._retry_at = now + self._backoff
         self._backoff = min(BACKOFF_MAX_S, self._backoff * 2)
-
-
-def report(run_id: int | None, a: Any) -> str:
-    """The verdict of the run's last window and its advice, in full, as text."""
-    d = a.diagnosis
-    lines = [f"starvation-monitor run {run_id}: {d.named}", d.headline, ""]
-    for x in d.advice:
-        pred = x.predicted_throughput
-        lines.append(f"- {x.param} = {x.value}" + (f" (predicted {pred:,.0f} samples/s)"
-                                                   if pred else "") + f": {x.reason}")
-    return "\n".join(lines if d.advice else [*lines, "no advice"]) + "\n"
 
 
 def _said(exc: BaseException) -> str:

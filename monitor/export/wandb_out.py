@@ -32,8 +32,7 @@ from typing import Any
 
 import pandas as pd
 
-from monitor.assess.follow import rank_figures, said_lost
-from monitor.export.mlflow_rest import flat_figures, report
+from monitor.assess.follow import flat_figures, rank_figures, report, said_lost
 from monitor.periodic import Periodic
 
 EXTRA = "pip install 'starvation-monitor[wandb]'"
