@@ -23,12 +23,12 @@ from typing import TYPE_CHECKING, Any
 from monitor.config import attached_config
 from monitor.manage import outputs, spawn
 from monitor.manage.relay import Relay
+from monitor.probe.env import RUN_ENV, SCRIPT_ENV
 from monitor.probe.epoch_plan import EVERY_ENV
-from monitor.probe.patch import DB_ENV, RUN_ENV, SCRIPT_ENV
 from monitor.probe.phases import ENV as PHASES_ENV
 from monitor.probe.writer import transient
 from monitor.records import SHM
-from monitor.store import ATTACHED, FAILED, FINISHED, STOPPED, Store, StoreError, explain
+from monitor.store import ATTACHED, ENV_VAR, FAILED, FINISHED, STOPPED, Store, StoreError, explain
 from monitor.thresholds import AUTOTUNE_MIN_STEPS
 
 if TYPE_CHECKING:
@@ -158,7 +158,7 @@ class _Early:
 
 def script_env(store: Store, run_id: int) -> dict[str, str]:
     """The script's environment: the probe first on its path, the run and store named."""
-    return spawn.script_env({RUN_ENV: str(run_id), DB_ENV: str(store.path.resolve())})
+    return spawn.script_env({RUN_ENV: str(run_id), ENV_VAR: str(store.path.resolve())})
 
 
 def run_attached(args: argparse.Namespace) -> int:

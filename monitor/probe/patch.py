@@ -25,6 +25,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from monitor.config import attached_config
+from monitor.probe.env import RUN_ENV, SCRIPT_ENV
 from monitor.probe.epoch_plan import MidEpoch, every_steps
 from monitor.probe.identity import job_key, rank_identity
 from monitor.probe.lifeline import bind_to_parent
@@ -36,10 +37,6 @@ from monitor.records import PROBE
 from monitor.ring import ENV as RELAY_ENV
 from monitor.store import ATTACHED, ENV_VAR, FINISHED, Store
 
-RUN_ENV = "STARVATION_MONITOR_RUN_ID"
-# the script `monitor run` started, by name: a rank in a process of a framework's own
-# (Ray's default_worker.py) records its run under the script's name, not its process's
-SCRIPT_ENV = "STARVATION_MONITOR_SCRIPT"
 DB_ENV = ENV_VAR  # the store the recorder writes (monitor/store/core.py)
 
 
