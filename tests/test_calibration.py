@@ -7,6 +7,7 @@ import json
 import sqlite3
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -53,3 +54,27 @@ def test_a_store_calibrated_on_a_busy_box_is_measured_again(tmp_path, no_leaks):
     # the step follows the fresh figure: 0.8x a batch's loading, so at 0 workers the loop
     # waits for most of each step (a planted stale figure would leave it waiting ~1%)
     assert d["data_wait_share"] > 0.3, d["data_wait_share"]
+
+
+class _Waits:
+    """Samples that cost 2 ms of CPU each and wait 20 ms more for nothing (as a sample waits
+    for a CPU on a saturated box)."""
+
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, i: int) -> int:
+        t = time.thread_time()
+        while time.thread_time() - t < 0.002:
+            pass
+        time.sleep(0.02)  # sleep-ok: the wait that is not the sample's cost
+        return i
+
+
+def test_the_loading_cost_is_the_cpu_a_sample_takes_not_its_wait_for_a_cpu():
+    """calibrate() counts a sample's CPU, not the wall time it spent waiting (CI once
+    calibrated the starving demo at 25x its cost on a saturated box, a 1.3 s step)."""
+    from workloads.runner import calibrate
+
+    cost = calibrate(_Waits(), n=12, rounds=2)
+    assert 0.0019 <= cost < 0.012, cost  # 2 ms of CPU, not 22 ms
