@@ -2,8 +2,7 @@
 holds now (Scrapes): every family but the counters, then the counters, in the format and
 encoding the scraper asked for, as prometheus-client's own app renders them (its
 `choose_encoder` picks the format: the text format, or OpenMetrics, which Prometheus asks
-for; an OpenMetrics text ends with one "# EOF", and gzip members concatenate into one
-stream), the text written by monitor/export/exposition.py. NOTE [what a scrape reads] in
+for), the text written by monitor/export/exposition.py. NOTE [what a scrape reads] in
 monitor/export/prometheus.py says what a scrape costs and why it reads at the scrape."""
 from __future__ import annotations
 
@@ -20,7 +19,9 @@ from monitor.export.exposition import Renderer
 
 Format = tuple[str, bool]  # (the Accept header, gzip accepted)
 Response = tuple[list[tuple[str, str]], bytes]  # headers, body
-EOF = b"# EOF\n"  # the end of an OpenMetrics text
+# 67 KB of text at 8 ranks: level 1 compresses it in 0.17 ms to 2.9 KB, level 6 in 0.58 ms
+# to 2.7 KB
+GZIP_LEVEL = 1
 RENDERER = Renderer()  # (the client's text, its label sets escaped once: exposition.py)
 
 
@@ -30,7 +31,7 @@ def render(families: list[Any], fmt: Format) -> Response:
     body = RENDERER.render(families, encoder)
     headers = [("Content-Type", content_type)]
     if fmt[1]:
-        body = gzip.compress(body, compresslevel=6)
+        body = gzip.compress(body, compresslevel=GZIP_LEVEL)
         headers.append(("Content-Encoding", "gzip"))
     return headers, body
 
@@ -46,13 +47,7 @@ class Scrapes:
 
     def answer(self, fmt: Format) -> Response:
         plan, families = self.families()
-        _, counters = render(self.live(plan), (fmt[0], False))
-        headers, rest = render(families, fmt)
-        if counters.endswith(EOF):  # (OpenMetrics: one # EOF, the rest's)
-            counters = counters[:-len(EOF)]
-        if fmt[1]:
-            counters = gzip.compress(counters, compresslevel=6)
-        return headers, counters + rest
+        return render([*self.live(plan), *families], fmt)
 
 
 class Exporter:

@@ -48,6 +48,7 @@ from prometheus_client.core import (
     Metric,
     StateSetMetricFamily,
 )
+from prometheus_client.samples import Sample
 
 from monitor.assess.devices import workload_gpu
 from monitor.assess.recent import read_recent, steady_verdict
@@ -127,6 +128,20 @@ def _fam(kind: type, name: str, labels: list[str], **kw: Any) -> Any:
     """A family; counters and infos are named without the suffix the client adds."""
     doc = DOC.get(name) or DOC.get(f"{name}_total") or DOC[f"{name}_info"]
     return kind(PREFIX + name, doc, labels=labels, **kw)
+
+
+VERDICT_STATES = tuple(sorted(VERDICTS))
+CAUSE_STATES = tuple(sorted((*CAUSES, NO_CAUSE)))
+
+
+def _states(fam: Any, labels: list[str], states: tuple[str, ...], current: str) -> None:
+    """A state set's samples for one rank, as StateSetMetricFamily.add_metric makes them
+    (the states sorted, 1 for `current`), the rank's labels zipped once, not once a state
+    (a ~20-state cause set for each of 8 ranks at every scrape)."""
+    base = dict(zip(fam._labelnames, labels, strict=True))
+    name = fam.name
+    fam.samples.extend(Sample(name, {**base, name: st}, 1 if st == current else 0)
+                       for st in states)
 
 
 def _text(v: Any) -> str:
@@ -338,9 +353,9 @@ class StoreCollector:
         with self.lock:
             shown, _ = steady_verdict(self.held, key, a, seq, now)
         verdict, cause = verdicts
-        verdict.add_metric(labels, {v: v == shown.verdict for v in VERDICTS})
+        _states(verdict, labels, VERDICT_STATES, shown.verdict)
         named = shown.diagnosis.cause or NO_CAUSE
-        cause.add_metric(labels, {c: c == named for c in (*CAUSES, NO_CAUSE)})
+        _states(cause, labels, CAUSE_STATES, named)
         if host is not None:  # the rank's newest host row (USS carried forward, else RSS)
             for name, col, scale in HOST_GAUGES:
                 v = host.get(col)
