@@ -135,3 +135,31 @@ def test_a_loader_whose_workers_raise_ends_with_their_error(tmp_path, no_leaks):
     assert d["verdict"] == "loader-error", d
     assert "No module named 'pyg_lib_not_installed'" in d["verdict_text"], d["verdict_text"]
     assert "no torch DataLoader was iterated" not in d["verdict_text"] + r.stderr
+
+
+def test_the_probe_is_imported_when_the_script_imports_a_loader_not_before(tmp_path,
+                                                                           no_leaks):
+    """monitor/probe/hook.py: the script's interpreter starts with the hook alone; the probe
+    (recorder, store) comes with the script's first loader module, and then times it. The
+    hook waits for exactly the modules the probe patches."""
+    from monitor.probe import hook, patch
+
+    assert set(hook.MODULES) == set(patch.TARGETS)
+    script = tmp_path / "late.py"
+    script.write_text(
+        "import sys\n"
+        "print('before', 'monitor.probe.patch' in sys.modules, 'monitor.store' in sys.modules)\n"
+        "import torch\n"
+        "from torch.utils.data import DataLoader\n"
+        "print('after', 'monitor.probe.patch' in sys.modules)\n"
+        "for _ in DataLoader(list(range(32)), batch_size=8):\n"
+        "    pass\n")
+    db = tmp_path / "late.db"
+    r = subprocess.run([sys.executable, "-m", "monitor", "run", "--no-live", "--db", str(db),
+                        "--json", "--", sys.executable, str(script)], cwd=ROOT,
+                       env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True,
+                       text=True, timeout=180)
+    assert r.returncode == 0, r.stderr[-2000:]
+    lines = r.stdout.splitlines()
+    assert "before False False" in lines and "after True" in lines, r.stdout
+    assert json.loads(lines[-1])["steps"] >= 3 and len(Store(db).steps(1)) >= 3

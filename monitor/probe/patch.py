@@ -376,6 +376,11 @@ def _forked() -> None:
 _forker = [0]
 
 
+def finder() -> _Finder:
+    """The probe's finder in sys.meta_path (install() puts it there)."""
+    return next(f for f in sys.meta_path if isinstance(f, _Finder))
+
+
 def install() -> None:
     """Patch the loaders already imported now, the others when the script imports them;
     under `monitor run`, bind the loaders' workers to the script's life."""

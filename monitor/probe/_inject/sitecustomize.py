@@ -1,14 +1,14 @@
 """Loaded at interpreter start by `python -m monitor run -- ...` (this folder is first on the
-script's PYTHONPATH): installs the DataLoader probe, then runs the environment's own
-sitecustomize, if there is one, as Python would have."""
+script's PYTHONPATH): installs the DataLoader probe's hook (monitor/probe/hook.py), then
+runs the environment's own sitecustomize, if there is one, as Python would have."""
 import importlib.machinery
 import importlib.util
 import os
 import sys
 
 if os.environ.get("STARVATION_MONITOR_RUN_ID"):
-    try:
-        from monitor.probe.patch import install
+    try:  # the probe itself is imported when the script imports a loader (hook.py)
+        from monitor.probe.hook import install
 
         install()
     except Exception as exc:  # the script runs either way
