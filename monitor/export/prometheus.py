@@ -24,11 +24,11 @@ workload's writes), closed before it returns. See METRICS for the list.
 # is read as tuples, never DataFrames (the runs, ranks and host rows: 12 ms of pandas a
 # scrape at 8 ranks before), and written by monitor/export/exposition.py (each rank's label
 # set escaped once: the client's encoder took 7 ms for the same bytes). A scrape with the
-# assessments reused costs ~2 ms of CPU at 8 ranks.
+# assessments reused costs 3-4 ms of CPU at 8 ranks (docs/benchmarks.md, 2026-12-06).
 # A loop that built the snapshot just before each scrape was due (so that a scrape only read
 # the counters) was tried and removed: with it, tests/test_cluster.py's two-node job read a
 # PromQL throughput 9-17% under the stores' in 5 runs of 6, and each scrape reading its own
-# did not (0 of 3), for a reason never found; at ~2 ms a scrape it saves nothing worth that.
+# did not (0 of 3), for a reason never found; at 3-4 ms a scrape it saves little.
 # A collector that is not served (a test's registry, a one-off text) assesses every time.
 
 from __future__ import annotations
@@ -188,6 +188,7 @@ class StoreCollector:
         self.assess_every = assess_every  # 0: each collect assesses each rank
         self.reader: Store | None = None  # opened once; each read opens a connection only
         self.assessed: dict[tuple[int, int], tuple[float, Any, Assessment]] = {}
+
     def _reader(self) -> Store:
         """The store, opened once (its schema checked once): each thread's read opens its
         own connection, closed by the reader (scrapes come on new threads)."""
