@@ -102,9 +102,8 @@ class Collector:
     def _refresh_ranks(self) -> None:
         """A distributed job's ranks, as their probes reported them (once a second)."""
         if self._run_id is not None:
-            r = self.store.ranks(self._run_id)
-            ranks = dict(zip(r["rank"].astype(int), r["pid"].astype(int), strict=True)) \
-                if not r.empty else {}
+            ranks = {int(r["rank"]): int(r["pid"])  # (tuples: no DataFrame each second)
+                     for r in self.store.rank_records(self._run_id)}
             if ranks != self.host._ranks:
                 self.host.follow_ranks(ranks)
                 self.gpu.follow_pids({*ranks.values(), *filter(None, [self.host._pid])})
