@@ -503,3 +503,24 @@ def test_a_scrape_is_rendered_byte_for_byte_as_the_clients_encoders_render_it(st
     unit.add_metric([], 1.0)
     om = choose_encoder("application/openmetrics-text")[0]
     assert b"# UNIT starvation_x_seconds seconds" in renderer.render([unit], om)
+
+
+def test_an_ended_runs_ranks_are_assessed_once_and_a_running_ones_again(store, monkeypatch):
+    """An ended run's window cannot change: the exporter assesses it once while it stays
+    exported (RECENT_S), where a running one's is assessed again each ASSESS_S."""
+    from monitor.export import prometheus
+
+    made: list[int] = []
+    real = prometheus.assess
+    monkeypatch.setattr(prometheus, "assess", lambda w, ctx: made.append(1) or real(w, ctx))
+    ended = stored_run(store, status="running", t0=time.time() - 30.0)
+    store.update_run(ended, pid=os.getpid())
+    store.finish_run(ended, "finished")
+    running = stored_run(store, status="running", t0=time.time() - 21.0)
+    store.update_run(running, pid=os.getpid())
+    collector = StoreCollector(str(store.db.path), context(), hostname="node-a")  # assess_every 0
+    reg = CollectorRegistry()
+    reg.register(collector)
+    texts = [generate_latest(reg).decode() for _ in range(3)]
+    assert len(made) == 1 + 3, made  # the ended run's rank once, the running one's each time
+    assert all('starvation_verdict{' in t and f'run_id="{ended}"' in t for t in texts)

@@ -187,7 +187,8 @@ class StoreCollector:
         self.totals_lock = threading.Lock()
         self.assess_every = assess_every  # 0: each collect assesses each rank
         self.reader: Store | None = None  # opened once; each read opens a connection only
-        self.assessed: dict[tuple[int, int], tuple[float, Any, Assessment]] = {}
+        # (run, rank) -> (when, its settings, the assessment, made after the run ended)
+        self.assessed: dict[tuple[int, int], tuple[float, Any, Assessment, bool]] = {}
 
     def _reader(self) -> Store:
         """The store, opened once (its schema checked once): each thread's read opens its
@@ -278,8 +279,10 @@ class StoreCollector:
             ranks = self.ranks_of(store, run, devices, any(k[0] == rid for k in totals))
             if not ranks:
                 continue
-            end = min(now, run["ended_at"]) if run.get("status") != RUNNING else now
-            # every rank assessed within assess_every: its window is not read
+            ended = run.get("status") != RUNNING
+            end = min(now, run["ended_at"]) if ended else now
+            # every rank assessed within assess_every (an ended run's once, its window fixed):
+            # its window is not read
             fresh = all(self._assessed((rid, rs.rank), rs.config, now) for rs in ranks)
             recent = read_recent(store, rid, end) if not fresh else None
             last = store.host_last(rid, end - KPI_WINDOW_S, end, HOST_COLUMNS)
@@ -288,7 +291,7 @@ class StoreCollector:
                 if recent is not None or fresh:
                     self._recent(recent.window(rs.rank) if recent is not None else None,
                                  (rid, rs.rank), rs.config, now, rs.labels, gauges,
-                                 (verdict, cause), last.get(rs.rank, last.get(None)))
+                                 (verdict, cause), last.get(rs.rank, last.get(None)), ended)
                 cfg = rs.config
                 loader.add_metric(rs.labels, {k: str(cfg.get(k)) for k in LOADER_SETTINGS})
                 info.add_metric(rs.labels, {
@@ -324,21 +327,22 @@ class StoreCollector:
             return {k: dict(v) for k, v in self.totals.items()}
 
     def _assessed(self, key: tuple[int, int], config: dict, now: float) -> Assessment | None:
-        """The rank's assessment if it is younger than `assess_every`, its settings the
-        same."""
+        """The rank's assessment if it is younger than `assess_every` or was made after its
+        run ended (its window cannot change), its settings the same."""
         seq = (key, tuple(str(config.get(k)) for k in LIVE_SETTINGS))
         with self.lock:
             got = self.assessed.get(key)
         return got[2] if got is not None and got[1] == seq and \
-            now - got[0] < self.assess_every else None
+            (got[3] or now - got[0] < self.assess_every) else None
 
     def _recent(self, w: Window | None, key: tuple[int, int], config: dict, now: float,
                 labels: list[str], gauges: dict, verdicts: tuple[Any, Any],
-                host: dict[str, Any] | None = None) -> None:
+                host: dict[str, Any] | None = None, ended: bool = False) -> None:
         """One rank's gauges and verdict over its last 10 s (the page's KPI window); the
         verdict held as the page's banner holds it (assess/recent.py steady_verdict). An
         assessment younger than `assess_every` with the same settings is used again (then
-        `w` may be None); `host`: the rank's newest host row of the window (Store.host_last)."""
+        `w` may be None); `host`: the rank's newest host row of the window (Store.host_last);
+        `ended`: the run has ended, so this assessment is its last."""
         seq = (key, tuple(str(config.get(k)) for k in LIVE_SETTINGS))
         a = self._assessed(key, config, now)
         if a is None:
@@ -346,7 +350,7 @@ class StoreCollector:
                 return
             a = assess(w, self.ctx)
             with self.lock:
-                self.assessed[key] = (now, seq, a)
+                self.assessed[key] = (now, seq, a, ended)
         f = a.features
         if f.steps:
             gauges["device_busy_ratio"].add_metric(labels, f.device_busy_mean)
