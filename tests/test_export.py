@@ -524,3 +524,7 @@ def test_an_ended_runs_ranks_are_assessed_once_and_a_running_ones_again(store, m
     texts = [generate_latest(reg).decode() for _ in range(3)]
     assert len(made) == 1 + 3, made  # the ended run's rank once, the running one's each time
     assert all('starvation_verdict{' in t and f'run_id="{ended}"' in t for t in texts)
+    store.db.conn().execute("UPDATE runs SET status = 'running', ended_at = NULL "
+                            "WHERE id = ?", (ended,))  # (were it to run again: assessed)
+    generate_latest(reg)
+    assert len(made) == 4 + 2, made

@@ -283,7 +283,7 @@ class StoreCollector:
             end = min(now, run["ended_at"]) if ended else now
             # every rank assessed within assess_every (an ended run's once, its window fixed):
             # its window is not read
-            fresh = all(self._assessed((rid, rs.rank), rs.config, now) for rs in ranks)
+            fresh = all(self._assessed((rid, rs.rank), rs.config, now, ended) for rs in ranks)
             recent = read_recent(store, rid, end) if not fresh else None
             last = store.host_last(rid, end - KPI_WINDOW_S, end, HOST_COLUMNS)
             for rs in ranks:
@@ -326,14 +326,16 @@ class StoreCollector:
                 self.marks[key[0]] = max(self.marks.get(key[0], 0), t["last_row"])
             return {k: dict(v) for k, v in self.totals.items()}
 
-    def _assessed(self, key: tuple[int, int], config: dict, now: float) -> Assessment | None:
-        """The rank's assessment if it is younger than `assess_every` or was made after its
-        run ended (its window cannot change), its settings the same."""
+    def _assessed(self, key: tuple[int, int], config: dict, now: float,
+                  ended: bool = False) -> Assessment | None:
+        """The rank's assessment if it is younger than `assess_every`, or was made after its
+        run ended and the run has not started again (its window cannot change), its
+        settings the same."""
         seq = (key, tuple(str(config.get(k)) for k in LIVE_SETTINGS))
         with self.lock:
             got = self.assessed.get(key)
         return got[2] if got is not None and got[1] == seq and \
-            (got[3] or now - got[0] < self.assess_every) else None
+            ((got[3] and ended) or now - got[0] < self.assess_every) else None
 
     def _recent(self, w: Window | None, key: tuple[int, int], config: dict, now: float,
                 labels: list[str], gauges: dict, verdicts: tuple[Any, Any],
@@ -344,7 +346,7 @@ class StoreCollector:
         `w` may be None); `host`: the rank's newest host row of the window (Store.host_last);
         `ended`: the run has ended, so this assessment is its last."""
         seq = (key, tuple(str(config.get(k)) for k in LIVE_SETTINGS))
-        a = self._assessed(key, config, now)
+        a = self._assessed(key, config, now, ended)
         if a is None:
             if w is None:
                 return
