@@ -114,8 +114,11 @@ def test_an_ended_job_compares_with_a_live_one_each_read_at_its_own_moment(tmp_p
         for s, _ in servers:
             s.shutdown()
     a, b = cmp.a, cmp.b
-    # at its end, not 0 now (its last 10 s: up to a scrape interval of them has no sample)
-    assert a["throughput"] == pytest.approx(full, rel=0.1)
+    # at its end, not 0 now (its last 10 s: up to a scrape interval of them has no sample).
+    # A fake node's counter is computed when its handler runs, Prometheus stamps the scrape's
+    # start: beside a saturated suite the handler ran late enough to read 772 for 640 over
+    # those 10 s, so the bound is what tells "its end" from "0 now" or half, not the rate
+    assert a["throughput"] == pytest.approx(full, rel=0.25)
     assert b["throughput"] == pytest.approx(full, rel=0.1)
     assert (a["stragglers"], b["stragglers"]) == ([1], [])
     assert a["worst_rank"] == 1 and a["wait_per_step_s"] == pytest.approx(0.08, rel=0.02)
