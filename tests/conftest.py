@@ -5,8 +5,10 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import shutil
 import signal
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -18,6 +20,15 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("STARVATION_MONITOR_SIMULATE", "1")
+# NOTE [one intra-op thread in the suite]
+# torch's intra-op pool is a thread a CPU, and its OpenMP threads spin at each parallel
+# region's barrier. Four pytest workers start torch processes side by side on two cores: a
+# pool's second thread is then mostly descheduled, and its sibling spins waiting for it.
+# train_small.py's 4 steps took 10-15 CPU-s with the pool and 4.1 with OMP_NUM_THREADS=1,
+# on the suite's box (torchrun sets the same for its ranks). The suite's processes get one
+# thread; a reproducer of the pool's own cost (tests/scripts/causes.py main_threads) sets
+# the default size itself.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 @pytest.fixture
@@ -205,6 +216,15 @@ def pytest_sessionfinish(session, exitstatus):
     stop_browser()
 
 
+class _Tmp:
+    path: str | None = None
+
+
+def pytest_unconfigure(config):
+    if _Tmp.path is not None:
+        shutil.rmtree(_Tmp.path, ignore_errors=True)
+
+
 @pytest.fixture
 def runtime(store):
     """A started Runtime over the test's store, closed after the test."""
@@ -232,12 +252,22 @@ def quiet_page(db_path, monkeypatch):
 
 
 def pytest_configure(config):
-    """A suite started from a shell without job control (`(make test &)`, a script's
+    """The suite gets a temporary folder of its own, TMPDIR for the processes the tests start
+    (not for tmp_path), removed at its end: torchrun leaves its torchelastic_* folder, W&B's
+    offline service its wandb-* and MLflow's server its db_init_lock-* in the system's
+    temporary folder (each does so run bare): ~30 a suite. A product's leak that a test looks
+    for is still there while the test runs.
+
+    A suite started from a shell without job control (`(make test &)`, a script's
     background job) inherits SIGINT ignored, and one started under `nohup` SIGHUP; an
     ignored signal stays ignored across exec, so every process the tests start would shrug
     off the signals they send it (seen: the SIGINT and SIGHUP tests timed out, a sweep
     exited 0 instead of 130). The defaults are restored here, in the controller and in each
     xdist worker, so the children start with them."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):  # (the workers inherit the controller's)
+        tempfile.tempdir = tempfile.gettempdir()  # this process's own (tmp_path's) stays
+        _Tmp.path = tempfile.mkdtemp(prefix="smt-")  # short: AF_UNIX paths end at 108 bytes
+        os.environ["TMPDIR"] = _Tmp.path
     if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
     for sig in (signal.SIGHUP, signal.SIGTERM):

@@ -138,7 +138,8 @@ def test_a_script_whose_monitor_run_is_killed_ends_with_it(tmp_path):
     store = Store(db)
     run = store.run(int(store.runs()["id"].iloc[0]))
     script = psutil.Process(int(run["pid"]))
-    relay_dirs = {d for d in Path(tempfile.gettempdir()).glob("starvation-relay-*")
+    tmp = os.environ.get("TMPDIR") or tempfile.gettempdir()  # monitor run's (conftest.py)
+    relay_dirs = {d for d in Path(tmp).glob("starvation-relay-*")
                   if any(d.glob(f"{run['pid']}-*.events"))}
     p.kill()  # monitor run only: the script is in a process group of its own
     assert wait_for(lambda: p.poll() is not None, timeout=60)

@@ -133,6 +133,9 @@ def mlflow_server(tmp_path: Path, proxied: bool = False):
                           *(["--artifacts-destination", str(tmp_path / "proxied")] if proxied
                             else ["--default-artifact-root", str(tmp_path / "artifacts")])],
                          cwd=tmp_path,
+                         # (its job runner, for GenAI evaluations, is a process more and a
+                         # folder in /dev/shm that a killed server leaves: not needed here)
+                         env={**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"},
                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                          start_new_session=True)
     uri = f"http://127.0.0.1:{port}"

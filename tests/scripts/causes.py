@@ -390,8 +390,9 @@ def main() -> None:
         torch.multiprocessing.set_sharing_strategy(a.sharing)
     loader = build(a.kind, a.workers, a.any_order, a.batched, a.persistent, a.samples,
                    a.grow_kb, a.cold, a.cache_mb, a.mmap, a.pool or (os.cpu_count() or 1))
-    if a.main_threads:
-        torch.set_num_threads(a.main_threads)
+    if a.main_threads or a.kind == "main_threads":  # (torch's default, whatever the
+        # environment says: NOTE [one intra-op thread in the suite] in tests/conftest.py)
+        torch.set_num_threads(a.main_threads or len(os.sched_getaffinity(0)))
     w = torch.rand(384, 384) if a.kind == "main_threads" else None  # the host step's model
     start, n, samples = time.perf_counter(), 0, 0
     makers: set[int] = set()  # idle_shards: the workers that delivered batches

@@ -1,0 +1,74 @@
+"""Where the suite's CPU goes: runs pytest (the arguments after `--`, default the whole
+suite as `make test` runs it) with a plugin that charges each test the CPU its xdist worker
+and the processes it waited for used from its setup to its teardown (getrusage: SELF +
+CHILDREN; a process a test started and nobody waited for is not counted), then prints the
+tests and files that cost most, and the total against the suite's wall time.
+
+    python bench/suite_cpu.py [--top 40] [-- pytest args...]
+
+Figures only: the house's goal is the whole suite within 10 minutes beside one busy core,
+and on two cores that is a CPU budget, not a wall-clock one.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+PLUGIN = '''
+import json, os, resource
+import pytest
+
+def _cpu():
+    s, c = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return s.ru_utime + s.ru_stime + c.ru_utime + c.ru_stime
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    t0 = _cpu()
+    yield
+    with open(os.environ["SUITE_CPU_OUT"], "a") as f:
+        f.write(json.dumps({"test": item.nodeid, "cpu": _cpu() - t0}) + "\\n")
+'''
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--top", type=int, default=40)
+    ap.add_argument("pytest", nargs="*")
+    a = ap.parse_args()
+    args = a.pytest or ["-n", "4", "--dist", "loadgroup"]
+    with tempfile.TemporaryDirectory() as d:
+        (Path(d) / "suite_cpu_plugin.py").write_text(PLUGIN)
+        out = Path(d) / "cpu.jsonl"
+        env = {**os.environ, "SUITE_CPU_OUT": str(out), "PYTHONDONTWRITEBYTECODE": "",
+               "PYTHONPATH": os.pathsep.join([d, str(ROOT)])}
+        t0 = time.monotonic()
+        r = subprocess.run([sys.executable, "-m", "pytest", "-p", "suite_cpu_plugin", "-q",
+                            *args], cwd=ROOT, env=env)
+        wall = time.monotonic() - t0
+        rows = [json.loads(x) for x in out.read_text().splitlines()] if out.exists() else []
+    total = sum(r["cpu"] for r in rows)
+    per_file: dict[str, float] = defaultdict(float)
+    for row in rows:
+        per_file[row["test"].split("::")[0]] += row["cpu"]
+    print(f"\npytest exit {r.returncode}; {len(rows)} tests; {total:.0f} CPU-s charged to "
+          f"tests in {wall:.0f} s of wall\n")
+    print("| test | CPU s |\n|---|---|")
+    for row in sorted(rows, key=lambda x: -x["cpu"])[:a.top]:
+        print(f"| {row['test']} | {row['cpu']:.1f} |")
+    print("\n| file | CPU s | share |\n|---|---|---|")
+    for f, c in sorted(per_file.items(), key=lambda kv: -kv[1]):
+        print(f"| {f} | {c:.0f} | {100 * c / total:.1f}% |")
+
+
+if __name__ == "__main__":
+    main()
