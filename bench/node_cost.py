@@ -1,7 +1,9 @@
 """What `monitor run` itself costs on one node of many ranks: one `monitor run` over
 `torchrun --standalone --nproc-per-node K` (DDP over gloo, a tiny CPU model, 4 DataLoader
-workers a rank) at each K asked for. For each it prints `monitor run`'s own CPU (its
-process: the relay, the sampler, the follow, the summary; not its children) in % of one
+workers a rank, kept across epochs; epochs of 50 steps until SECONDS of stepping, decided
+together at an epoch's end, so that "while stepping" is a steady state, as in a real job's
+minutes-long epochs, not the workers' start) at each K. For each it prints `monitor run`'s
+own CPU (its process: the relay, the sampler, the follow, the summary; not its children) in % of one
 core per rank, over the whole run (its start and end-of-run summary included) and while the
 ranks step (from the first poll that found steps to the last); the relay's lag (polling the
 store every POLL_S while the ranks step: for each step, when a poll first found it stored
@@ -9,7 +11,7 @@ less its time, p50/p99, up to POLL_S high); the sampler's period held (the gaps 
 run's host samples: median and p99, against its 0.25 s); and each rank's steps stored
 against the steps it took (the script prints its count).
 
-    python bench/node_cost.py [--ranks 1,2,4,8] [--steps 150] [--workers 4]
+    python bench/node_cost.py [--ranks 1,2,4,8] [--seconds 20] [--workers 4]
 
 Figures only (issue 55's goals: under 2% of a core per rank, the p99 lag under 1 s, every
 step stored). The box is shared: compare rows of one invocation.
@@ -35,12 +37,12 @@ from monitor.store import Store  # noqa: E402
 
 POLL_S = 0.25  # the lag's resolution
 TORCHRUN = str(Path(sys.executable).parent / "torchrun")
-SCRIPT = """import os, sys, torch, torch.distributed as dist
+SCRIPT = """import os, sys, time, torch, torch.distributed as dist
 from torch.utils.data import DataLoader, Dataset
 
-class Samples(Dataset):  # one epoch of `steps` batches (a whole epoch: its last step
-    def __len__(self):      # is recorded at its end; a loop left mid-epoch drops its last)
-        return int(sys.argv[1]) * 32
+class Samples(Dataset):  # one epoch of EPOCH batches (whole epochs: an epoch's last step
+    def __len__(self):     # is recorded at its end; a loop left mid-epoch drops its last)
+        return 50 * 32
     def __getitem__(self, i):
         x = torch.randn(64)
         for _ in range(20):  # a little work a sample
@@ -48,19 +50,26 @@ class Samples(Dataset):  # one epoch of `steps` batches (a whole epoch: its last
         return x, x.sum()
 
 def main():
-    steps, workers = int(sys.argv[1]), int(sys.argv[2])
+    seconds, workers = float(sys.argv[1]), int(sys.argv[2])
     dist.init_process_group("gloo")
     torch.set_num_threads(1)
     model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(64, 1))
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    loader = DataLoader(Samples(), batch_size=32, num_workers=workers)
-    taken = 0
-    for x, y in loader:
-        loss = ((model(x).squeeze(1) - y) ** 2).mean()
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        taken += 1
+    loader = DataLoader(Samples(), batch_size=32, num_workers=workers,
+                        persistent_workers=True)  # (a real epoch is minutes: no churn)
+    taken, start = 0, None
+    while True:  # epochs until `seconds` of stepping, decided together at an epoch's end
+        for x, y in loader:
+            loss = ((model(x).squeeze(1) - y) ** 2).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            taken += 1
+            start = start or time.monotonic()
+        done = torch.tensor([float(time.monotonic() - start >= seconds)])
+        dist.all_reduce(done, op=dist.ReduceOp.MAX)
+        if done.item():
+            break
     print(f"taken {dist.get_rank()} {taken}", flush=True)
     dist.destroy_process_group()
 
@@ -73,12 +82,12 @@ def pct(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else float("nan")
 
 
-def one(ranks: int, steps: int, workers: int, script: Path, tmp: Path) -> dict:
+def one(ranks: int, seconds: float, workers: int, script: Path, tmp: Path) -> dict:
     db = tmp / f"node{ranks}.db"
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     p = subprocess.Popen([sys.executable, "-m", "monitor", "run", "--no-live", "--db", str(db),
                           "--json", "--", TORCHRUN, "--standalone",
-                          f"--nproc-per-node={ranks}", str(script), str(steps), str(workers)],
+                          f"--nproc-per-node={ranks}", str(script), str(seconds), str(workers)],
                          cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                          text=True)
     me = psutil.Process(p.pid)
@@ -141,7 +150,7 @@ def one(ranks: int, steps: int, workers: int, script: Path, tmp: Path) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--ranks", default="1,2,4,8")
-    ap.add_argument("--steps", type=int, default=150)
+    ap.add_argument("--seconds", type=float, default=20.0)
     ap.add_argument("--workers", type=int, default=4)
     a = ap.parse_args()
     rows = []
@@ -149,10 +158,10 @@ def main() -> None:
         script = Path(d) / "ddp_tiny.py"
         script.write_text(SCRIPT)
         for k in (int(x) for x in a.ranks.split(",")):
-            r = one(k, a.steps, a.workers, script, Path(d))
+            r = one(k, a.seconds, a.workers, script, Path(d))
             rows.append(r)
             print(json.dumps(r), flush=True)
-    print(f"\n{a.workers} workers a rank, {a.steps} steps a rank\n")
+    print(f"\n{a.workers} workers a rank, epochs of 50 steps for {a.seconds:g} s of stepping\n")
     print("| ranks | wall s | monitor run CPU s | % of a core per rank: whole run / while "
           "stepping | relay lag p50 / p99 s | sampler period median / p99 s | steps stored / "
           "taken |")

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -284,3 +285,45 @@ def test_the_cpu_budget_keeps_within_slurms_grant(tmp_path):
     assert cpu_budget(str(tmp_path), affinity=16, env={"SLURM_JOB_ID": "7"}).scheduler is None
     assert cpu_budget(str(tmp_path), affinity=16,
                       env={**granted, "SLURM_CPUS_PER_TASK": "x"}).usable == 16
+
+
+class _Worker:
+    """A worker whose USS the test sets, counting the reads of it (smaps_rollup)."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid, self.uss, self.reads = pid, 100.0, 0
+        self._real = psutil.Process(pid)
+
+    def memory_full_info(self):
+        self.reads += 1
+        return types.SimpleNamespace(uss=self.uss * 1024 * 1024)
+
+    def __getattr__(self, name):  # the rest read the real process (this one)
+        return getattr(self._real, name)
+
+
+def test_a_flat_uss_is_read_less_often_and_a_rise_restores_the_rate():
+    """smaps_rollup is a pass's costliest read: read every USS_EVERY passes, then
+    USS_BACKOFF times less often once it stayed flat USS_FLAT_READS reads; a rise (a cache
+    that starts to grow) brings the full rate back at the next read."""
+    from monitor.sampling.host import USS_BACKOFF, USS_EVERY, USS_FLAT_READS
+
+    s = HostSampler()
+    main, w = psutil.Process(os.getpid()), _Worker(os.getpid())
+
+    def passes(n: int) -> int:
+        before = w.reads
+        for _ in range(n):
+            s._process_fields(0, main, [w])
+            s._passes += 1
+        return w.reads - before
+
+    assert passes(1) == 1  # a new set of workers: at once
+    assert passes(USS_EVERY * USS_FLAT_READS) == USS_FLAT_READS  # flat, at the full rate
+    slow = USS_EVERY * USS_BACKOFF
+    assert passes(slow * 2) == 2  # ... then backed off
+    w.uss += 50  # it grows: seen at the next (slow) read, then the full rate again
+    assert passes(slow) == 1
+    w.uss += 50
+    assert passes(USS_EVERY * 2) == 2
+    assert s._uss[0] == 200.0

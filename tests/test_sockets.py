@@ -84,3 +84,26 @@ def test_the_tcp_tables_are_read_again_when_the_loaders_sockets_change(tmp_path)
     table("0C00000A:01BB")
     os.symlink("socket:[112]", tmp_path / "8" / "fd" / "4")  # a socket comes: read at once
     assert peers() == {"10.0.0.12:443": 1}
+
+
+def test_unix_sockets_are_not_the_loaders_connections_and_read_no_table(monkeypatch):
+    """A DataLoader's Unix sockets (its queues; one connection a batch where descriptors are
+    passed) come and go: they are no connection the loaders read over, and the namespace's
+    TCP tables are not read for them (a new TCP connection is: the test above)."""
+    from monitor.sampling import sockets
+
+    asked: list[set[str]] = []
+    real = sockets.tcp_peers
+    monkeypatch.setattr(sockets, "tcp_peers",
+                        lambda pid, inodes, proc="/proc": asked.append(set(inodes)) or
+                        real(pid, inodes, proc))
+    net = NetReads()
+    net.sample(None, os.getpid(), [])
+    pair = socket.socketpair()  # new since the last pass, as a request's connection would be
+    try:
+        out = net.sample(None, os.getpid(), [])
+    finally:
+        for s in pair:
+            s.close()
+    assert out["loaders_peers"] is None
+    assert not any(asked), asked  # (the old code asked for the pair's two inodes)

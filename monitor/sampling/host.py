@@ -24,8 +24,11 @@ from monitor.sampling.groups import GroupScan
 from monitor.sampling.sockets import NetReads
 
 MB = 1024 * 1024
-USS_EVERY = 8
-TREE_EVERY = 4  # passes between scans for the followed process's descendants
+# passes (0.25 s each) between costlier reads; bench/node_cost.py measures what a pass costs
+USS_EVERY = 8  # the workers' USS (smaps_rollup: 2-6 ms of CPU a torch worker here; growth is
+# named after two rises in a window's later half: fewer reads name it later) ...
+USS_FLAT_READS, USS_BACKOFF, USS_RISE_MB = 3, 4, 1.0  # ... x USS_BACKOFF after 3 flat reads
+TREE_EVERY = 4  # the followed process's descendants (a scan of every process on the host)
 
 
 def _children_cpu(proc: Any) -> float | None:
@@ -68,6 +71,8 @@ class HostSampler:
         self._ranks: dict[int, int] = {}  # rank -> PID of a distributed job's processes
         self._passes = 0
         self._uss: dict[int | None, float] = {}
+        self._uss_at: dict[int | None, int] = {}  # the pass of each key's last USS read
+        self._uss_flat: dict[int | None, int] = {}  # its reads since it last rose
         self._uss_each: dict[int | None, dict[int, float | None]] = {}  # by worker PID
         self._wcpu: dict[int | None, dict[str, Any]] = {}  # workers' CPU seconds, last pass
         self._threads: dict[int, int | None] = {}  # thread count by PID, last pass
@@ -84,6 +89,7 @@ class HostSampler:
             self._procs = {}
             self._kids, self._ranks = {}, {}
             self._passes, self._uss, self._prev = 0, {}, {}
+            self._uss_at, self._uss_flat = {}, {}
             self._wcpu, self._threads, self._uss_each = {}, {}, {}
             self._net = NetReads(self.proc)
 
@@ -193,9 +199,16 @@ class HostSampler:
         proc_cpu = _safe(lambda: main.cpu_percent(None))
         room = None if capacity_pct is None else capacity_pct - (proc_cpu or 0.0)
         w_rss = [_safe(lambda w=w: w.memory_info().rss / MB) for w in workers]
-        if self._passes % USS_EVERY == 0 or key not in self._uss:  # smaps: 1 pass in 8
+        if self._uss_due(key, workers):
             uss = [_safe(lambda w=w: w.memory_full_info().uss / MB) for w in workers]
-            self._uss[key] = sum(u for u in uss if u is not None)
+            total, prev = sum(u for u in uss if u is not None), self._uss.get(key)
+            flat = prev is not None and total - prev <= USS_RISE_MB
+            self._uss_flat[key] = self._uss_flat.get(key, 0) + 1 if flat else 0
+            # (a new key's schedule shifted by its rank: 8 ranks' workers read in one pass
+            # held it 0.1 s)
+            self._uss_at[key] = self._passes - (0 if key in self._uss_at else
+                                                (key or 0) % USS_EVERY)
+            self._uss[key] = total
             self._uss_each[key] = {w.pid: u for w, u in zip(workers, uss, strict=True)}
         before = self._wcpu.get(key)
         workers_cpu = self._workers_cpu(key, workers, room)
@@ -211,6 +224,16 @@ class HostSampler:
             **self._net.sample(key, main.pid, [w.pid for w in workers]),
             **self._cgroup(main.pid),
         )
+
+    def _uss_due(self, key: int | None, workers: list[Any]) -> bool:
+        """The workers' USS is read at once for a new set of workers, then every USS_EVERY
+        passes, and USS_BACKOFF times less often while it stays flat (most jobs: smaps is
+        the costliest read of a pass); a rise brings the full rate back."""
+        last = self._uss_at.get(key)
+        if last is None or set(self._uss_each.get(key, ())) != {w.pid for w in workers}:
+            return True
+        slow = self._uss_flat.get(key, 0) >= USS_FLAT_READS
+        return self._passes - last >= USS_EVERY * (USS_BACKOFF if slow else 1)
 
     def _cgroup(self, pid: int) -> dict[str, float]:
         got = procfs.cgroup_memory(pid, self.proc)
@@ -346,7 +369,7 @@ class HostSampler:
         return self.sample_all()[0]
 
 
-OWN_EVERY = 20  # passes between looks for the monitor's own processes (a process scan)
+OWN_EVERY = 80  # passes between looks for the monitor's own processes (a process scan)
 
 _EMPTY = dict(proc_cpu_pct=None, proc_rss_mb=None, workers=None, workers_cpu_pct=None,
               workers_rss_mb=None, workers_uss_mb=None, proc_runq_pct=None,

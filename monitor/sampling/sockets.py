@@ -28,19 +28,32 @@ PEERS_EVERY = 8  # passes: the TCP tables read at least this often (NetReads._pe
 
 
 def _inodes(pid: int, proc: str) -> set[str]:
+    """The inodes of the process's TCP sockets (IPv4 and IPv6). A socket's protocol is its
+    `system.sockprotoname` attribute (sockfs; 2 µs a socket): a DataLoader's Unix sockets
+    (its queues, and one connection a batch where file descriptors are passed) are left
+    out, so they never make the TCP tables be read. A socket whose protocol cannot be read
+    counts as TCP."""
     out: set[str] = set()
     try:
         names = os.listdir(f"{proc}/{pid}/fd")
     except OSError:
         return out
     for name in names[:MAX_FDS]:
+        path = f"{proc}/{pid}/fd/{name}"
         try:
-            link = os.readlink(f"{proc}/{pid}/fd/{name}")
+            link = os.readlink(path)
         except OSError:
             continue
-        if link.startswith("socket:["):
+        if link.startswith("socket:[") and _tcp(path):
             out.add(link[8:-1])
     return out
+
+
+def _tcp(path: str) -> bool:
+    try:
+        return os.getxattr(path, "system.sockprotoname").startswith(b"TCP")
+    except (OSError, AttributeError):  # (no such attribute here; no getxattr off Linux)
+        return True
 
 
 def _addr(hex_addr: str) -> str:
@@ -102,10 +115,8 @@ class NetReads:
         # the loaders' own socket inodes at the last read of the TCP tables, and the peers
         # read: the tables (every connection of the namespace: hundreds on a busy host) are
         # read again when the loaders' sockets changed, else one pass in PEERS_EVERY (a
-        # connection still being made at the last read is established by then). A
-        # DataLoader's workers hold Unix sockets of their own for their whole life, so
-        # before, every pass of a job that reads nothing remote read both tables (a
-        # quarter of the sampler's CPU at one rank with 2 workers)
+        # connection still being made at the last read is established by then). Only TCP
+        # sockets are the loaders' (_inodes): a job whose loaders hold none reads no table
         self._peers: dict[int | None, tuple[frozenset[str], dict[str, int], int]] = {}
 
     def sample(self, key: int | None, main: int, workers: list[int]) -> dict:
