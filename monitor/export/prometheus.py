@@ -207,24 +207,26 @@ class StoreCollector:
 
     def families(self) -> tuple[Counted, list[Metric]]:
         """Every family but the counters from the store now, and the ranks whose counters
-        a scrape reads after them."""
+        a scrape reads after them (counters(), next on this thread, closes the thread's
+        connection: one a scrape)."""
         store = self._reader()
         try:
             counted, families = self._runs(store)
             return counted, [*families, *self._gpus(store)]
-        finally:
+        except BaseException:
             store.close()
+            raise
 
     def counters(self, counted: Counted) -> list[Metric]:
         """The counter families of the ranks `counted`, their sums read now: a counter is
         read at its scrape, whose time Prometheus stamps it with (rate() needs that)."""
         fams = {n: _fam(CounterMetricFamily, n, RUN_LABELS) for n in COUNTERS}
+        store = self._reader()
+        try:
+            totals = self._totals(store, counted.runs) if counted.runs else {}
+        finally:
+            store.close()  # (this thread's connection)
         if counted.runs:
-            store = self._reader()
-            try:
-                totals = self._totals(store, counted.runs)
-            finally:
-                store.close()  # (this thread's connection)
             for key, labels, started_at in counted.ranks:
                 t = totals.get(key, {})
                 # counted from the rank's first step: a young rank's rate reads its own

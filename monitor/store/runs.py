@@ -236,13 +236,12 @@ class Runs:
              time.time()))
 
     def ranks(self, run_id: int) -> pd.DataFrame:
-        """One row per rank that has reported, by rank; `config` and `device` parsed."""
+        """One row per rank that has reported, by rank; `config`, `device` and `placement`
+        parsed (read_sql types the numeric columns: NaN where a rank has not said)."""
         df = self.db.frame("SELECT * FROM ranks WHERE run_id = ? ORDER BY rank", (run_id,))
-        if not df.empty:
-            df["config"] = [json.loads(c) if isinstance(c, str) else {} for c in df["config"]]
-            df["device"] = [json.loads(d) if isinstance(d, str) else None for d in df["device"]]
-            df["placement"] = [json.loads(x) if isinstance(x, str) else {}
-                               for x in df["placement"]]
+        for k, empty in _RANK_JSON:
+            if not df.empty:
+                df[k] = [_json_or(v, empty) for v in df[k]]
         return df
 
     def rank_records(self, run_id: int) -> list[dict[str, Any]]:
@@ -253,10 +252,19 @@ class Runs:
         out = []
         for r in cur.fetchall():
             row = dict(zip(names, r, strict=True))
-            for k, empty in (("config", {}), ("device", None), ("placement", {})):
-                row[k] = json.loads(row[k]) if isinstance(row[k], str) else empty
+            for k, empty in _RANK_JSON:
+                row[k] = _json_or(row[k], empty)
             out.append(row)
         return out
+
+
+# the ranks table's JSON columns, and what a rank that has not said reads as
+_RANK_JSON: tuple[tuple[str, Callable[[], Any]], ...] = (
+    ("config", dict), ("device", lambda: None), ("placement", dict))
+
+
+def _json_or(value: Any, empty: Callable[[], Any]) -> Any:
+    return json.loads(value) if isinstance(value, str) else empty()
 
 
 def _parsed_run(row: dict[str, Any]) -> dict[str, Any]:
