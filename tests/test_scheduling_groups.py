@@ -16,7 +16,7 @@ import pytest
 from monitor.diagnosis import diagnose
 from monitor.diagnosis.bound import BoundModel, waterfill
 from monitor.diagnosis.features import _groups
-from monitor.sampling.groups import GroupScan, group_of
+from monitor.sampling.groups import PF_KTHREAD, GroupScan, group_of
 from tests.conftest import wait_for
 
 
@@ -62,10 +62,11 @@ def test_the_main_process_is_a_ceiling_and_shares_a_core_at_no_workers():
 
 
 def _proc(tmp: Path, pid: int, cpu_ticks: int, runq_ns: int, autogroup: str,
-          cgroup: str = "1:cpu:/\n0::/\n") -> None:
+          cgroup: str = "1:cpu:/\n0::/\n", flags: int = 0) -> None:
     d = tmp / str(pid)
     d.mkdir(exist_ok=True)
-    fields = ["S"] + ["0"] * 10 + [str(cpu_ticks), "0"] + ["0"] * 4 + ["1"] + ["0"] * 30
+    fields = ["S"] + ["0"] * 5 + [str(flags)] + ["0"] * 4 + [str(cpu_ticks), "0"] + \
+        ["0"] * 4 + ["1"] + ["0"] * 30
     (d / "stat").write_text(f"{pid} (x) " + " ".join(fields) + "\n")
     (d / "schedstat").write_text(f"{cpu_ticks * 10_000_000} {runq_ns} 5\n")
     (d / "autogroup").write_text(autogroup)
@@ -87,16 +88,20 @@ def test_the_scan_sums_each_groups_demand_from_proc(tmp_path):
     for pid, ag in procs.items():
         _proc(tmp_path, pid, 0, 0, ag)
     _proc(tmp_path, 4, 0, 0, "/autogroup-9 nice 0\n", cgroup="1:cpu:/batch\n")
+    kthread = {"autogroup": "/autogroup-3 nice 0\n", "flags": PF_KTHREAD}
+    _proc(tmp_path, 5, 0, 0, **kthread)
     assert scan.sample({1}, 1) is None  # the first scan: nothing to compare with
     clock[0] += 2.0
     for pid in (2, 3):  # a core each for 2 s, half a second waiting
         _proc(tmp_path, pid, 200, 500_000_000, procs[pid])
     _proc(tmp_path, 4, 100, 0, "/autogroup-9 nice 0\n", cgroup="1:cpu:/batch\n")
+    _proc(tmp_path, 5, 100, 1_500_000_000, **kthread)  # its wait is not read: its CPU is
     out = json.loads(scan.sample({1}, 1))
     assert out["own"] == "autogroup:1"
     got = {k: (w, d, u, n) for k, w, d, u, n in out["groups"]}
     assert got["autogroup:7"] == pytest.approx((1.0, 2.0, 2.0, 2))  # capped: a core a thread
     assert got["cgroup:/batch"] == pytest.approx((2.0, 0.5, 0.5, 1))
+    assert got["autogroup:3"] == pytest.approx((1.0, 0.5, 0.5, 1))  # (1.0 if it were read)
     assert group_of(4, str(tmp_path), str(tmp_path / "cg")) == ("cgroup:/batch", 2.0)
 
 

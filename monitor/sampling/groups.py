@@ -28,6 +28,7 @@ from typing import Any
 from monitor.sampling.procfs import read_text
 
 SCAN_S = 1.0  # seconds between scans of /proc (2.5 ms of CPU for 64 processes here)
+PF_KTHREAD = 0x00200000  # /proc/<pid>/stat flags: a kernel thread
 MIN_DEMAND = 0.02  # cores: a process that wanted less is left out
 NICE_0 = 1024  # the scheduler's weight of nice 0 (cpu.shares' default)
 
@@ -97,8 +98,11 @@ class GroupScan:
         try:
             cpu = (int(fields[11]) + int(fields[12])) / self.tick
             threads = int(fields[17])
+            kernel = int(fields[6]) & PF_KTHREAD
         except (IndexError, ValueError):
             return None
+        if kernel:  # its CPU counts, its run-queue wait is not read (most of a host's PIDs
+            return cpu, 0.0, threads  # are kernel threads: a thousand on a 96-core node)
         sched = (_read(f"{self.proc}/{pid}/schedstat") or "").split()
         runq = int(sched[1]) / 1e9 if len(sched) >= 2 and sched[1].isdigit() else 0.0
         return cpu, runq, threads
