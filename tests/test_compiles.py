@@ -89,3 +89,36 @@ def test_shape_changes_are_read_from_dynamos_guard_failures():
     assert shape_changes(REASONS) == [(1, 12, 17), (1, 10, 17), (0, 8, 5)]
     assert described([(0, 8, 5)]) == "the batch dimension: a short batch (5 of 8)"
     assert shape_changes(["0/0: ___check_obj_id(L['self'], 1401)"]) == []
+
+
+def test_a_frame_that_hits_the_recompile_limit_is_seen_once_and_named():
+    """Past dynamo's recompile_limit a frame's new shapes run uncompiled (torch warns once):
+    the probe's look reads it from dynamo's own counters (no logging hook), once, and the
+    finding says from which step on the steps it does not count ran eagerly."""
+    import torch
+
+    from monitor.probe.compiles import CompileWatch
+
+    watch = CompileWatch()
+    with torch._dynamo.config.patch(recompile_limit=2):
+        f = torch.compile(lambda x: (x * 2).sum(), dynamic=False, backend="eager")
+        f(torch.randn(3))
+        first = watch.look(1)
+        assert first is not None and not first["limit_hit"]
+        for n in range(4, 8):
+            f(torch.randn(n))
+        hit = watch.look(5)
+        f(torch.randn(9))  # uncompiled from now on: nothing new to say
+        again = watch.look(6)
+    torch._dynamo.reset()
+    assert hit is not None and hit["limit_hit"] and hit["new_graphs"] == 1, hit
+    assert again is None, again
+    steps = frame([0.01] * 10 + [0.4] + [0.01] * 10 + [0.5] + [0.01] * 8)
+    report = {"compiles": [{"step": 12, "recompiles": 2, "reasons": REASONS},
+                           {"step": 25, "recompiles": 0, "reasons": [], "limit_hit": True}]}
+    got = recompiles(steps, report, 100.0)
+    assert got is not None and got.numbers["limit_hit_by_step"] == 25
+    assert "By step 25 it hit dynamo's recompile_limit: shapes new since then run " \
+        "uncompiled" in got.text, got.text
+    del report["compiles"][1]
+    assert "recompile_limit" not in recompiles(steps, report, 100.0).text

@@ -52,7 +52,7 @@ def recompiles(steps: pd.DataFrame, report: dict[str, Any] | None,
     """The window's steps that stalled while dynamo compiled again: the looks that found new
     graphs with guard failures, from the first step of the window on."""
     looks = [e for e in (report or {}).get("compiles") or ()
-             if int(e.get("recompiles") or 0) > 0]
+             if int(e.get("recompiles") or 0) > 0 or e.get("limit_hit")]
     if not looks or steps.empty or "compute_s" not in steps.columns:
         return None
     first, last = int(steps["step"].min()), int(steps["step"].max())
@@ -62,8 +62,9 @@ def recompiles(steps: pd.DataFrame, report: dict[str, Any] | None,
         if int(e["step"]) >= first and before <= last:
             mine.append(e)
         before = int(e["step"])
-    if not mine:
+    if not mine or not any(int(e.get("recompiles") or 0) > 0 for e in mine):
         return None
+    limit = next((e for e in looks if e.get("limit_hit")), None)  # (it stays hit)
     compute = steps["compute_s"].astype(float)
     med = float(compute.median())
     slow = steps[(compute > max(COMPILE_STALL_X * med, med + COMPILE_STALL_MIN_S))
@@ -84,7 +85,11 @@ def recompiles(steps: pd.DataFrame, report: dict[str, Any] | None,
             f"; {len(slow)} step{'s' if len(slow) != 1 else ''} took "
             f"{float(slow['compute_s'].mean()):.2f} s each against a median step of "
             f"{med * 1e3:.0f} ms (steps {at}), {lost:.1f} s lost, {share:.0%} of this "
-            "window. The device waits while it compiles: more workers cannot help.")
+            "window. The device waits while it compiles: more workers cannot help." + (
+                f" By step {int(limit['step'])} it hit dynamo's recompile_limit: shapes new "
+                "since then run uncompiled (eager), slower than compiled, and are not "
+                "counted as lost here." if limit is not None and int(limit["step"]) <= last
+                else ""))
     pred = throughput * window_s / (window_s - lost) if 0 < lost < window_s and \
         throughput > 0 else None
     short = any(d == 0 and b < a for d, a, b in changes)
@@ -104,5 +109,7 @@ def recompiles(steps: pd.DataFrame, report: dict[str, Any] | None,
             "again (or pad it to the batch size)"))
     return Finding(RECOMPILES, text, {"recompiles": n, "slow_steps": slow["step"].astype(int)
                                       .tolist()[:50], "lost_s": lost, "share": share,
-                                      "changes": [list(c) for c in changes]},
+                                      "changes": [list(c) for c in changes],
+                                      "limit_hit_by_step": int(limit["step"])
+                                      if limit is not None else None},
                    tuple(advice), no_more_workers=True, leads=True)

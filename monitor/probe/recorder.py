@@ -135,7 +135,9 @@ class Recorder(LoaderRequests):
             data = self.compiles.look(self.probe.step)
             if data is not None:
                 self._event(COMPILE, f"torch.compile: {data['new_graphs']} graph(s) compiled "
-                            f"by step {data['step']}", data)
+                            f"by step {data['step']}" + (
+                                "; it hit its recompile_limit: new shapes run uncompiled"
+                                if data["limit_hit"] else ""), data)
         except Exception:  # the compile figures are extra
             pass
 
