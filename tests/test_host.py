@@ -327,3 +327,28 @@ def test_a_flat_uss_is_read_less_often_and_a_rise_restores_the_rate():
     w.uss += 50
     assert passes(USS_EVERY * 2) == 2
     assert s._uss[0] == 200.0
+
+
+def test_a_new_descendant_is_found_in_the_groups_scan_without_a_scan_of_its_own(monkeypatch):
+    """A process the job starts without a thread of its own more (so no scan at once) is
+    found in the parents the scheduling-groups scan read (the same /proc files, once a
+    second), not by a scan of every process of its own (psutil's children())."""
+    p = subprocess.Popen([sys.executable, "-c", SPAWN], stdin=subprocess.PIPE, text=True)
+    try:
+        s = HostSampler()
+        s._scan.every_s = 0.0  # (a scan each pass: the test need not wait a second)
+        s.follow(p.pid, run_id=1)
+        assert s.sample().workers == 0  # its first pass scans: nothing under it yet
+        real, scans = psutil.Process.children, []
+        monkeypatch.setattr(psutil.Process, "children", lambda self, recursive=False: (
+            scans.append(self.pid), real(self, recursive))[1])
+        p.stdin.write("\n")
+        p.stdin.flush()
+        assert wait_for(lambda: real(psutil.Process(p.pid)), timeout=20, every=0.02)
+        assert wait_for(lambda: s.sample().workers == 1, timeout=20, every=0.05)
+        assert scans == [], scans
+    finally:
+        for c in psutil.Process(p.pid).children(recursive=True):
+            c.kill()
+        p.kill()
+        p.wait()

@@ -89,6 +89,11 @@ class GroupScan:
         self._t: float | None = None
         self._groups: dict[int, tuple[str, float]] = {}
         self.autogroups = autogroups_on(proc)
+        # each scanned process's parent (every process but `ours`), and the scans so far:
+        # the sampler finds a job's new descendants in them (HostSampler._tree)
+        self.parents: dict[int, int] = {}
+        self._parents: dict[int, int] = {}
+        self.scans = 0
 
     def _times(self, pid: int) -> tuple[float, float, int] | None:
         stat = _read(f"{self.proc}/{pid}/stat")
@@ -96,6 +101,7 @@ class GroupScan:
             return None
         fields = stat.rpartition(")")[2].split()
         try:
+            self._parents[pid] = int(fields[1])
             cpu = (int(fields[11]) + int(fields[12])) / self.tick
             threads = int(fields[17])
             kernel = int(fields[6]) & PF_KTHREAD
@@ -116,12 +122,14 @@ class GroupScan:
         except OSError:
             return None
         cur: dict[int, tuple[float, float, int]] = {}
+        self._parents = {}
         for pid in pids:
             if pid in ours:
                 continue
             t = self._times(pid)
             if t is not None:
                 cur[pid] = t
+        self.parents, self.scans = self._parents, self.scans + 1
         prev, before, self._prev, self._t = self._prev, self._t, cur, now
         if before is None or now <= before:
             return None

@@ -68,6 +68,7 @@ class HostSampler:
         self._run_id: int | None = None
         self._procs: dict[int, Any] = {}  # cpu_percent needs the same object between calls
         self._kids: dict[int, list[Any]] = {}  # descendants by PID, refreshed now and then
+        self._scanned: dict[int, int] = {}  # by PID: the groups scan its descendants are from
         self._ranks: dict[int, int] = {}  # rank -> PID of a distributed job's processes
         self._passes = 0
         self._uss: dict[int | None, float] = {}
@@ -111,17 +112,23 @@ class HostSampler:
 
     def _tree(self, pid: int) -> tuple[Any | None, list[Any]]:
         """A process and its descendants. Finding descendants scans every process on the
-        host (psutil reads /proc for each), costly beside a browser's dozens: so the list is
-        refreshed one pass in TREE_EVERY, and between refreshes dead ones drop out; at once
-        when the process's thread count changed (a DataLoader starting workers starts its
-        queue feeder and pin-memory threads with them), so new workers are found within a
-        pass."""
+        host (psutil reads /proc for each; a thousand kernel threads on a large node): so
+        the list is scanned for at once when the process's thread count changed (a
+        DataLoader starting workers starts its queue feeder and pin-memory threads with
+        them, so new workers are found within a pass), else refreshed from the parents the
+        scheduling-groups scan read (once a second, the same /proc files), or one pass in
+        TREE_EVERY where it does not run; between refreshes dead ones drop out."""
         try:
             main = self._proc(pid)
             threads = _safe(main.num_threads)
             moved, self._threads[pid] = threads != self._threads.get(pid), threads
-            if self._passes % TREE_EVERY == 0 or pid not in self._kids or moved:
+            scans = self._scan.scans
+            if pid not in self._kids or moved or (
+                    self._passes % TREE_EVERY == 0 and scans == self._scanned.get(pid)):
                 self._kids[pid] = self._own(pid, main.children(recursive=True))
+            elif scans != self._scanned.get(pid):
+                self._kids[pid] = self._joined(pid, self._kids[pid])
+            self._scanned[pid] = scans
             kids = [k for k in self._kids[pid] if k.is_running()]
         except (_psutil.Error, OSError):
             return None, []
@@ -132,6 +139,20 @@ class HostSampler:
             except (_psutil.Error, OSError):
                 pass
         return main, workers
+
+    def _joined(self, pid: int, kids: list[Any]) -> list[Any]:
+        """`kids` still running, and the processes the last groups scan found under them or
+        `pid` (it reads every process but the job's known ones, with its parent)."""
+        alive = [k for k in kids if k.is_running()]
+        tree, grew = {pid, *(k.pid for k in alive)}, True
+        parents, new = self._scan.parents, []
+        while grew:
+            born = [c for c, pp in parents.items() if pp in tree and c not in tree]
+            tree.update(born)
+            new += born
+            grew = bool(born)
+        return self._own(pid, alive + [p for c in new
+                                       if (p := _safe(lambda c=c: self.psutil.Process(c)))])
 
     def _own(self, pid: int, kids: list[Any]) -> list[Any]:
         """A rank's descendants less the other ranks and theirs: under Lightning's DDP
