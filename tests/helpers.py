@@ -1,6 +1,5 @@
-"""Helpers the tests share (one of each): the CLI run as a user runs it, a free port, the
-page's run selector, and the fake clock of the tests that step time by hand. Fakes of
-hardware live in tests/fakes/."""
+"""Helpers the tests share (one of each): the CLI run as a user runs it, a free port, and
+the fake clock of the tests that step time by hand. Fakes of hardware live in tests/fakes/."""
 from __future__ import annotations
 
 import os
@@ -22,12 +21,6 @@ def cli(*args: str, db: Path | str | None = None, timeout: float = 180,
                            *(["--db", str(db)] if db is not None else [])],
                           capture_output=True, text=True, timeout=timeout, cwd=ROOT,
                           env={**os.environ, "PYTHONPATH": str(ROOT), **extra, **(env or {})})
-
-
-def run_selector(page):
-    """The page's "Run" selectbox under AppTest, whatever key it is drawn under now (a new
-    one each time the page picks the run itself: monitor/ui/app.py _show)."""
-    return next(s for s in page.selectbox if s.label == "Run")
 
 
 def free_port() -> int:

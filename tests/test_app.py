@@ -9,7 +9,6 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from tests.conftest import wait_for
-from tests.helpers import run_selector
 
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.slow
@@ -288,7 +287,7 @@ def test_attached_run_can_be_retuned_from_the_page(app, db_path):
     store.insert([StepRecord(run, i, 0, now - 5 + i * 0.1, 0.06, 0.04, 8, 0)
                   for i in range(40)])
     app.run()
-    run_selector(app).set_value(run).run()
+    app.selectbox(key="selected_run").set_value(run).run()
     assert not app.exception
     # a widget per live setting (config.SETTINGS), in_order among them
     assert {w.key for w in app.toggle} >= {f"att_{k}_{run}" for k in (

@@ -14,7 +14,6 @@ from monitor.config import LoaderConfig, max_workers
 from monitor.diagnosis import fit_bound
 from monitor.records import HostSample, StepRecord
 from monitor.sampling.budget import cpu_budget, usable_cores
-from tests.helpers import run_selector
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG = LoaderConfig.build(preset="starving", num_workers=0, batch_size=32,
@@ -73,7 +72,7 @@ def test_four_paths_agree_on_one_window(store, no_leaks, quiet_page):
     at = quiet_page
     at.run()
     assert not at.exception
-    assert run_selector(at).value == run
+    assert at.selectbox(key="selected_run").value == run
     metrics = {x.label: x.value for x in at.metric}
     assert metrics["Throughput"] == f"{measure_json['throughput']:,.0f} samples/s"
     assert metrics["Data-wait share"] == f"{measure_json['data_wait_share']:.0%}"

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from monitor.assess.compare import CompareError, compare
-from tests.helpers import cli, run_selector
+from tests.helpers import cli
 from tests.test_assess import CONFIG, context, stored_run
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -153,7 +153,7 @@ def test_compare_tab_one_click_from_the_live_page(store, no_leaks, quiet_page):
     b = stored_run(store, config=CONFIG.replace(num_workers=2).to_dict())
     at = quiet_page
     at.run()
-    assert run_selector(at).value == b
+    assert at.selectbox(key="selected_run").value == b
     at.button(key="compare_previous").click().run()
     assert not at.exception
     assert at.multiselect(key="compare_runs").value == [a, b]

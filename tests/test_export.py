@@ -27,7 +27,7 @@ from monitor.export.prometheus import HOST_GAUGES, StoreCollector
 from monitor.records import GpuDevice, GpuUtilSample
 from monitor.store import Store
 from tests.conftest import require, wait_for
-from tests.helpers import cli, free_port, run_selector
+from tests.helpers import cli, free_port
 from tests.test_assess import context, stored_run
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -418,7 +418,7 @@ def test_page_offers_the_selected_runs_files(store, no_leaks, quiet_page):
     assert not at.exception
     labels = sorted(b.proto.label for b in at.get("download_button"))
     assert labels == ["Download run (CSV, zip)", "Download run (Parquet, zip)"]
-    assert run_selector(at).value == run
+    assert at.selectbox(key="selected_run").value == run
 
 
 def test_deploy_files_are_what_promql_writes():

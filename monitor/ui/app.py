@@ -67,44 +67,27 @@ live_ids = st.session_state["_live_state"][1]
 following = top[0].toggle("Follow latest", value=True, key="follow_latest",
                           help="show the newest live run as it appears")
 target = views.follow_target(live_ids, live_run)
+if following and target in run_ids:
+    st.session_state["selected_run"] = target
 
 
-def _run_key() -> str:
-    gen = st.session_state.get("_run_gen", 0)
-    return f"selected_run@{gen}" if gen else "selected_run"
+def _picked() -> None:
+    st.session_state["follow_latest"] = False
 
 
-def _show(run_id: int) -> None:
-    """The page picks the run itself (follow latest; a label that changed): the selector
-    is drawn under a new key, so a browser's old value of it, arriving later, is no move
-    (NOTE [no change without a move] in monitor/ui/controls.py): read as one, it turned
-    "follow latest" off and held the page on the old run (seen on a saturated box)."""
-    st.session_state["_run"] = run_id
-    st.session_state["_run_gen"] = st.session_state.get("_run_gen", 0) + 1
-
-
-def _picked(key: str) -> None:
-    if key == _run_key():  # a move on the selector drawn now
-        st.session_state["_run"] = st.session_state[key]
-        st.session_state["follow_latest"] = False
-
-
-if following and target in run_ids and st.session_state.get("_run") != target:
-    _show(target)
 selected = None
 if run_ids:
-    current = st.session_state.get("_run")
-    if current not in labels:
-        current = st.session_state["_run"] = run_ids[0]
-    # the selector shows a run by its label, which changes with its status ("running",
-    # "finished"): a new label is drawn afresh, as the page's own pick
-    if st.session_state.get("_selected_label") not in (None, labels[current]):
-        _show(current)
-    st.session_state["_selected_label"] = labels[current]
-    key = _run_key()
-    st.session_state[key] = current
-    selected = top[1].selectbox("Run", run_ids, format_func=labels.get, key=key,
-                                on_change=_picked, args=(key,))
+    # The selectbox keeps its value as the label it showed; a run's label changes with its
+    # status, so the current choice is set again when its label has: the widget then shows
+    # the new label ("finished") instead of holding the old one ("running").
+    current = st.session_state.get("selected_run")
+    if current in labels and st.session_state.get("_selected_label") not in (
+            None, labels[current]):
+        st.session_state["selected_run"] = current
+    if current in labels:
+        st.session_state["_selected_label"] = labels[current]
+    selected = top[1].selectbox("Run", run_ids, index=0, format_func=labels.get,
+                                key="selected_run", on_change=_picked)
 if live_ids:
     top[1].caption(plain("live: " + ", ".join(labels.get(i, f"run {i}") for i in live_ids)))
 elif not manager.is_alive():

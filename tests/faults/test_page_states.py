@@ -9,7 +9,6 @@ from pathlib import Path
 import pytest
 
 from monitor.records import StepRecord
-from tests.helpers import run_selector
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 pytestmark = [pytest.mark.faults, pytest.mark.slow]
@@ -67,7 +66,7 @@ def test_every_run_state_renders_without_an_exception(store, no_leaks, quiet_pag
     page = quiet_page
     run = make(store, state)
     page.run()
-    assert run_selector(page).value == run
+    assert page.selectbox(key="selected_run").value == run
     assert not page.exception, [e.value for e in page.exception]
     texts = " ".join(x.value for x in [*page.error, *page.info, *page.caption, *page.warning,
                                        *page.success])
