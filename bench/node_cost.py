@@ -84,7 +84,8 @@ def pct(xs: list[float], q: float) -> float:
 
 def one(ranks: int, seconds: float, workers: int, script: Path, tmp: Path) -> dict:
     db = tmp / f"node{ranks}.db"
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1",
+           "TMPDIR": str(tmp)}  # (torchrun leaves its torchelastic_* folder there)
     p = subprocess.Popen([sys.executable, "-m", "monitor", "run", "--no-live", "--db", str(db),
                           "--json", "--", TORCHRUN, "--standalone",
                           f"--nproc-per-node={ranks}", str(script), str(seconds), str(workers)],
