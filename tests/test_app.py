@@ -287,6 +287,7 @@ def test_attached_run_can_be_retuned_from_the_page(app, db_path):
     store.insert([StepRecord(run, i, 0, now - 5 + i * 0.1, 0.06, 0.04, 8, 0)
                   for i in range(40)])
     app.run()
+    app.toggle(key="follow_latest").set_value(False).run()  # the selector is the user's
     app.selectbox(key="selected_run").set_value(run).run()
     assert not app.exception
     # a widget per live setting (config.SETTINGS), in_order among them
@@ -326,3 +327,45 @@ def test_auto_tune_switch_tunes_the_page_workload_by_itself(app, db_path, monkey
     assert any(c.value.startswith(plain("Auto-tune ")) for c in app.caption)
     app.toggle(key=f"autotune_{run}").set_value(False).run()
     assert run not in rt.autotunes
+
+
+def test_the_browsers_old_run_is_no_pick_while_the_page_follows(store, no_leaks, quiet_page):
+    """NOTE [the run selector while following]: a second job starts; the page follows it and
+    a browser that had not drawn that yet sends its old value of the selector (run 1): the
+    page keeps following run 2 (the old value was read as a pick: it turned Follow latest
+    off and held the page on run 1). Off, a pick is a pick."""
+    import os
+
+    from monitor.records import StepRecord
+
+    def job(name: str) -> int:
+        run = store.create_run(name, "attached", {"preset": "custom",
+                                                  "workload": f"attached:{name}.py"})
+        store.update_run(run, pid=os.getpid())  # live: the start-up's orphan check spares it
+        now = time.time()
+        store.insert([StepRecord(run, i, 0, now - 5 + i * 0.1, 0.06, 0.04, 8, 0)
+                      for i in range(20)])
+        return run
+
+    at = quiet_page
+    first = job("job-a")
+    at.run()
+    assert at.selectbox(key="selected_run").value == first
+    assert at.selectbox(key="selected_run").disabled  # the page picks while it follows
+    second = job("job-b")
+    at.run()
+    assert at.selectbox(key="selected_run").value == second
+    # the browser's old value: AppTest refuses a user's move of a disabled widget, and a
+    # browser's echo is no move: it is sent as the widget's value is
+    at.selectbox(key="selected_run")._value = first
+    at.run()
+    assert not at.exception
+    assert at.toggle(key="follow_latest").value, "the browser's old value turned following off"
+    assert at.selectbox(key="selected_run").value == second
+    # Follow latest off: the selector is the user's, and a pick holds
+    at.toggle(key="follow_latest").set_value(False).run()
+    assert not at.selectbox(key="selected_run").disabled
+    at.selectbox(key="selected_run").set_value(first).run()
+    at.run()
+    assert at.selectbox(key="selected_run").value == first
+    assert not at.toggle(key="follow_latest").value

@@ -63,16 +63,27 @@ run_ids = runs["id"].astype(int).tolist()
 labels = {int(r.id): f"run {r.id} · {r.name} · {r.status}" for r in runs.itertuples()}
 live_ids = st.session_state["_live_state"][1]
 # "Follow latest" (on by default) shows the newest live run: an attached job, or the page's
-# own workload after a Start or a preset change; picking another run turns it off.
+# own workload after a Start or a preset change.
+
+# NOTE [the run selector while following]
+# While it follows a live run the page sets the selector itself and draws it disabled, so a
+# value of it that the browser sends back (its old one, from before it drew the new: a
+# saturated box's browser sends it seconds later) is no move: read as one, on_change turned
+# "Follow latest" off and held the page on the old job. A disabled selector cannot be moved,
+# so a change of it while the page drew it locked is that echo; picking another run is
+# "Follow latest" off first (the toggle says so).
 following = top[0].toggle("Follow latest", value=True, key="follow_latest",
-                          help="show the newest live run as it appears")
+                          help="show the newest live run as it appears; turn it off to "
+                               "pick another run")
 target = views.follow_target(live_ids, live_run)
-if following and target in run_ids:
+locked = bool(following and target in run_ids)
+if locked:
     st.session_state["selected_run"] = target
 
 
 def _picked() -> None:
-    st.session_state["follow_latest"] = False
+    if not st.session_state.get("_run_locked"):  # a move, not the browser's old value
+        st.session_state["follow_latest"] = False
 
 
 selected = None
@@ -86,8 +97,12 @@ if run_ids:
         st.session_state["selected_run"] = current
     if current in labels:
         st.session_state["_selected_label"] = labels[current]
-    selected = top[1].selectbox("Run", run_ids, index=0, format_func=labels.get,
-                                key="selected_run", on_change=_picked)
+    st.session_state["_run_locked"] = locked
+    selected = top[1].selectbox(
+        "Run", run_ids, index=0, format_func=labels.get, key="selected_run",
+        on_change=_picked, disabled=locked,
+        help="following the newest live run: turn Follow latest off to pick another"
+        if locked else None)
 if live_ids:
     top[1].caption(plain("live: " + ", ".join(labels.get(i, f"run {i}") for i in live_ids)))
 elif not manager.is_alive():
