@@ -92,26 +92,26 @@ class GroupScan:
         # each scanned process's parent (every process but `ours`), and the scans so far:
         # the sampler finds a job's new descendants in them (HostSampler._tree)
         self.parents: dict[int, int] = {}
-        self._parents: dict[int, int] = {}
         self.scans = 0
 
-    def _times(self, pid: int) -> tuple[float, float, int] | None:
+    def _times(self, pid: int) -> tuple[int, tuple[float, float, int]] | None:
+        """(its parent, (CPU s, run-queue s, threads)) from its stat and schedstat."""
         stat = _read(f"{self.proc}/{pid}/stat")
         if stat is None:
             return None
         fields = stat.rpartition(")")[2].split()
         try:
-            self._parents[pid] = int(fields[1])
+            parent = int(fields[1])
             cpu = (int(fields[11]) + int(fields[12])) / self.tick
             threads = int(fields[17])
             kernel = int(fields[6]) & PF_KTHREAD
         except (IndexError, ValueError):
             return None
         if kernel:  # its CPU counts, its run-queue wait is not read (most of a host's PIDs
-            return cpu, 0.0, threads  # are kernel threads: a thousand on a 96-core node)
+            return parent, (cpu, 0.0, threads)  # are kernel threads: 1000 on a 96-core node)
         sched = (_read(f"{self.proc}/{pid}/schedstat") or "").split()
         runq = int(sched[1]) / 1e9 if len(sched) >= 2 and sched[1].isdigit() else 0.0
-        return cpu, runq, threads
+        return parent, (cpu, runq, threads)
 
     def sample(self, ours: set[int], own: int | None) -> str | None:
         now = self.clock()
@@ -122,14 +122,14 @@ class GroupScan:
         except OSError:
             return None
         cur: dict[int, tuple[float, float, int]] = {}
-        self._parents = {}
+        parents: dict[int, int] = {}
         for pid in pids:
             if pid in ours:
                 continue
             t = self._times(pid)
             if t is not None:
-                cur[pid] = t
-        self.parents, self.scans = self._parents, self.scans + 1
+                parents[pid], cur[pid] = t
+        self.parents, self.scans = parents, self.scans + 1
         prev, before, self._prev, self._t = self._prev, self._t, cur, now
         if before is None or now <= before:
             return None
