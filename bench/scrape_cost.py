@@ -99,7 +99,7 @@ def main() -> None:
                 c0 = time.thread_time()
                 scrapes.answer(FORMAT)
                 reused.append(time.thread_time() - c0)
-            _, families = collector.families()
+            families = collector.read()
             encoder = choose_encoder(FORMAT[0])[0]
             client, ours, renderer = [], [], Renderer()
             renderer.render(families, encoder)  # (as served: the label sets kept escaped)

@@ -37,17 +37,14 @@ def render(families: list[Any], fmt: Format) -> Response:
 
 
 class Scrapes:
-    """The answer to each scrape: `families()` gives (plan, every family but the counters)
-    read now; `live(plan)` the counters of the ranks in the plan, read after them (a scrape
-    reads the store in a few ms: NOTE [what a scrape reads])."""
+    """The answer to each scrape: `read()` gives every family, read from the store now (in a
+    few ms: NOTE [what a scrape reads])."""
 
-    def __init__(self, families: Callable[[], tuple[Any, list[Any]]],
-                 live: Callable[[Any], list[Any]]) -> None:
-        self.families, self.live = families, live
+    def __init__(self, read: Callable[[], list[Any]]) -> None:
+        self.read = read
 
     def answer(self, fmt: Format) -> Response:
-        plan, families = self.families()
-        return render([*self.live(plan), *families], fmt)
+        return render(self.read(), fmt)
 
 
 class Exporter:

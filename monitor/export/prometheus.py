@@ -201,39 +201,30 @@ class StoreCollector:
         return []  # families vary with the store; nothing to check at registration
 
     def collect(self) -> Iterator[Metric]:
-        counted, families = self.families()
-        yield from self.counters(counted)
-        yield from families
+        yield from self.read()
 
-    def families(self) -> tuple[Counted, list[Metric]]:
-        """Every family but the counters from the store now, and the ranks whose counters
-        a scrape reads after them (counters(), next on this thread, closes the thread's
-        connection: one a scrape)."""
+    def read(self) -> list[Metric]:
+        """Every family from the store now, on one connection of this thread, closed before
+        it returns (scrapes come on new threads): the counters are read last, their sums
+        at the scrape, whose time Prometheus stamps them with (rate() needs that)."""
         store = self._reader()
         try:
             counted, families = self._runs(store)
-            return counted, [*families, *self._gpus(store)]
-        except BaseException:
-            store.close()
-            raise
-
-    def counters(self, counted: Counted) -> list[Metric]:
-        """The counter families of the ranks `counted`, their sums read now: a counter is
-        read at its scrape, whose time Prometheus stamps it with (rate() needs that)."""
-        fams = {n: _fam(CounterMetricFamily, n, RUN_LABELS) for n in COUNTERS}
-        store = self._reader()
-        try:
-            totals = self._totals(store, counted.runs) if counted.runs else {}
+            return [*self._counters(store, counted), *families, *self._gpus(store)]
         finally:
             store.close()  # (this thread's connection)
-        if counted.runs:
-            for key, labels, started_at in counted.ranks:
-                t = totals.get(key, {})
-                # counted from the rank's first step: a young rank's rate reads its own
-                # age (monitor/export/promql.py throughput)
-                created = float(t.get("first_ts") or started_at)
-                for name, fam in fams.items():
-                    fam.add_metric(labels, float(t.get(name, 0.0)), created=created)
+
+    def _counters(self, store: Store, counted: Counted) -> list[Metric]:
+        """The counter families of the ranks `counted`."""
+        fams = {n: _fam(CounterMetricFamily, n, RUN_LABELS) for n in COUNTERS}
+        totals = self._totals(store, counted.runs) if counted.runs else {}
+        for key, labels, started_at in counted.ranks:
+            t = totals.get(key, {})
+            # counted from the rank's first step: a young rank's rate reads its own age
+            # (monitor/export/promql.py throughput)
+            created = float(t.get("first_ts") or started_at)
+            for name, fam in fams.items():
+                fam.add_metric(labels, float(t.get(name, 0.0)), created=created)
         return list(fams.values())
 
     def ranks_of(self, store: Store, run: dict, devices: list,
@@ -405,7 +396,7 @@ def serve(db: str, ctx: Context, port: int, address: str = "127.0.0.1") -> Expor
     """Serve /metrics on address:port in daemon threads, each scrape reading the store
     (NOTE [what a scrape reads]); shutdown() and server_close() end it."""
     collector = StoreCollector(db, ctx, assess_every=ASSESS_S)
-    scrapes = Scrapes(collector.families, collector.counters)
+    scrapes = Scrapes(collector.read)
     try:
         server = start(port, address, scrapes.answer)
     except OSError as exc:
