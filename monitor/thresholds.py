@@ -152,6 +152,10 @@ CACHE_RANK_MIN_MB = 100.0
 # this, on average over the window: a pool at work beside the one thread a loader needs
 # (diagnosis/threads.py).
 THREADS_AT_WORK = 1.5
+# The main process's pool beside other processes (monitor/diagnosis/threads.py): others
+# busy this many cores, and its threads at work getting under this share of a core each
+OTHERS_BUSY_CORES = 0.5
+MAIN_CPU_GOT = 0.75
 # The loaders read over the network when a TCP peer of theirs was seen in at least this
 # share of a window's passes (a connection a request, open while the loader waits on it).
 REMOTE_SEEN_SHARE = 0.3

@@ -301,7 +301,8 @@ def test_the_main_processs_pool_beside_busy_workers_is_named_with_its_size(tmp_p
                                                                            no_leaks):
     """A step of matrix products on the host with torch's pool (a thread a CPU) beside 2
     busy workers: the main process's threads at work are named, with
-    torch.set_num_threads(cores - workers) as the fix; bare, 1 thread measured x1.45 here."""
+    torch.set_num_threads(cores - workers) as the fix, with its gain; bare, 1 thread measured
+    x1.29-1.45 here."""
     from monitor.diagnosis.threads import MAIN_THREADS
     code, d = monitored(tmp_path / "m.db", "main_threads", "--workers", "2", "--seconds", "6",
                         "--min-batches", "30")
@@ -313,14 +314,17 @@ def test_the_main_processs_pool_beside_busy_workers_is_named_with_its_size(tmp_p
     starved = ev["data_wait_share"] >= STARVING_SHARE and (
         (ev["loaders_runq_share"] or 0) >= RUNQ_CONTENTION_SHARE
         or (ev["cpu_busy_fraction"] or 0) >= CPU_SATURATED) and \
-        (ev["workers_cpu_cores"] or 0) >= 0.5 * min(2, ev["usable_cores"])
-    if not starved:
-        assert MAIN_THREADS not in [x["cause"] for x in d["findings"]], d["findings"]
+        (ev["loading_cpu_per_wall"] or 0) + (ev["loaders_runq_share"] or 0) >= 0.5
+    if not starved:  # named only as the pool beside the other processes' busy threads
+        named = [x for x in d["findings"] if x["cause"] == MAIN_THREADS]
+        assert all(x["numbers"]["others_cores"] >= 0.5 for x in named), named
         return
     f = finding(d, MAIN_THREADS)
     keep = max(1, ev["usable_cores"] - 2)
     assert f["numbers"]["main_threads"] >= 1.5 and f["numbers"]["threads_kept"] == keep
     assert d["advice"][0]["value"] == f"torch.set_num_threads({keep})", d["advice"]
+    # its gain predicted (x1.33 here; bare x1.29-1.45 measured: bench/causes.py)
+    assert d["advice"][0]["predicted_throughput"] > d["throughput"], d["advice"][0]
 
 
 @pytest.mark.slow
@@ -691,3 +695,56 @@ def test_what_a_dataset_holds_counts_copies_not_mapped_files(tmp_path):
     ds.mapped = np.memmap(path, np.float32, "r")
     ds.from_file = torch.from_file(str(path), shared=True, size=250_000)
     assert held_bytes(ds) == (1_300_000, "x")
+
+
+def test_the_main_pools_gain_is_the_workers_share_of_the_cores_given_back():
+    """NOTE [threads at work]: 2 threads of the main process at work beside 2 workers on 2
+    cores: a worker gets 2/4 of a core before and 2/3 with one main thread, x1.33 (bare:
+    x1.45); the gain never passes the loaders' CPU wait given back, nor the loop's
+    compute-bound rate. A pool in every worker has none (its threads spin)."""
+    from types import SimpleNamespace
+
+    from monitor.diagnosis.threads import MAIN_THREADS, WORKER_THREADS, threads_fight
+
+    base = dict(num_workers=2, usable_cores=2, loaders_runq_share=0.39, cpu_busy_fraction=1.0,
+                starved_share=0.6, worker_busy_threads=1.0, main_busy_threads=2.0,
+                loading_cpu_per_wall=0.45, throughput=200.0)
+    f = threads_fight(SimpleNamespace(**base))
+    assert f.cause == MAIN_THREADS and f.advice[0].value == "torch.set_num_threads(1)"
+    assert f.advice[0].predicted_throughput == pytest.approx(200.0 * 4 / 3)
+    # little CPU wait to give back: at most that
+    f = threads_fight(SimpleNamespace(**{**base, "loaders_runq_share": 0.1}))
+    assert f.advice[0].predicted_throughput == pytest.approx(200.0 / 0.9)
+    # the loop waits for data a fifth of its time: at most compute-bound
+    f = threads_fight(SimpleNamespace(**{**base, "starved_share": 0.2}))
+    assert f.advice[0].predicted_throughput == pytest.approx(200.0 / 0.8)
+    f = threads_fight(SimpleNamespace(**{**base, "worker_busy_threads": 2.0}))
+    assert f.cause == WORKER_THREADS and f.advice[0].predicted_throughput is None
+    # workers that neither run nor wait for a CPU most of their time: not theirs to name
+    assert threads_fight(SimpleNamespace(**{**base, "loading_cpu_per_wall": 0.1,
+                                            "loaders_runq_share": 0.3, "other_cpu_cores": 0.0,
+                                            "main_cpu_cores": 1.0})) is None
+
+
+def test_the_main_pool_beside_other_processes_is_named_fed_or_not():
+    """NOTE [threads at work]: torch's pool (2 threads at work) while another process keeps
+    a core busy: its threads get 0.86 of a core, and the step stalls on the slowest (bare
+    x5 with one thread beside one busy process): named with the cores left, no predicted
+    gain; leads where the step runs on the CPU. Others idle, or the pool getting what it
+    wants: nothing to name."""
+    from types import SimpleNamespace
+
+    from monitor.diagnosis.threads import MAIN_THREADS, threads_fight
+
+    busy = dict(num_workers=2, usable_cores=2, loaders_runq_share=0.0, cpu_busy_fraction=1.0,
+                starved_share=0.02, worker_busy_threads=0.7, main_busy_threads=2.0,
+                loading_cpu_per_wall=None, throughput=48.0, other_cpu_cores=1.0,
+                main_cpu_cores=0.86, workers_cpu_cores=0.13, accelerator="cpu")
+    f = threads_fight(SimpleNamespace(**busy))
+    assert f.cause == MAIN_THREADS and f.leads and f.numbers["others_cores"] == 1.0
+    assert f.advice[0].value == "torch.set_num_threads(1)"
+    assert f.advice[0].predicted_throughput is None and "other processes take 1.0" in f.text
+    assert not threads_fight(SimpleNamespace(**{**busy, "accelerator": "cuda"})).leads
+    assert threads_fight(SimpleNamespace(**{**busy, "other_cpu_cores": 0.1})) is None
+    assert threads_fight(SimpleNamespace(**{**busy, "main_cpu_cores": 1.8})) is None
+    assert threads_fight(SimpleNamespace(**{**busy, "main_busy_threads": 1.0})) is None

@@ -11,15 +11,30 @@ Features in, a finding out."""
 # busy_threads_since: on one, or waiting for one); over the window a worker's mean above
 # THREADS_AT_WORK, or the main process's beside busy workers, with the loaders waiting for a
 # CPU and the device waiting for data, is named with the fix: one thread a worker
-# (worker_init_fn), torch.set_num_threads(cores - workers) in the main process. The gain is
-# measured, not predicted (tests/scripts/causes.py threads, bare before and after).
+# (worker_init_fn), torch.set_num_threads(cores - workers) in the main process. A pool in
+# every worker has no predicted gain: threads that wait for each other spin, so neither the
+# loaders' CPU wait (4%) nor their CPU use says what one thread a worker gives (x14-30 bare,
+# tests/scripts/causes.py threads). The main process's pool has one: with the cores shared
+# alike among the threads at work, the workers get cores / (main + workers) of a core each
+# before and cores / (kept + workers) after, at most all of the time they waited for a CPU
+# back, and the loop at most its compute-bound rate (main_threads: x1.33 predicted, x1.45
+# bare). Beside other processes' busy threads (a shared workstation, another job on the node)
+# the same pool stalls the step itself: its threads want more CPU than is left, and each
+# operator waits for its slowest thread (tests/scripts/causes.py main_threads beside one busy
+# process: 48 samples/s, 243 with torch.set_num_threads(1); recompiles.py 85-128 against
+# 1,455-1,480). The main process's threads at work are then named against the cores the
+# others leave, whether the loop waits for data or not; that gain has no prediction (the
+# stall is the threads' wait for each other, which no CPU figure shows).
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from monitor.diagnosis.finding import Advice, Finding
 from monitor.thresholds import (
     CPU_SATURATED,
+    MAIN_CPU_GOT,
+    OTHERS_BUSY_CORES,
     RUNQ_CONTENTION_SHARE,
     STARVING_SHARE,
     THREADS_AT_WORK,
@@ -37,7 +52,7 @@ def threads_fight(f: Any) -> Finding | None:
     # ran 14-30x slower than with one thread each)
     if nw < 1 or not f.starved_share >= STARVING_SHARE or not (
             waits >= RUNQ_CONTENTION_SHARE or busy >= CPU_SATURATED):
-        return None
+        return beside_others(f)
     each = f.worker_busy_threads
     if each is not None and each >= THREADS_AT_WORK and nw * each > cores:
         text = (f"each of the {nw} workers keeps {each:.1f} threads at work at once (a "
@@ -54,18 +69,51 @@ def threads_fight(f: Any) -> Finding | None:
                                               "runq_share": waits}, (fix,),
                        no_more_workers=True)
     main = f.main_busy_threads
-    if main is not None and main >= THREADS_AT_WORK and main + nw > cores and \
-            (f.workers_cpu_cores or 0.0) >= 0.5 * min(nw, cores):
+    # the workers want a CPU at least half their time (on one, or waiting for one: the
+    # pool's threads take the CPU they would use, so their use alone reads low: 0.45 a core
+    # each, waiting 41% of their time, beside 2 main threads on 2 cores)
+    wanted = (f.loading_cpu_per_wall or 0.0) + waits
+    if main is not None and main >= THREADS_AT_WORK and main + nw > cores and wanted >= 0.5:
         keep = max(1, cores - nw)
+        faster = min((main + nw) / (keep + nw), 1 / max(1e-9, 1 - waits),
+                     1 / max(1e-9, 1 - f.starved_share))
+        rate = f.throughput
+        pred = rate * faster if rate == rate and rate > 0 and faster > 1 else None
         text = (f"the main process keeps {main:.1f} threads at work (torch's intra-op pool: "
                 f"one a core by default) beside {nw} busy workers on {cores} usable cores: "
                 f"they take the workers' CPU, and the loaders wait {waits:.0%} of their time "
                 "for one")
-        fix = Advice("host", f"torch.set_num_threads({keep})", None,
+        fix = Advice("host", f"torch.set_num_threads({keep})", pred,
                      f"in the training script, before the loop: torch.set_num_threads({keep}) "
                      "leaves the workers their cores; the step's own operators lose less "
                      "than the loaders gain while the loop waits for data")
         return Finding(MAIN_THREADS, text, {"main_threads": main, "workers": nw,
                                             "runq_share": waits, "threads_kept": keep},
                        (fix,), leads=True)
-    return None
+    return beside_others(f)
+
+
+def beside_others(f: Any) -> Finding | None:
+    """The main process's pool beside other processes' busy threads (NOTE [threads at
+    work]): its threads at work want more cores than the others leave, and get under
+    MAIN_CPU_GOT of what they want."""
+    main, cores = f.main_busy_threads, f.usable_cores
+    others, got = f.other_cpu_cores, f.main_cpu_cores
+    if main is None or main < THREADS_AT_WORK or others is None or got is None or \
+            others < OTHERS_BUSY_CORES:
+        return None
+    left = max(0.0, cores - others - (f.workers_cpu_cores or 0.0))
+    if main <= left or got >= MAIN_CPU_GOT * main:
+        return None
+    keep = max(1, math.floor(left + 0.25))
+    text = (f"the main process keeps {main:.1f} threads at work (torch's intra-op pool: one a "
+            f"core by default) while other processes take {others:.1f} of the {cores} usable "
+            f"cores: its threads get {got:.2f} of a core together, and each operator waits "
+            "for its slowest thread")
+    fix = Advice("host", f"torch.set_num_threads({keep})", None,
+                 f"in the training script, before the loop: torch.set_num_threads({keep}) "
+                 "(the cores the other processes leave; the gain is not predicted: measured "
+                 "x5 on a reproducer beside one busy process)")
+    return Finding(MAIN_THREADS, text, {"main_threads": main, "others_cores": others,
+                                        "main_cpu_cores": got, "threads_kept": keep},
+                   (fix,), leads=f.accelerator == "cpu")
