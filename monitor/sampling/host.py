@@ -28,7 +28,10 @@ MB = 1024 * 1024
 USS_EVERY = 8  # the workers' USS (smaps_rollup: 2-6 ms of CPU a torch worker here; growth is
 # named after two rises in a window's later half: fewer reads name it later) ...
 USS_FLAT_READS, USS_BACKOFF, USS_RISE_MB = 3, 4, 1.0  # ... x USS_BACKOFF after 3 flat reads
-TREE_EVERY = 4  # the followed process's descendants (a scan of every process on the host)
+TREE_EVERY = 8  # the followed process's descendants by a scan of every process on the host,
+# where the groups scan (once a second) found none for this long
+NET_EVERY = 2  # the loaders' sockets and reads (their descriptors listed: ~1 ms a pass for 5
+# processes); the passes between repeat them
 
 
 def _children_cpu(proc: Any) -> float | None:
@@ -68,7 +71,10 @@ class HostSampler:
         self._run_id: int | None = None
         self._procs: dict[int, Any] = {}  # cpu_percent needs the same object between calls
         self._kids: dict[int, list[Any]] = {}  # descendants by PID, refreshed now and then
-        self._scanned: dict[int, int] = {}  # by PID: the groups scan its descendants are from
+        # by PID: the groups scan its descendants are from, and the pass they were refreshed
+        self._scanned: dict[int, tuple[int, int]] = {}
+        # key -> (the pass, the fields, the workers) of the last look at the loaders' sockets
+        self._net_rows: dict[int | None, tuple[int, dict, list[int]]] = {}
         self._ranks: dict[int, int] = {}  # rank -> PID of a distributed job's processes
         self._passes = 0
         self._uss: dict[int | None, float] = {}
@@ -92,7 +98,7 @@ class HostSampler:
             self._passes, self._uss, self._prev = 0, {}, {}
             self._uss_at, self._uss_flat = {}, {}
             self._wcpu, self._threads, self._uss_each = {}, {}, {}
-            self._net = NetReads(self.proc)
+            self._net, self._net_rows, self._scanned = NetReads(self.proc), {}, {}
 
     def follow_ranks(self, ranks: dict[int, int]) -> None:
         """The rank -> PID map of a distributed job under the followed process: each rank
@@ -117,18 +123,19 @@ class HostSampler:
         DataLoader starting workers starts its queue feeder and pin-memory threads with
         them, so new workers are found within a pass), else refreshed from the parents the
         scheduling-groups scan read (once a second, the same /proc files), or one pass in
-        TREE_EVERY where it does not run; between refreshes dead ones drop out."""
+        TREE_EVERY passes without one; between refreshes dead ones drop out."""
         try:
             main = self._proc(pid)
             threads = _safe(main.num_threads)
             moved, self._threads[pid] = threads != self._threads.get(pid), threads
-            scans = self._scan.scans
+            scans, (seen, at) = self._scan.scans, self._scanned.get(pid, (-1, -TREE_EVERY))
             if pid not in self._kids or moved or (
-                    self._passes % TREE_EVERY == 0 and scans == self._scanned.get(pid)):
+                    scans == seen and self._passes - at >= TREE_EVERY):
                 self._kids[pid] = self._own(pid, main.children(recursive=True))
-            elif scans != self._scanned.get(pid):
+                self._scanned[pid] = (scans, self._passes)
+            elif scans != seen:
                 self._kids[pid] = self._joined(pid, self._kids[pid])
-            self._scanned[pid] = scans
+                self._scanned[pid] = (scans, self._passes)
             kids = [k for k in self._kids[pid] if k.is_running()]
         except (_psutil.Error, OSError):
             return None, []
@@ -242,9 +249,19 @@ class HostSampler:
             workers_uss_mb=self._uss.get(key),
             workers_detail=self._detail(key, workers, w_rss, before),
             **self._time_split(key, main, workers),
-            **self._net.sample(key, main.pid, [w.pid for w in workers]),
+            **self._net_fields(key, main.pid, [w.pid for w in workers]),
             **self._cgroup(main.pid),
         )
+
+    def _net_fields(self, key: int | None, main: int, workers: list[int]) -> dict:
+        """NOTE [remote reads] in sockets.py, one pass in NET_EVERY (and at once for new
+        workers); the passes between repeat the last: a share of passes that saw a peer, and
+        a rate of bytes, read the same."""
+        last = self._net_rows.get(key)
+        if last is None or self._passes - last[0] >= NET_EVERY or last[2] != workers:
+            last = self._net_rows[key] = (self._passes, self._net.sample(key, main, workers),
+                                          workers)
+        return last[1]
 
     def _uss_due(self, key: int | None, workers: list[Any]) -> bool:
         """The workers' USS is read at once for a new set of workers, then every USS_EVERY
