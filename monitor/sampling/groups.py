@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from monitor.sampling.procfs import read_text
+from monitor.sampling.procfs import read_small
 
 SCAN_S = 1.0  # seconds between scans of /proc (2.5 ms of CPU for 64 processes here)
 PF_KTHREAD = 0x00200000  # /proc/<pid>/stat flags: a kernel thread
@@ -33,7 +33,7 @@ MIN_DEMAND = 0.02  # cores: a process that wanted less is left out
 NICE_0 = 1024  # the scheduler's weight of nice 0 (cpu.shares' default)
 
 
-_read = read_text
+_read = read_small
 
 
 def _nice_weight(nice: int) -> float:

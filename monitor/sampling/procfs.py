@@ -61,11 +61,10 @@ def schedstat(pid: int, proc: str = "/proc") -> SchedTimes | None:
         return None
     threads = []
     for tid in tids:
+        fields = (read_small(f"{proc}/{pid}/task/{tid}/schedstat") or "").split()
         try:
-            with open(f"{proc}/{pid}/task/{tid}/schedstat") as f:
-                fields = f.read().split()
             threads.append((tid, int(fields[0]), int(fields[1])))
-        except (OSError, ValueError, IndexError):
+        except (ValueError, IndexError):
             continue  # a thread that ended between listdir and open
     if not threads:
         return None
@@ -75,34 +74,49 @@ def schedstat(pid: int, proc: str = "/proc") -> SchedTimes | None:
 def storage_reads(pid: int, proc: str = "/proc") -> int | None:
     """Bytes the block layer has read for the process (`read_bytes`: storage, never the
     page cache), or None."""
-    try:
-        with open(f"{proc}/{pid}/io") as f:
-            for line in f:
-                if line.startswith("read_bytes:"):
-                    return int(line.split()[1])
-    except (OSError, ValueError, IndexError):
-        return None
+    for line in (read_small(f"{proc}/{pid}/io") or "").splitlines():
+        if line.startswith("read_bytes:"):
+            try:
+                return int(line.split()[1])
+            except (ValueError, IndexError):
+                return None
     return None
 
 
 def read_text(path: str) -> str | None:
-    """A small /proc or /sys file's text, or None when it cannot be read."""
+    """A /proc or /sys file's text, or None when it cannot be read."""
+    return _read(path, whole=True)
+
+
+def read_small(path: str) -> str | None:
+    """A file the kernel writes in one go (a process's stat, schedstat, io, cgroup; a cgroup
+    attribute): one read of the raw descriptor, 5 µs here against 12 µs through open() (the
+    sampler reads ~100 such files a pass). Not for files of many records (maps, smaps,
+    cpuinfo: procfs hands them out a page at a time)."""
+    return _read(path, whole=False)
+
+
+def _read(path: str, whole: bool) -> str | None:
     try:
-        with open(path) as f:
-            return f.read()
+        fd = os.open(path, os.O_RDONLY)
     except OSError:
         return None
+    try:
+        chunks = [os.read(fd, 65536)]
+        while whole and chunks[-1]:
+            chunks.append(os.read(fd, 65536))
+        return b"".join(chunks).decode(errors="replace")
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
 
 
 UNLIMITED = 1 << 60  # v1 reports "no limit" as a page-rounded 2**63
 
 
 def _number(path: str) -> int | None:
-    try:
-        with open(path) as f:
-            text = f.read().strip()
-    except OSError:
-        return None
+    text = (read_small(path) or "").strip()
     return int(text) if text.isdigit() else None  # v2 "max": no limit
 
 

@@ -22,6 +22,8 @@ import json
 import os
 import time
 
+from monitor.sampling.procfs import read_small
+
 ESTABLISHED = "01"
 MAX_FDS = 4096  # descriptors looked at a process, at most (a loader holds tens)
 PEERS_EVERY = 8  # passes: the TCP tables read at least this often (NetReads._peers)
@@ -93,12 +95,11 @@ def _io(pid: int, proc: str) -> tuple[int, int] | None:
     """(rchar, read_bytes) of a process from /proc/<pid>/io."""
     got: dict[str, int] = {}
     try:
-        with open(f"{proc}/{pid}/io") as f:
-            for line in f:
-                k, _, v = line.partition(":")
-                if k in ("rchar", "read_bytes"):
-                    got[k] = int(v)
-    except (OSError, ValueError):
+        for line in (read_small(f"{proc}/{pid}/io") or "").splitlines():
+            k, _, v = line.partition(":")
+            if k in ("rchar", "read_bytes"):
+                got[k] = int(v)
+    except ValueError:
         return None
     return (got["rchar"], got["read_bytes"]) if len(got) == 2 else None
 
