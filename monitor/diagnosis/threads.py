@@ -79,17 +79,12 @@ def threads_fight(f: Any) -> Finding | None:
                      1 / max(1e-9, 1 - f.starved_share))
         rate = f.throughput
         pred = rate * faster if rate == rate and rate > 0 and faster > 1 else None
-        text = (f"the main process keeps {main:.1f} threads at work (torch's intra-op pool: "
-                f"one a core by default) beside {nw} busy workers on {cores} usable cores: "
-                f"they take the workers' CPU, and the loaders wait {waits:.0%} of their time "
-                "for one")
-        fix = Advice("host", f"torch.set_num_threads({keep})", pred,
-                     f"in the training script, before the loop: torch.set_num_threads({keep}) "
-                     "leaves the workers their cores; the step's own operators lose less "
-                     "than the loaders gain while the loop waits for data")
-        return Finding(MAIN_THREADS, text, {"main_threads": main, "workers": nw,
-                                            "runq_share": waits, "threads_kept": keep},
-                       (fix,), leads=True)
+        return _main_pool(
+            main, keep, pred, f"beside {nw} busy workers on {cores} usable cores: they take "
+            f"the workers' CPU, and the loaders wait {waits:.0%} of their time for one",
+            "leaves the workers their cores; the step's own operators lose less than the "
+            "loaders gain while the loop waits for data",
+            {"workers": nw, "runq_share": waits}, leads=True)
     return beside_others(f)
 
 
@@ -106,14 +101,21 @@ def beside_others(f: Any) -> Finding | None:
     if main <= left or got >= MAIN_CPU_GOT * main:
         return None
     keep = max(1, math.floor(left + 0.25))
+    return _main_pool(
+        main, keep, None, f"while other processes take {others:.1f} of the {cores} usable "
+        f"cores: its threads get {got:.2f} of a core together, and each operator waits for "
+        "its slowest thread", "(the cores the other processes leave; the gain is not "
+        "predicted: measured x5 on a reproducer beside one busy process)",
+        {"others_cores": others, "main_cpu_cores": got}, leads=f.accelerator == "cpu")
+
+
+def _main_pool(main: float, keep: int, pred: float | None, beside: str, why: str,
+               numbers: dict[str, Any], leads: bool) -> Finding:
+    """The main process's pool named, `beside` what, with torch.set_num_threads(keep)."""
     text = (f"the main process keeps {main:.1f} threads at work (torch's intra-op pool: one a "
-            f"core by default) while other processes take {others:.1f} of the {cores} usable "
-            f"cores: its threads get {got:.2f} of a core together, and each operator waits "
-            "for its slowest thread")
-    fix = Advice("host", f"torch.set_num_threads({keep})", None,
+            f"core by default) {beside}")
+    fix = Advice("host", f"torch.set_num_threads({keep})", pred,
                  f"in the training script, before the loop: torch.set_num_threads({keep}) "
-                 "(the cores the other processes leave; the gain is not predicted: measured "
-                 "x5 on a reproducer beside one busy process)")
-    return Finding(MAIN_THREADS, text, {"main_threads": main, "others_cores": others,
-                                        "main_cpu_cores": got, "threads_kept": keep},
-                   (fix,), leads=f.accelerator == "cpu")
+                 + why)
+    return Finding(MAIN_THREADS, text, {"main_threads": main, "threads_kept": keep,
+                                        **numbers}, (fix,), leads=leads)
