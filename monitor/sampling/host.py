@@ -30,8 +30,9 @@ USS_EVERY = 8  # the workers' USS (smaps_rollup: 2-6 ms of CPU a torch worker he
 USS_FLAT_READS, USS_BACKOFF, USS_RISE_MB = 3, 4, 1.0  # ... x USS_BACKOFF after 3 flat reads
 TREE_EVERY = 8  # the followed process's descendants by a scan of every process on the host,
 # where the groups scan (once a second) found none for this long
-NET_EVERY = 2  # the loaders' sockets and reads (their descriptors listed: ~1 ms a pass for 5
+NET_EVERY = 4  # the loaders' sockets and reads (their descriptors listed: ~1 ms a pass for 5
 # processes); the passes between repeat them
+CGROUP_EVERY = 40  # the memory limits over a process (its cgroup's and its ancestors')
 
 
 def _children_cpu(proc: Any) -> float | None:
@@ -75,6 +76,7 @@ class HostSampler:
         self._scanned: dict[int, tuple[int, int]] = {}
         # key -> (the pass, the fields, the workers) of the last look at the loaders' sockets
         self._net_rows: dict[int | None, tuple[int, dict, list[int]]] = {}
+        self._limits: dict[int, tuple[int, list[tuple[float, str]]]] = {}  # pid -> (pass, ...)
         self._ranks: dict[int, int] = {}  # rank -> PID of a distributed job's processes
         self._passes = 0
         self._uss: dict[int | None, float] = {}
@@ -99,6 +101,7 @@ class HostSampler:
             self._uss_at, self._uss_flat = {}, {}
             self._wcpu, self._threads, self._uss_each = {}, {}, {}
             self._net, self._net_rows, self._scanned = NetReads(self.proc), {}, {}
+            self._limits = {}
 
     def follow_ranks(self, ranks: dict[int, int]) -> None:
         """The rank -> PID map of a distributed job under the followed process: each rank
@@ -274,7 +277,13 @@ class HostSampler:
         return self._passes - last >= USS_EVERY * (USS_BACKOFF if slow else 1)
 
     def _cgroup(self, pid: int) -> dict[str, float]:
-        got = procfs.cgroup_memory(pid, self.proc)
+        """The memory limit over the process that leaves it the least room, and what its
+        cgroup uses: the limits looked up one pass in CGROUP_EVERY (a container's are set
+        at its start), the use read each pass."""
+        last = self._limits.get(pid)
+        if last is None or self._passes - last[0] >= CGROUP_EVERY:
+            last = self._limits[pid] = (self._passes, procfs.memory_limits(pid, self.proc))
+        got = procfs.least_room(last[1])
         return {} if got is None else {"cgroup_mem_limit_mb": got[0] / MB,
                                        "cgroup_mem_used_mb": got[1] / MB}
 
@@ -366,6 +375,7 @@ class HostSampler:
                                               100.0 * len(per_core) if per_core else None)
                 rows.append(HostSample(**{**_EMPTY, **host, **fields, "rank": rank}))
             self._procs = {p: o for p, o in self._procs.items() if p in live}
+            self._limits = {p: v for p, v in self._limits.items() if p in live}
             mine = self._monitor_cpu(live)
             if mine is not None:
                 rows = [dataclasses.replace(r, monitor_cpu_pct=mine) for r in rows]

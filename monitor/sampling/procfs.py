@@ -120,15 +120,12 @@ def _number(path: str) -> int | None:
     return int(text) if text.isdigit() else None  # v2 "max": no limit
 
 
-def cgroup_memory(pid: int, proc: str = "/proc",
-                  root: str = "/sys/fs/cgroup") -> tuple[float, float] | None:
-    """(limit, used) in bytes of the cgroup whose memory limit leaves the process the least
-    room (its own or an ancestor's); None when none is limited or it cannot be read."""
-    try:
-        with open(f"{proc}/{pid}/cgroup") as f:
-            lines = [ln.rstrip("\n").split(":", 2) for ln in f]
-    except OSError:
-        return None
+def memory_limits(pid: int, proc: str = "/proc",
+                  root: str = "/sys/fs/cgroup") -> list[tuple[float, str]]:
+    """The memory limits over the process (its cgroup's and its ancestors', v1 or v2), each
+    with the file that says what that cgroup uses: the limits stay, the use is read again
+    (least_room: the one that leaves the process the least room)."""
+    lines = [ln.split(":", 2) for ln in (read_small(f"{proc}/{pid}/cgroup") or "").splitlines()]
     v1 = [p for p in lines if len(p) == 3 and "memory" in p[1].split(",")]
     v2 = [p for p in lines if len(p) == 3 and p[0] == "0" and p[1] == ""]
     if v1:  # the memory controller on v1 (a hybrid host keeps v2 without it)
@@ -137,17 +134,26 @@ def cgroup_memory(pid: int, proc: str = "/proc",
     elif v2:
         where, limit_f, used_f, base = v2[0][2], "memory.max", "memory.current", root
     else:
-        return None
-    best, path = None, where.strip("/")
+        return []
+    out, path = [], where.strip("/")
     while True:
         d = os.path.join(base, path) if path else base
-        limit, used = _number(os.path.join(d, limit_f)), _number(os.path.join(d, used_f))
-        if limit is not None and used is not None and limit < UNLIMITED and (
-                best is None or limit - used < best[0] - best[1]):
-            best = (float(limit), float(used))
+        limit = _number(os.path.join(d, limit_f))
+        if limit is not None and limit < UNLIMITED:
+            out.append((float(limit), os.path.join(d, used_f)))
         if not path:
-            return best
+            return out
         path = os.path.dirname(path)
+
+
+def least_room(limits: list[tuple[float, str]]) -> tuple[float, float] | None:
+    """(limit, used) of the limit with the least room left now, None if none is read."""
+    best = None
+    for limit, used_f in limits:
+        used = _number(used_f)
+        if used is not None and (best is None or limit - used < best[0] - best[1]):
+            best = (limit, float(used))
+    return best
 
 
 def available(proc: str = "/proc") -> dict[str, bool]:
