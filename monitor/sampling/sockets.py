@@ -13,9 +13,11 @@
 # Only the loaders' own connections count: a forked worker inherits its parent's sockets
 # (torch.distributed's gloo pairs and store, a tracker's), so a worker's are those its parent
 # does not hold; the main process loading itself (num_workers=0) holds the job's own
-# connections for its whole life, so its are those new since the last pass (a request a
+# connections for its whole life, so its are those new since the last look (a request a
 # connection; a kept-alive client's pool is not seen there). Two torchrun ranks that sleep
-# for their samples read "remote-reads" on their gloo connections before this.
+# for their samples read "remote-reads" on their gloo connections before this. The sampler
+# looks one pass in NET_EVERY (monitor/sampling/host.py; ~1 ms a look for 5 processes) and
+# repeats the last look between: a share of passes that saw a peer reads the same.
 from __future__ import annotations
 
 import json
