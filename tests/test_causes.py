@@ -363,6 +363,24 @@ def test_descriptors_and_shm_in_flight_are_read_before_a_failure():
     assert limits.open_files({**report, "sharing_strategy": "file_system"}) is None
 
 
+def test_a_failure_that_happened_leads_the_verdict_over_a_warning():
+    """A run whose loader failed at /dev/shm (or stuck at the open-files limit) is named by
+    that failure, not by a warning that also rules out more workers: beside a busy suite
+    the shm reproducer's workers kept 2 threads at work, and `worker-threads` took the
+    verdict of a run that had failed at /dev/shm."""
+    from monitor.diagnosis.causes import lead
+    from monitor.diagnosis.finding import Finding
+
+    warning = Finding("worker-threads", "each of the 2 workers keeps 2.0 threads at work",
+                      {}, (), no_more_workers=True)
+    report = {"shm_total_mb": 32.0, "shm_free_mb": 0.0, "batch_bytes": 16e6, "in_flight": 4,
+              "num_workers": 2}
+    for error in ("RuntimeError: unable to write to file </torch_1_2_3>: No space left on "
+                  "device (28)", "Open files: worker 21834 holds 127 of its ulimit -n 128"):
+        failed = limits.failure(error, report)
+        assert failed is not None and lead((failed, warning)) is failed, failed
+
+
 def test_a_worker_killed_by_the_oom_killer_is_named():
     f = limits.failure("RuntimeError: DataLoader worker (pid 123) is killed by signal: "
                        "Killed.", None)

@@ -146,13 +146,15 @@ def failure(error: str, report: dict[str, Any] | None,
                        {k: numbers.get(k) for k in ("shm_total_mb", "shm_free_mb",
                                                      "batch_bytes", "in_flight")},
                        _shm_advice(report, float(report["shm_total_mb"]))
-                       if report and report.get("shm_total_mb") else ())
+                       if report and report.get("shm_total_mb") else (),
+                       no_more_workers=True)  # (a failure that happened leads the verdict)
     if "Open files: " in error:  # the stall watchdog found the loader at the limit
         detail = error[error.index("Open files: ") + len("Open files: "):]
         limit = re.search(r"ulimit -n (\d+)", detail)
         return Finding(OPEN_FILES, f"the loader is stuck at the open-files limit: {detail}",
                        {"limit": int(limit.group(1)) if limit else None},
-                       (_fd_advice(int(limit.group(1)) if limit else 1024),))
+                       (_fd_advice(int(limit.group(1)) if limit else 1024),),
+                       no_more_workers=True)
     if "Tokenizers after fork: " in error:  # the stall watchdog: forked workers, all asleep
         detail = error[error.index("Tokenizers after fork: ") + len("Tokenizers after fork: "):]
         threads = re.search(r"process of (\d+) threads", detail)
