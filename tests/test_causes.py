@@ -763,6 +763,9 @@ def test_the_main_pool_beside_other_processes_is_named_fed_or_not():
     assert f.advice[0].value == "torch.set_num_threads(1)"
     assert f.advice[0].predicted_throughput is None and "other processes take 1.0" in f.text
     assert not threads_fight(SimpleNamespace(**{**busy, "accelerator": "cuda"})).leads
+    # a job's other ranks on the host are among the other processes, and said so
+    f = threads_fight(SimpleNamespace(**{**busy, "local_ranks": 4}))
+    assert "other processes (this job's 3 other ranks here among them) take 1.0" in f.text
     assert threads_fight(SimpleNamespace(**{**busy, "other_cpu_cores": 0.1})) is None
     assert threads_fight(SimpleNamespace(**{**busy, "main_cpu_cores": 1.8})) is None
     assert threads_fight(SimpleNamespace(**{**busy, "main_busy_threads": 1.0})) is None

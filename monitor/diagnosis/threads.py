@@ -101,8 +101,12 @@ def beside_others(f: Any) -> Finding | None:
     if main <= left or got >= MAIN_CPU_GOT * main:
         return None
     keep = max(1, math.floor(left + 0.25))
+    ranks = getattr(f, "local_ranks", None) or 1
+    who = "other processes" if ranks <= 1 else (
+        f"other processes (this job's {ranks - 1} other rank{'s' if ranks > 2 else ''} here "
+        "among them)")
     return _main_pool(
-        main, keep, None, f"while other processes take {others:.1f} of the {cores} usable "
+        main, keep, None, f"while {who} take {others:.1f} of the {cores} usable "
         f"cores: its threads get {got:.2f} of a core together, and each operator waits for "
         "its slowest thread", "(the cores the other processes leave; the gain is not "
         "predicted: measured x5 on a reproducer beside one busy process)",
