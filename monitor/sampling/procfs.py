@@ -74,13 +74,22 @@ def schedstat(pid: int, proc: str = "/proc") -> SchedTimes | None:
 def storage_reads(pid: int, proc: str = "/proc") -> int | None:
     """Bytes the block layer has read for the process (`read_bytes`: storage, never the
     page cache), or None."""
-    for line in (read_small(f"{proc}/{pid}/io") or "").splitlines():
-        if line.startswith("read_bytes:"):
-            try:
-                return int(line.split()[1])
-            except (ValueError, IndexError):
-                return None
-    return None
+    got = io_counts(pid, proc)
+    return got[1] if got is not None else None
+
+
+def io_counts(pid: int, proc: str = "/proc") -> tuple[int, int] | None:
+    """(rchar, read_bytes) of a process from /proc/<pid>/io: all it read through read()
+    (sockets and the page cache too), and what the block device served; None if unread."""
+    got: dict[str, int] = {}
+    try:
+        for line in (read_small(f"{proc}/{pid}/io") or "").splitlines():
+            k, _, v = line.partition(":")
+            if k in ("rchar", "read_bytes"):
+                got[k] = int(v)
+    except ValueError:
+        return None
+    return (got["rchar"], got["read_bytes"]) if len(got) == 2 else None
 
 
 def read_text(path: str) -> str | None:

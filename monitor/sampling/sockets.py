@@ -24,7 +24,7 @@ import json
 import os
 import time
 
-from monitor.sampling.procfs import read_small
+from monitor.sampling.procfs import io_counts
 
 ESTABLISHED = "01"
 MAX_FDS = 4096  # descriptors looked at a process, at most (a loader holds tens)
@@ -93,19 +93,6 @@ def tcp_peers(pid: int, inodes: set[str], proc: str = "/proc") -> dict[str, int]
     return peers
 
 
-def _io(pid: int, proc: str) -> tuple[int, int] | None:
-    """(rchar, read_bytes) of a process from /proc/<pid>/io."""
-    got: dict[str, int] = {}
-    try:
-        for line in (read_small(f"{proc}/{pid}/io") or "").splitlines():
-            k, _, v = line.partition(":")
-            if k in ("rchar", "read_bytes"):
-                got[k] = int(v)
-    except ValueError:
-        return None
-    return (got["rchar"], got["read_bytes"]) if len(got) == 2 else None
-
-
 class NetReads:
     """Per key (a rank, or the followed process): the loaders' bytes read not from the block
     device since the last pass (KB/s), and the peers of their TCP connections now (JSON
@@ -125,7 +112,7 @@ class NetReads:
     def sample(self, key: int | None, main: int, workers: list[int]) -> dict:
         pids = workers or [main]
         now = self.clock()
-        io = {p: v for p in pids if (v := _io(p, self.proc)) is not None}
+        io = {p: v for p in pids if (v := io_counts(p, self.proc)) is not None}
         parent = _inodes(main, self.proc)
         held, self._held[key] = self._held.get(key), parent
         own: set[str] = set()  # the loaders' own connections (NOTE above)
