@@ -139,7 +139,7 @@ class HostSampler:
             elif scans != seen:
                 self._kids[pid] = self._joined(pid, self._kids[pid])
                 self._scanned[pid] = (scans, self._passes)
-            kids = [k for k in self._kids[pid] if k.is_running()]
+            kids = self._kids[pid] = [k for k in self._kids[pid] if k.is_running()]
         except (_psutil.Error, OSError):
             return None, []
         workers = []
@@ -151,18 +151,18 @@ class HostSampler:
         return main, workers
 
     def _joined(self, pid: int, kids: list[Any]) -> list[Any]:
-        """`kids` still running, and the processes the last groups scan found under them or
-        `pid` (it reads every process but the job's known ones, with its parent)."""
-        alive = [k for k in kids if k.is_running()]
-        tree, grew = {pid, *(k.pid for k in alive)}, True
+        """`kids`, and the processes the last groups scan found under them or `pid` (it
+        reads every process but the job's known ones, with its parent); the caller drops
+        the ones no longer running."""
+        tree, grew = {pid, *(k.pid for k in kids)}, True
         parents, new = self._scan.parents, []
         while grew:
             born = [c for c, pp in parents.items() if pp in tree and c not in tree]
             tree.update(born)
             new += born
             grew = bool(born)
-        return self._own(pid, alive + [p for c in new
-                                       if (p := _safe(lambda c=c: self.psutil.Process(c)))])
+        return self._own(pid, kids + [p for c in new
+                                      if (p := _safe(lambda c=c: self.psutil.Process(c)))])
 
     def _own(self, pid: int, kids: list[Any]) -> list[Any]:
         """A rank's descendants less the other ranks and theirs: under Lightning's DDP
