@@ -100,7 +100,7 @@ def test_page_shows_sawtooth_and_reacts_to_num_workers(server):
     # must still say what the evidence supports, never storage for a loader that reads none
     busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     try:
-        banners = _sawtooth_then_flat(url)
+        banners = _sawtooth_then_flat(url, db)
     finally:
         busy.kill()
         busy.wait()
@@ -116,7 +116,7 @@ def _banner(page) -> str:
     return page.get_by_text(VERDICT_BANNER).first.inner_text()
 
 
-def _sawtooth_then_flat(url: str) -> tuple[str, str]:
+def _sawtooth_then_flat(url: str, db) -> tuple[str, str]:
     from playwright.sync_api import expect
 
     with shared_browser() as browser:
@@ -165,7 +165,12 @@ def _sawtooth_then_flat(url: str) -> tuple[str, str]:
             page.keyboard.press("ArrowRight")
             expect(marker.first).to_be_visible(timeout=60_000)
         workers_kpi = page.locator('[data-testid="stMetric"]').filter(has_text="Workers")
-        expect(workers_kpi).to_contain_text("2", timeout=30_000)
+        try:
+            expect(workers_kpi).to_contain_text("2", timeout=30_000)
+        except AssertionError as exc:  # what the store says of the moves, for the log
+            page.screenshot(path=str(ARTIFACTS / "workers-kpi-stuck.png"))
+            raise AssertionError(f"{exc}\nthe slider holds {slider.input_value()}\n"
+                                 f"{_moves(db)}") from None
         # the after-state for the screenshot: the KPI window has moved past the change
         expect(page.get_by_text(re.compile(r"KPIs over the last 10 s")).first).to_be_visible(
             timeout=60_000)
@@ -173,6 +178,16 @@ def _sawtooth_then_flat(url: str) -> tuple[str, str]:
         after = _banner(page)
     assert not errors, errors
     return before, after
+
+
+def _moves(db) -> str:
+    """The run's settings requests and their results, and its config events, as text."""
+    from monitor.store import Store
+
+    store = Store(db)
+    run = int(store.runs()["id"].iloc[0])
+    return (store.control_requests(run, limit=20).to_string() + "\n" +
+            store.events(run)[["ts", "kind", "label"]].to_string())
 
 
 def _check_markers(db) -> None:
