@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -135,6 +137,36 @@ def test_a_loader_whose_workers_raise_ends_with_their_error(tmp_path, no_leaks):
     assert d["verdict"] == "loader-error", d
     assert "No module named 'pyg_lib_not_installed'" in d["verdict_text"], d["verdict_text"]
     assert "no torch DataLoader was iterated" not in d["verdict_text"] + r.stderr
+
+
+def test_a_loop_that_breaks_lets_its_workers_go_as_bare(tmp_path, request, no_leaks):
+    """A loop that breaks mid-epoch, and an iterator made and dropped unused: their workers
+    end at once and leave no /tmp/pymp-* folder, as bare (the probe held the timed iterator,
+    and its hook made a cycle through it: the workers lived on and were killed at exit, one
+    folder each); the break drops its last step (as at exit: whether that batch was computed
+    cannot be told), the unused iterator is no epoch."""
+    outs = {}
+    for how in ("bare", "monitored"):
+        # (short: a worker's fd sharing listens on a socket in its pymp-* folder, and a path
+        # over 107 bytes, as pytest's under xdist, hangs the loader bare)
+        tmp = Path(tempfile.mkdtemp(prefix="brk", dir="/tmp"))
+        request.addfinalizer(lambda tmp=tmp: shutil.rmtree(tmp, ignore_errors=True))
+        cmd = [sys.executable, str(SCRIPTS / "break_early.py")]
+        if how == "monitored":
+            cmd = [sys.executable, "-m", "monitor", "run", "--json", "--db",
+                   str(tmp_path / "b.db"), "--", *cmd]
+        r = subprocess.run(cmd, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT),
+                                               "TMPDIR": str(tmp)},
+                           capture_output=True, text=True, timeout=180)
+        assert r.returncode == 0, r.stderr[-2000:]
+        outs[how] = [line for line in r.stdout.splitlines() if not line.startswith("{")]
+        assert not list(tmp.glob("pymp-*")), (how, list(tmp.iterdir()))
+    assert outs["monitored"] == outs["bare"] == [
+        "workers after the break: 0", "workers after an unused iterator: 0",
+        "whole epoch: 10 batches"], outs
+    steps = Store(tmp_path / "b.db").steps(1)
+    assert steps.groupby("epoch").size().to_dict() == {0: 5, 1: 10}
+    assert steps["step"].tolist() == list(range(15))
 
 
 def test_the_probe_is_imported_when_the_script_imports_a_loader_not_before(tmp_path,

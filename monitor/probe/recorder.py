@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import atexit
 import sys
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -93,7 +94,8 @@ class Recorder(LoaderRequests):
         self.loop_thread: int | None = None  # the training loop's, where not the main one
         self.trained = False  # an epoch of the timed loader ran with gradients on
         self.eval_passes = 0  # ... and the passes over it with them off (evaluation)
-        self.open: TimedIterator | None = None  # the timed epoch's iterator
+        self._open: Callable[[], TimedIterator | None] = lambda: None  # (a weak reference)
+        self.let_go: int | None = None  # batches of the iterator the loop let go of, last
         self.stopped: str | None = None  # why recording stopped (the training goes on)
         self.said_no_midepoch = False
         self.closing = False  # at exit, past the last flush: events are written at once
@@ -113,15 +115,10 @@ class Recorder(LoaderRequests):
         self.watchdog.start()
         self.phases_said: set[str] = set()
         self.probe.phases = attach_phases(self._say_phases)  # None with --no-phases
-        if self.probe.phases is not None:
-            self.probe.phases.source = self.probe  # next()'s modules are the loader's
-        if self.probe.phases is not None:  # device time per phase once CUDA is used
-            self.probe.phases.device = self.probe.device
+        if self.probe.phases is not None:  # next()'s modules are the loader's; the device
+            # time per phase once CUDA is used
+            self.probe.phases.source, self.probe.phases.device = self.probe, self.probe.device
         atexit.register(self.close)
-
-    @property
-    def config_seq(self) -> int:
-        return self.probe.config_seq
 
     def flush(self) -> None:
         """Write the buffered steps; a failed write stops recording (Probe.on_error), never
@@ -146,6 +143,8 @@ class Recorder(LoaderRequests):
         that stops by length never asks again); a loop left mid-epoch drops its last."""
         it = self.open
         try:
+            if it is not None:
+                it.on_drop = None  # past this, a drop records nothing (NOTE [the loop let go])
             if it is not None and not it.ended and not it.passthrough and it.complete():
                 it.finish()
             self.look_at_compiles()
@@ -381,13 +380,25 @@ class Recorder(LoaderRequests):
                 pass
 
     # -- epochs and control --------------------------------------------------------------
+    @property
+    def open(self) -> TimedIterator | None:
+        """The timed epoch's iterator while the loop holds it (NOTE [the loop let go])."""
+        return self._open()
+
+    @open.setter
+    def open(self, it: TimedIterator) -> None:
+        if (old := self._open()) is not None:
+            old.on_drop = None  # (its pending step ended at this iter(): end_open_step)
+        self._open, it.on_drop = weakref.ref(it), lambda n: setattr(self, "let_go", n)
+
     def start_epoch(self, loader: Any) -> None:
         """At iter(loader): apply pending loader changes, count the epoch (the last epoch's
         steps are the watchdog's to write; the autotuner's handshake writes them first).
         An iterator of this loader that delivered no batch started no epoch: Ultralytics
         calls iter() twice an epoch (`enumerate(loader)`, then again inside its progress
         bar), and its first never runs."""
-        if self.open is None or self.open.delivered > 0:
+        it = self.open
+        if (n := it.delivered if it is not None else self.let_go) is None or n > 0:
             self.epoch += 1
         self.look_at_compiles()
         for hook in self.epoch_hooks:

@@ -64,12 +64,12 @@ class LoaderRequests:
         boundary; True when the loader's settings changed (its iterator must be rebuilt)."""
         if self.stopped:
             return False
-        seq = self.config_seq
+        seq = self.probe.config_seq
         try:
             self._apply_requests(loader, at_step)
         except Exception as exc:
             self._stop_recording(exc)
-        return self.config_seq != seq
+        return self.probe.config_seq != seq
 
     def resumable(self, loader: Any, inner: Any = None) -> bool:
         """Whether mid-epoch changes can apply to this loader (now); says why not, once."""

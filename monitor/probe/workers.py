@@ -26,6 +26,7 @@ import resource
 import signal
 import sys
 import time
+import weakref
 from typing import Any
 
 from monitor.config import in_flight
@@ -45,6 +46,21 @@ def hook(it: Any, probe: Any, t_start: float | None = None) -> bool:
         return False
     first: dict[int, float] = {}
     n = int(getattr(it, "_num_workers", 0) or 0)
+    # NOTE [no cycle through the iterator]
+    # The wrapper is an attribute of the iterator: holding the iterator's bound method would
+    # make a cycle (iterator -> wrapper -> method -> iterator), and a loop that breaks
+    # mid-epoch would leave the iterator to the garbage collector. Its __del__, which shuts
+    # the workers down gently, would then run at some later collection, or never: at exit
+    # the workers are killed and each leaves its /tmp/pymp-* folder behind. The class's
+    # function and a weak reference keep the bare loader's lifetime.
+    if "_process_data" in vars(it):  # another wrapper already on the instance: call it
+        call = orig
+    else:
+        ref, fn = weakref.ref(it), type(it)._process_data
+        del orig
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            return fn(ref(), *args, **kwargs)
 
     def _process_data(*args: Any, **kwargs: Any) -> Any:
         # (data, worker_idx, ...): torchdata's StatefulDataLoader passes a state too, so
@@ -60,7 +76,7 @@ def hook(it: Any, probe: Any, t_start: float | None = None) -> bool:
                     ready([first[i] for i in sorted(first)])
         except Exception:  # never in the way of the batch
             pass
-        return orig(*args, **kwargs)
+        return call(*args, **kwargs)
 
     _process_data._starvation_hook = True  # type: ignore[attr-defined]
     it._process_data = _process_data
