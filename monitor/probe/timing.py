@@ -202,6 +202,21 @@ class Probe(StepWriter):
 Between = Callable[["TimedIterator"], bool]
 
 
+# NOTE [the loop let go]
+# A loop that breaks mid-epoch lets go of its iterator, and bare, the DataLoader's
+# iterator goes with it at once: its __del__ shuts the workers down gently (each removes
+# its /tmp/pymp-* folder). So the probe never keeps the iterator it times alive: the
+# attach probe holds it by a weak reference (Recorder.open), the workers' hook holds no
+# bound method of it (NOTE [no cycle through the iterator] in workers.py), and when the
+# loop lets go this tells the recorder how many batches it delivered (an iterator that
+# delivered none started no epoch). The pending step is recorded, its compute ending
+# now, where the epoch was delivered whole (a loop that stops by length: `zip(range(n),
+# loader)`); a loop that let go mid-epoch (a break, an exception) drops it, as at exit:
+# whether its batch was computed at all cannot be told. Only in the loop's thread (a
+# collection in another thread must not write the loop's ring) and only while `on_drop`
+# is set (the recorder clears it at exit, past its last flush).
+
+
 class TimedIterator:
     """Times each next() of one epoch's iterator and the gap until the following one.
 
@@ -236,20 +251,7 @@ class TimedIterator:
     def inner(self) -> Iterator[Any]:
         return self._inner
 
-    # NOTE [the loop let go]
-    # A loop that breaks mid-epoch lets go of its iterator, and bare, the DataLoader's
-    # iterator goes with it at once: its __del__ shuts the workers down gently (each removes
-    # its /tmp/pymp-* folder). So the probe never keeps the iterator it times alive: the
-    # attach probe holds it by a weak reference (Recorder.open), the workers' hook holds no
-    # bound method of it (NOTE [no cycle through the iterator] in workers.py), and when the
-    # loop lets go this tells the recorder how many batches it delivered (an iterator that
-    # delivered none started no epoch). The pending step is recorded, its compute ending
-    # now, where the epoch was delivered whole (a loop that stops by length: `zip(range(n),
-    # loader)`); a loop that let go mid-epoch (a break, an exception) drops it, as at exit:
-    # whether its batch was computed at all cannot be told. Only in the loop's thread (a
-    # collection in another thread must not write the loop's ring) and only while `on_drop`
-    # is set (the recorder clears it at exit, past its last flush).
-    def __del__(self) -> None:
+    def __del__(self) -> None:  # NOTE [the loop let go]
         drop = self.on_drop
         if drop is None:
             return

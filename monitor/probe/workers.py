@@ -34,6 +34,13 @@ from monitor.config import in_flight
 MAX_WALK = 256  # items looked at when counting a batch's tensors and bytes
 
 
+# NOTE [no cycle through the iterator]
+# The wrapper is an attribute of the iterator: holding the iterator's bound method would
+# make a cycle (iterator -> wrapper -> method -> iterator), and a loop that breaks
+# mid-epoch would leave the iterator to the garbage collector. Its __del__, which shuts
+# the workers down gently, would then run at some later collection, or never: at exit
+# the workers are killed and each leaves its /tmp/pymp-* folder behind. The class's
+# function and a weak reference keep the bare loader's lifetime.
 def hook(it: Any, probe: Any, t_start: float | None = None) -> bool:
     """Count per batch which worker produced it (probe.batch_worker) and the finished
     batches held behind it (probe.batch_held); once every worker has delivered its first
@@ -46,13 +53,7 @@ def hook(it: Any, probe: Any, t_start: float | None = None) -> bool:
         return False
     first: dict[int, float] = {}
     n = int(getattr(it, "_num_workers", 0) or 0)
-    # NOTE [no cycle through the iterator]
-    # The wrapper is an attribute of the iterator: holding the iterator's bound method would
-    # make a cycle (iterator -> wrapper -> method -> iterator), and a loop that breaks
-    # mid-epoch would leave the iterator to the garbage collector. Its __del__, which shuts
-    # the workers down gently, would then run at some later collection, or never: at exit
-    # the workers are killed and each leaves its /tmp/pymp-* folder behind. The class's
-    # function and a weak reference keep the bare loader's lifetime.
+    # (NOTE [no cycle through the iterator])
     if "_process_data" in vars(it):  # another wrapper already on the instance: call it
         call = orig
     else:

@@ -18,7 +18,7 @@ class Items(Dataset):
 if __name__ == "__main__":
     loader = DataLoader(Items(), batch_size=4, num_workers=2)
     for i, _batch in enumerate(loader):
-        time.sleep(0.005)
+        time.sleep(0.005)  # sleep-ok: the step's modelled work
         if i == 5:
             break
     print(f"workers after the break: {len(multiprocessing.active_children())}", flush=True)
