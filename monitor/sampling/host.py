@@ -24,6 +24,12 @@ from monitor.sampling.groups import GroupScan
 from monitor.sampling.sockets import NetReads
 
 MB = 1024 * 1024
+# NOTE [one worker's USS a read]
+# USS (private pages) is counted by the kernel walking the page tables (smaps_rollup: 3-6 ms
+# of CPU a forked torch worker here): 4 workers read together were 40% of the sampler's CPU
+# at one rank. A new set of workers is read whole, then each read takes the worker read
+# longest ago, the total being each one's as last read. Workers that grow alike (a dataset's
+# copy-on-read, a cache) raise it at every read as much as before; one alone, at its turns.
 # passes (0.25 s each) between costlier reads; bench/node_cost.py measures what a pass costs
 USS_EVERY = 8  # the workers' USS (smaps_rollup: 2-6 ms of CPU a torch worker here; growth is
 # named after two rises in a window's later half: fewer reads name it later) ...
@@ -231,16 +237,21 @@ class HostSampler:
         room = None if capacity_pct is None else capacity_pct - (proc_cpu or 0.0)
         w_rss = [_safe(lambda w=w: w.memory_info().rss / MB) for w in workers]
         if self._uss_due(key, workers):
-            uss = [_safe(lambda w=w: w.memory_full_info().uss / MB) for w in workers]
-            total, prev = sum(u for u in uss if u is not None), self._uss.get(key)
+            # a new set of workers all, then the one read longest ago (NOTE [one worker's
+            # USS a read]); the total is each one's as last read
+            each = self._uss_each.get(key, {})
+            new = set(each) != {w.pid for w in workers}
+            read = workers if new else [w for w in workers if w.pid == next(iter(each))]
+            got = {w.pid: _safe(lambda w=w: w.memory_full_info().uss / MB) for w in read}
+            each = got if new else {**{p: u for p, u in each.items() if p not in got}, **got}
+            total, prev = sum(u for u in each.values() if u is not None), self._uss.get(key)
             flat = prev is not None and total - prev <= USS_RISE_MB
             self._uss_flat[key] = self._uss_flat.get(key, 0) + 1 if flat else 0
             # (a new key's schedule shifted by its rank: 8 ranks' workers read in one pass
             # held it 0.1 s)
             self._uss_at[key] = self._passes - (0 if key in self._uss_at else
                                                 (key or 0) % USS_EVERY)
-            self._uss[key] = total
-            self._uss_each[key] = {w.pid: u for w, u in zip(workers, uss, strict=True)}
+            self._uss[key], self._uss_each[key] = total, each
         before = self._wcpu.get(key)
         workers_cpu = self._workers_cpu(key, workers, room)
         return dict(
@@ -268,12 +279,12 @@ class HostSampler:
 
     def _uss_due(self, key: int | None, workers: list[Any]) -> bool:
         """The workers' USS is read at once for a new set of workers, then every USS_EVERY
-        passes, and USS_BACKOFF times less often while it stays flat (most jobs: smaps is
-        the costliest read of a pass); a rise brings the full rate back."""
+        passes, and USS_BACKOFF times less often once every worker read flat (most jobs:
+        smaps is the costliest read of a pass); a rise brings the full rate back."""
         last = self._uss_at.get(key)
         if last is None or set(self._uss_each.get(key, ())) != {w.pid for w in workers}:
             return True
-        slow = self._uss_flat.get(key, 0) >= USS_FLAT_READS
+        slow = self._uss_flat.get(key, 0) >= max(USS_FLAT_READS, len(workers))
         return self._passes - last >= USS_EVERY * (USS_BACKOFF if slow else 1)
 
     def _cgroup(self, pid: int) -> dict[str, float]:
