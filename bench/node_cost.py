@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -70,7 +71,7 @@ def main():
         dist.all_reduce(done, op=dist.ReduceOp.MAX)
         if done.item():
             break
-    print(f"taken {dist.get_rank()} {taken}", flush=True)
+    os.write(1, f"taken {dist.get_rank()} {taken}\\n".encode())  # one write: ranks share a pipe
     dist.destroy_process_group()
 
 main()
@@ -123,8 +124,8 @@ def one(ranks: int, seconds: float, workers: int, script: Path, tmp: Path) -> di
         time.sleep(POLL_S)
     wall = time.monotonic() - t0
     out, err = p.communicate(timeout=60)
-    taken = {int(r): int(n) for _, r, n in (ln.split() for ln in out.splitlines()
-                                            if ln.startswith("taken "))}
+    # (8 ranks print to one pipe: their lines may run into each other)
+    taken = {int(r): int(n) for r, n in re.findall(r"taken (\d+) (\d+)", out)}
     st = Store(db)
     stored = st.steps(1)
     per_rank = stored.groupby("rank").size().to_dict() if not stored.empty else {}
