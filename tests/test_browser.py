@@ -167,13 +167,15 @@ def _sawtooth_then_flat(url: str, db) -> tuple[str, str]:
         workers_kpi = page.locator('[data-testid="stMetric"]').filter(has_text="Workers")
         try:
             expect(workers_kpi).to_contain_text("2", timeout=30_000)
-        except AssertionError as exc:  # what the store says of the moves, for the log
-            page.screenshot(path=str(ARTIFACTS / "workers-kpi-stuck.png"))
-            raise AssertionError(f"{exc}\nthe slider holds {slider.input_value()}\n"
-                                 f"{_moves(db)}") from None
-        # the after-state for the screenshot: the KPI window has moved past the change
-        expect(page.get_by_text(re.compile(r"KPIs over the last 10 s")).first).to_be_visible(
-            timeout=60_000)
+            # the after-state for the screenshot: the KPI window has moved past the change
+            expect(page.get_by_text(re.compile(r"KPIs over the last 10 s")).first
+                   ).to_be_visible(timeout=60_000)
+        except AssertionError as exc:  # what the page and the store say, for the log
+            page.screenshot(path=str(ARTIFACTS / "after-the-move.png"))
+            said = page.locator('[data-testid="stCaptionContainer"], [data-testid="stAlert"]'
+                                ).all_inner_texts()
+            raise AssertionError(f"{exc}\nthe slider holds {slider.input_value()}; the page "
+                                 f"says {said}\n{_moves(db)}") from None
         page.screenshot(path=str(SHOTS / "flat-after.png"))
         after = _banner(page)
     assert not errors, errors
@@ -186,7 +188,10 @@ def _moves(db) -> str:
 
     store = Store(db)
     run = int(store.runs()["id"].iloc[0])
-    return (store.control_requests(run, limit=20).to_string() + "\n" +
+    steps = store.steps(run)
+    last = steps.groupby("config_seq")["ts"].agg(["size", "max"]) if not steps.empty else None
+    return (f"now {time.time():.1f}; steps by config_seq (count, last ts):\n{last}\n" +
+            store.control_requests(run, limit=20).to_string() + "\n" +
             store.events(run)[["ts", "kind", "label"]].to_string())
 
 
