@@ -169,6 +169,29 @@ def test_a_loop_that_breaks_lets_its_workers_go_as_bare(tmp_path, request, no_le
     assert steps["step"].tolist() == list(range(15))
 
 
+def test_a_loader_whose_iter_raises_leaves_no_traceback_of_ours(tmp_path, no_leaks):
+    """The loader's own iter() raises and the script catches it: the script's output is as
+    bare, and nothing of the probe's (an iterator half made, then let go) reaches stderr."""
+    script = tmp_path / "bad_iter.py"
+    script.write_text(
+        "from torch.utils.data import DataLoader\n"
+        "class L(DataLoader):\n"
+        "    def __iter__(self):\n"
+        "        raise RuntimeError('my loader broke at iter')\n"
+        "try:\n"
+        "    for b in L(list(range(8)), batch_size=2):\n"
+        "        pass\n"
+        "except RuntimeError as e:\n"
+        "    print('caught:', e)\n")
+    r = subprocess.run([sys.executable, "-m", "monitor", "run", "--db", str(tmp_path / "b.db"),
+                        "--", sys.executable, str(script)], cwd=ROOT,
+                       env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True,
+                       text=True, timeout=180)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.splitlines()[0] == "caught: my loader broke at iter", r.stdout
+    assert "Traceback" not in r.stderr and "Exception ignored" not in r.stderr, r.stderr
+
+
 def test_the_probe_is_imported_when_the_script_imports_a_loader_not_before(tmp_path,
                                                                            no_leaks):
     """monitor/probe/hook.py: the script's interpreter starts with the hook alone; the probe

@@ -226,6 +226,9 @@ class TimedIterator:
     return True to end the epoch. The watchdog reads `probe.waiting_since`, which only this
     loop writes."""
 
+    # (a class default: __del__ runs on one whose make_iter() raised, before __init__ set it)
+    on_drop: Callable[[int], None] | None = None  # NOTE [the loop let go]
+
     def __init__(self, probe: Probe, epoch: int, make_iter: Callable[[], Iterator[Any]],
                  t_start: float | None = None, between: Between | None = None) -> None:
         self.probe, self.epoch, self._between = probe, epoch, between
@@ -244,7 +247,6 @@ class TimedIterator:
         self.ended = False
         self.passthrough = False  # the probe failed: batches pass through untimed
         self.expected: int | None = None  # the epoch's length, read at its first batch
-        self.on_drop: Callable[[int], None] | None = None  # NOTE [the loop let go]
         self._thread = threading.get_ident()
 
     @property
