@@ -30,6 +30,7 @@ Standard library only, and monitor/records.py (the probe imports it: its fence).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import mmap
@@ -292,7 +293,7 @@ class RingReader:
         self.capacity, self.pid, self.rank = cap, pid, rank
         self.anchor_clock, self.anchor_wall = a_clock, a_wall
         self.tail = 0
-        self._events_at = 0
+        self._events_fd: int | None = None
         self._partial = b""
 
     def head(self) -> int:
@@ -323,13 +324,16 @@ class RingReader:
 
     def events(self) -> list[tuple[float, str, str, dict[str, Any] | None]]:
         """The event lines appended since the last read (a line not yet whole waits)."""
-        try:
-            with open(self.path[:-len(SUFFIX)] + EVENTS, "rb") as f:
-                f.seek(self._events_at)
-                data = f.read()
-        except OSError:
+        try:  # (held open once there: an open a cycle was most of a read)
+            if self._events_fd is None:
+                self._events_fd = os.open(self.path[:-len(SUFFIX)] + EVENTS, os.O_RDONLY)
+        except OSError:  # not made yet
             return []
-        self._events_at += len(data)
+        chunks = []
+        with contextlib.suppress(OSError):
+            while chunk := os.read(self._events_fd, 1 << 16):
+                chunks.append(chunk)
+        data = b"".join(chunks)
         *lines, self._partial = (self._partial + data).split(b"\n")
         out = []
         for line in lines:
@@ -356,3 +360,6 @@ class RingReader:
 
     def close(self) -> None:
         self.mm.close()
+        if self._events_fd is not None:
+            os.close(self._events_fd)
+            self._events_fd = None

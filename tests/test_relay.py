@@ -237,15 +237,22 @@ def test_the_relay_keeps_rows_the_store_refuses_and_says_what_it_lost(tmp_path):
     w = RingWriter(relay.folder, 0, 0.0, 0.0)
     for i in range(50):
         w.put(STEP, (i, 0, float(i), 0.0, 0.0, 1, 0, None, None, None, None, None, None))
+        if i % 10 == 9:  # an epoch's end: its event beside the steps
+            w.event(float(i), "epoch", f"epoch {i // 10}", {"epoch": i // 10})
     lock = sqlite3.connect(store.path, timeout=30, isolation_level=None)
     lock.execute("BEGIN EXCLUSIVE")
     relay.store.db.conn().execute("PRAGMA busy_timeout = 0")
     relay.cycle()
-    assert relay.failing and len(relay.held) == 50 and w.consumed() == 0
+    assert relay.failing and len(relay.held) == 50 and len(relay.events) == 5
+    assert w.consumed() == 0
     lock.execute("COMMIT")
+    w.event(50.0, "epoch", "epoch 5", {"epoch": 5})  # one more, read with the held ones
     relay.cycle()
-    assert not relay.held and w.consumed() == 50
+    assert not relay.held and not relay.events and w.consumed() == 50
     assert store.steps(run_id)["step"].tolist() == list(range(50))
+    # the events of a refused write are written once, in order, with the later one
+    assert store.events(run_id, kinds=("epoch",))["label"].tolist() == [
+        f"epoch {e}" for e in range(6)]
     assert "no step lost" in store.events(run_id, kinds=("probe",))["label"].iloc[-1]
     relay.stop()
 
