@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import http.server
+import itertools
 import json
 import os
 import re
@@ -23,7 +24,6 @@ from pathlib import Path
 import pytest
 
 from monitor.export import promql
-from monitor.probe.recorder import FLUSH_S
 from monitor.records import GpuDevice
 from monitor.store import Store
 from tests.conftest import require, wait_for
@@ -171,8 +171,9 @@ def test_two_node_job_in_prometheus(tmp_path, no_leaks):
         recorded = prom_query(base, "starvation:input_straggler", time=str(at))
         # the page's Job tab reads the same job back (dashboard --prometheus)
         tab = promread.job(base, f"127.0.0.1:{master}", rng=WINDOW, at=at)
-        scrape = prom_query(base, 'max_over_time(scrape_duration_seconds'
-                                  f'{{job="starvation-monitor"}}[{WINDOW}])', time=str(at))
+        # the counters' raw samples in the window: what each scrape read, and when
+        raw = prom_query(base, f'starvation_samples_total{{job_id!=""}}[{WINDOW}]',
+                         time=str(at))
     finally:
         try:
             outs = [ended(n) for n in nodes]
@@ -206,15 +207,30 @@ def test_two_node_job_in_prometheus(tmp_path, no_leaks):
     assert [(s["metric"]["rank"], s["metric"]["gpu"], float(s["value"][1])) for s in joined] \
         == [("0", "0", 37.0)]
     # the job's throughput in PromQL is the two stores' over the same window. A counter
-    # trails the store's step times by what is not yet flushed (up to FLUSH_S and a step) and
-    # is stamped with the scrape's start, not its read; how far that trail moves between the
-    # window's two ends is the error, measured here (a busy box, CI: 175.0 vs 185.3, 5.6%)
-    job = float(results[1][0][0]["value"][1])
+    # trails the store's step times: each scrape reads the rows stored by then (the relay's
+    # lag, a step, the scrape's own time; a saturated suite: seconds), stamped with the
+    # scrape's start. Measured here: each raw counter value is exactly the sum of the rank's
+    # first stored steps (nothing counted twice or lost), and its trail the scrape's time
+    # less the last of those steps' time; the window's rate moves by up to that trail
     span = float(WINDOW.rstrip("s"))
+    trails = []
+    for series in raw:
+        rank = int(series["metric"]["rank"])
+        rows = Store(dbs[rank]).db.conn().execute(
+            "SELECT ts, samples FROM steps WHERE run_id = 1 AND rank = ? ORDER BY rowid",
+            (rank,)).fetchall()
+        upto = dict(zip(itertools.accumulate([n for _, n in rows]), [t for t, _ in rows],
+                        strict=True))
+        for t, v in series["values"]:
+            if float(v) == 0:  # (no step yet)
+                continue
+            assert float(v) in upto, (rank, v, "is no sum of the rank's first stored steps")
+            trails.append(float(t) - upto[float(v)])
+    job = float(results[1][0][0]["value"][1])
     steps = [Store(db).steps(1, since=at - span, until=at) for db in dbs]
     stored = sum(float(s["samples"].sum()) for s in steps) / span
     step = max(float((s["wait_s"] + s["compute_s"]).max()) for s in steps)
-    trail = FLUSH_S + step + max(float(s["value"][1]) for s in scrape)
+    trail = max(trails) + step
     print(f"job throughput: PromQL {job:.1f}, stores {stored:.1f} samples/s (trail up to "
           f"{trail:.2f} s of {span:.0f}); straggler {results[4][0][0]['metric']}: "
           f"{float(results[4][0][0]['value'][1]) * 1000:.1f} ms/step")
