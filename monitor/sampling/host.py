@@ -73,6 +73,7 @@ class HostSampler:
         self.clock = clock
         self.proc = proc
         self._prev: dict[int | None, dict[str, Any]] = {}  # the last pass's /proc readings
+        self._io: dict[int | None, dict[int, tuple[int, int] | None]] = {}  # this pass's io
         self._lock = threading.Lock()
         self._pid: int | None = None
         self._run_id: int | None = None
@@ -103,7 +104,7 @@ class HostSampler:
             self._pid, self._run_id = pid, run_id
             self._procs = {}
             self._kids, self._ranks = {}, {}
-            self._passes, self._uss, self._prev = 0, {}, {}
+            self._passes, self._uss, self._prev, self._io = 0, {}, {}, {}
             self._uss_at, self._uss_flat = {}, {}
             self._wcpu, self._threads, self._uss_each = {}, {}, {}
             self._net, self._net_rows, self._scanned = NetReads(self.proc), {}, {}
@@ -273,8 +274,8 @@ class HostSampler:
         a rate of bytes, read the same."""
         last = self._net_rows.get(key)
         if last is None or self._passes - last[0] >= NET_EVERY or last[2] != workers:
-            last = self._net_rows[key] = (self._passes, self._net.sample(key, main, workers),
-                                          workers)
+            last = self._net_rows[key] = (self._passes, self._net.sample(
+                key, main, workers, self._io.get(key)), workers)
         return last[1]
 
     def _uss_due(self, key: int | None, workers: list[Any]) -> bool:
@@ -324,10 +325,12 @@ class HostSampler:
         of it (its last schedstat on-CPU) is taken off."""
         now = time.monotonic()
         pids = [w.pid for w in workers]
+        io = {p: procfs.io_counts(p, self.proc) for p in (main.pid, *pids)}
+        self._io[key] = io  # (the sockets' look, _net_fields, reads them from here)
         cur = {"t": now, "pid": main.pid, "main": procfs.schedstat(main.pid, self.proc),
-               "main_read": procfs.storage_reads(main.pid, self.proc),
+               "main_read": (io[main.pid] or (0, None))[1],  # what storage served
                "workers": {p: procfs.schedstat(p, self.proc) for p in pids},
-               "reads": {p: procfs.storage_reads(p, self.proc) for p in pids},
+               "reads": {p: (io[p] or (0, None))[1] for p in pids},
                "children": _children_cpu(main)}
         prev, self._prev[key] = self._prev.get(key), cur
         out: dict[str, float | None] = dict(proc_runq_pct=None, workers_runq_pct=None,
@@ -422,7 +425,6 @@ class HostSampler:
         before, self._mine_cpu, self._mine_t = self._mine_t, cur, now
         return 100.0 * total / (now - before) if before is not None and now > before else None
 
-
     def sample(self) -> HostSample:
         """The followed process's row (the first rank's, for a job)."""
         return self.sample_all()[0]
@@ -430,11 +432,10 @@ class HostSampler:
 
 OWN_EVERY = 80  # passes between looks for the monitor's own processes (a process scan)
 
-_EMPTY = dict(proc_cpu_pct=None, proc_rss_mb=None, workers=None, workers_cpu_pct=None,
-              workers_rss_mb=None, workers_uss_mb=None, proc_runq_pct=None,
-              workers_runq_pct=None, workers_reaped_cpu_pct=None, proc_read_kb_s=None,
-              proc_busy_threads=None, workers_busy_threads=None,
-              workers_read_kb_s=None, workers_detail=None)
+_EMPTY = dict.fromkeys((  # a process's fields, none measured
+    "proc_cpu_pct proc_rss_mb workers workers_cpu_pct workers_rss_mb workers_uss_mb "
+    "proc_runq_pct workers_runq_pct workers_reaped_cpu_pct proc_read_kb_s proc_busy_threads "
+    "workers_busy_threads workers_read_kb_s workers_detail").split())
 
 
 def is_monitor(cmdline: list[str]) -> bool:

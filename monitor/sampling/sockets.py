@@ -109,10 +109,14 @@ class NetReads:
         # sockets are the loaders' (_inodes): a job whose loaders hold none reads no table
         self._peers: dict[int | None, tuple[frozenset[str], dict[str, int], int]] = {}
 
-    def sample(self, key: int | None, main: int, workers: list[int]) -> dict:
+    def sample(self, key: int | None, main: int, workers: list[int],
+               counts: dict[int, tuple[int, int] | None] | None = None) -> dict:
+        """`counts`: the processes' io counts this pass has read already (pid -> (rchar,
+        read_bytes)), else they are read here."""
         pids = workers or [main]
         now = self.clock()
-        io = {p: v for p in pids if (v := io_counts(p, self.proc)) is not None}
+        io = {p: v for p in pids if (v := (counts[p] if counts is not None and p in counts
+                                           else io_counts(p, self.proc))) is not None}
         parent = _inodes(main, self.proc)
         held, self._held[key] = self._held.get(key), parent
         own: set[str] = set()  # the loaders' own connections (NOTE above)
