@@ -237,21 +237,18 @@ class HostSampler:
         proc_cpu = _safe(lambda: main.cpu_percent(None))
         room = None if capacity_pct is None else capacity_pct - (proc_cpu or 0.0)
         w_rss = [_safe(lambda w=w: w.memory_info().rss / MB) for w in workers]
-        if self._uss_due(key, workers):
+        if (read := self._uss_due(key, workers)) is not None:
             # a new set of workers all, then the one read longest ago (NOTE [one worker's
             # USS a read]); the total is each one's as last read
-            each = self._uss_each.get(key, {})
-            new = set(each) != {w.pid for w in workers}
-            read = workers if new else [w for w in workers if w.pid == next(iter(each))]
+            each, new = self._uss_each.get(key, {}), read is workers
             got = {w.pid: _safe(lambda w=w: w.memory_full_info().uss / MB) for w in read}
             each = got if new else {**{p: u for p, u in each.items() if p not in got}, **got}
             total, prev = sum(u for u in each.values() if u is not None), self._uss.get(key)
             flat = prev is not None and total - prev <= USS_RISE_MB
             self._uss_flat[key] = self._uss_flat.get(key, 0) + 1 if flat else 0
-            # (a new key's schedule shifted by its rank: 8 ranks' workers read in one pass
-            # held it 0.1 s)
-            self._uss_at[key] = self._passes - (0 if key in self._uss_at else
-                                                (key or 0) % USS_EVERY)
+            # (turns shifted by rank: 8 ranks' workers read in one pass held it 0.1 s)
+            shift = 0 if key in self._uss_at else (key or 0) % USS_EVERY
+            self._uss_at[key] = self._passes - shift
             self._uss[key], self._uss_each[key] = total, each
         before = self._wcpu.get(key)
         workers_cpu = self._workers_cpu(key, workers, room)
@@ -278,15 +275,18 @@ class HostSampler:
                 key, main, workers, self._io.get(key)), workers)
         return last[1]
 
-    def _uss_due(self, key: int | None, workers: list[Any]) -> bool:
-        """The workers' USS is read at once for a new set of workers, then every USS_EVERY
-        passes, and USS_BACKOFF times less often once every worker read flat (most jobs:
-        smaps is the costliest read of a pass); a rise brings the full rate back."""
-        last = self._uss_at.get(key)
-        if last is None or set(self._uss_each.get(key, ())) != {w.pid for w in workers}:
-            return True
+    def _uss_due(self, key: int | None, workers: list[Any]) -> list[Any] | None:
+        """The workers whose USS this pass reads (None: none is due): a new set at once,
+        then every USS_EVERY passes the one read longest ago, USS_BACKOFF times less often
+        once every worker read flat (most jobs: smaps is the costliest read of a pass); a
+        rise brings the full rate back."""
+        last, each = self._uss_at.get(key), self._uss_each.get(key, {})
+        if last is None or set(each) != {w.pid for w in workers}:
+            return workers
         slow = self._uss_flat.get(key, 0) >= max(USS_FLAT_READS, len(workers))
-        return self._passes - last >= USS_EVERY * (USS_BACKOFF if slow else 1)
+        if self._passes - last < USS_EVERY * (USS_BACKOFF if slow else 1):
+            return None
+        return [w for w in workers if w.pid == next(iter(each))]
 
     def _cgroup(self, pid: int) -> dict[str, float]:
         """The memory limit over the process that leaves it the least room, and what its
