@@ -13,18 +13,19 @@ Features in, a finding out."""
 # CPU and the device waiting for data, is named with the fix: one thread a worker
 # (worker_init_fn), torch.set_num_threads(cores - workers) in the main process. A pool in
 # every worker has no predicted gain: threads that wait for each other spin, so neither the
-# loaders' CPU wait (4%) nor their CPU use says what one thread a worker gives (x14-30 bare,
-# tests/scripts/causes.py threads). The main process's pool has one: with the cores shared
-# alike among the threads at work, the workers get cores / (main + workers) of a core each
-# before and cores / (kept + workers) after, at most all of the time they waited for a CPU
-# back, and the loop at most its compute-bound rate (main_threads: x1.33 predicted, x1.45
-# bare). Beside other processes' busy threads (a shared workstation, another job on the node)
-# the same pool stalls the step itself: its threads want more CPU than is left, and each
-# operator waits for its slowest thread (tests/scripts/causes.py main_threads beside one busy
-# process: 48 samples/s, 243 with torch.set_num_threads(1); recompiles.py 85-128 against
-# 1,455-1,480). The main process's threads at work are then named against the cores the
-# others leave, whether the loop waits for data or not; that gain has no prediction (the
-# stall is the threads' wait for each other, which no CPU figure shows).
+# loaders' CPU wait (4%) nor their CPU use says what one thread a worker gives (x4-18 bare
+# in four pairs, x14-30 in earlier ones: tests/scripts/causes.py threads; the advice says
+# so). The main process's pool has one: with the cores shared alike among the threads at
+# work, the workers get cores / (main + workers) of a core each before and cores / (kept +
+# workers) after, at most all of the time they waited for a CPU back, and the loop at most
+# its compute-bound rate (main_threads: x1.33 predicted, x1.45 bare). Beside other
+# processes' busy threads (a shared workstation, another job on the node) the same pool
+# stalls the step itself: its threads want more CPU than is left, and each operator waits
+# for its slowest thread (tests/scripts/causes.py main_threads beside one busy process: 48
+# samples/s, 243 with torch.set_num_threads(1); recompiles.py 85-128 against 1,455-1,480).
+# The main process's threads at work are then named against the cores the others leave,
+# whether the loop waits for data or not; that gain has no prediction (the stall is the
+# threads' wait for each other, which no CPU figure shows).
 from __future__ import annotations
 
 import math
@@ -64,7 +65,9 @@ def threads_fight(f: Any) -> Finding | None:
                      "cap each worker's pool in worker_init_fn: torch.set_num_threads(1), "
                      "cv2.setNumThreads(0), threadpoolctl.threadpool_limits(1); or "
                      "OMP_NUM_THREADS=1 and OPENBLAS_NUM_THREADS=1 in the environment "
-                     "before the script starts")
+                     "before the script starts (the gain is not predicted: no CPU figure "
+                     "says how much of the pools' CPU is spent waiting for each other; "
+                     "measured x4-18 on a reproducer, 2 workers of 2 threads on 2 cores)")
         return Finding(WORKER_THREADS, text, {"threads_a_worker": each, "workers": nw,
                                               "runq_share": waits}, (fix,),
                        no_more_workers=True)
