@@ -61,13 +61,8 @@ def _safe(fn: Callable[[], Any], default: Any = None) -> Any:
 class HostSampler:
     """Samples the host and the watched process tree; `sample()` returns a HostSample."""
 
-    def __init__(
-        self,
-        psutil: ModuleType = _psutil,
-        shm_path: str = "/dev/shm",
-        clock: Callable[[], float] = time.time,
-        proc: str = "/proc",
-    ) -> None:
+    def __init__(self, psutil: ModuleType = _psutil, shm_path: str = "/dev/shm",
+                 clock: Callable[[], float] = time.time, proc: str = "/proc") -> None:
         self.psutil = psutil
         self.shm_path = shm_path
         self.clock = clock
@@ -97,6 +92,7 @@ class HostSampler:
         self._mine_t: float | None = None
         self._scan = GroupScan(proc=proc)  # NOTE [scheduling groups] in groups.py
         self._net = NetReads(proc)  # NOTE [remote reads] in sockets.py
+        self._stat = procfs.StatPass(proc)  # the descendants' stat, once a pass
         psutil.cpu_percent(percpu=True)  # prime: the first call has nothing to compare with
 
     def follow(self, pid: int | None, run_id: int | None) -> None:
@@ -146,7 +142,7 @@ class HostSampler:
             elif scans != seen:
                 self._kids[pid] = self._joined(pid, self._kids[pid])
                 self._scanned[pid] = (scans, self._passes)
-            kids = self._kids[pid] = [k for k in self._kids[pid] if k.is_running()]
+            kids = self._kids[pid] = [k for k in self._kids[pid] if self._stat.running(k)]
         except (_psutil.Error, OSError):
             return None, []
         workers = []
@@ -210,10 +206,9 @@ class HostSampler:
         cur: dict[int, float] = {}
         measured, owed = 0.0, prev["owed"] if prev else 0.0
         for w in workers:
-            t = _safe(w.cpu_times)
-            if t is None:
+            if (c := self._stat.cpu_s(w.pid)) is None:  # (gone: _tree dropped it)
                 continue
-            cur[w.pid] = c = float(t.user + t.system)
+            cur[w.pid] = c
             if prev is None:
                 continue
             if w.pid in prev["cpu"]:
@@ -314,7 +309,7 @@ class HostSampler:
                     (now["t"] - before["t"])
             cur.append({"pid": w.pid, "cpu_pct": pct, "rss_mb": r,
                         "uss_mb": self._uss_each.get(key, {}).get(w.pid),
-                        "status": _safe(w.status)})
+                        "status": self._stat.status(w.pid)})
         return json.dumps(cur)
 
     def _time_split(self, key: int | None, main: Any, workers: list[Any]) -> dict:
@@ -389,6 +384,7 @@ class HostSampler:
                                               100.0 * len(per_core) if per_core else None)
                 rows.append(HostSample(**{**_EMPTY, **host, **fields, "rank": rank}))
             self._procs = {p: o for p, o in self._procs.items() if p in live}
+            self._stat.end_pass(live)
             self._limits = {p: v for p, v in self._limits.items() if p in live}
             mine = self._monitor_cpu(live)
             if mine is not None:
