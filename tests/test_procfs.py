@@ -33,6 +33,36 @@ def test_schedstat_sums_the_threads_and_io_reads_the_block_devices_bytes(tmp_pat
     assert procfs.storage_reads(42, root) == 4096  # read_bytes, not rchar
 
 
+def test_a_pass_reads_each_stat_once_and_a_reused_pid_is_not_the_process(tmp_path):
+    """StatPass stands for psutil's is_running, cpu_times and status: the state, CPU and
+    start of one raw read; the same PID with a later start (another process) is not
+    running for the object that read it first, and is for one made since."""
+    import types
+
+    def stat(state: str, utime: int, stime: int, start: int) -> None:
+        fields = [state, "1", *["0"] * 9, str(utime), str(stime), *["0"] * 6, str(start), "0"]
+        (tmp_path / "42").mkdir(exist_ok=True)
+        (tmp_path / "42" / "stat").write_text(f"42 (pt_data_worker) {' '.join(fields)}\n")
+
+    stat("D", 3 * procfs.TICK, procfs.TICK, 5000)
+    sp, worker = procfs.StatPass(str(tmp_path)), types.SimpleNamespace(pid=42)
+    assert sp.running(worker)
+    assert sp.cpu_s(42) == 4.0 and sp.status(42) == "disk-sleep"  # psutil's name
+    sp.end_pass({42})
+    assert sp.cpu_s(42) is None  # a pass's reads are that pass's
+    stat("S", 3 * procfs.TICK, procfs.TICK, 9000)  # PID 42 taken by another process
+    assert not sp.running(worker)
+    assert sp.running(types.SimpleNamespace(pid=42))  # an object made for the new one
+    os.remove(tmp_path / "42" / "stat")
+    assert not sp.running(worker) and sp.status(43) is None  # gone; never seen
+    # a live process: the same figures as psutil's
+    import psutil
+
+    me, live = psutil.Process(), procfs.StatPass()
+    assert live.running(me) and live.status(me.pid) == me.status()
+    assert abs(live.cpu_s(me.pid) - sum(me.cpu_times()[:2])) <= 0.05
+
+
 def test_run_queue_time_since_a_read_never_goes_back_when_a_thread_ends():
     """A thread that ended between two reads takes its time out of the process's sum; the
     time since is taken thread by thread (a Ray rank read negative before)."""
