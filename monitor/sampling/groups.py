@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from monitor.sampling.procfs import read_small
+from monitor.sampling.procfs import proc_stat, read_small
 
 SCAN_S = 1.0  # seconds between scans of /proc (2.5 ms of CPU for 64 processes here)
 PF_KTHREAD = 0x00200000  # /proc/<pid>/stat flags: a kernel thread
@@ -84,7 +84,6 @@ class GroupScan:
     def __init__(self, proc: str = "/proc", root: str = "/sys/fs/cgroup",
                  clock: Callable[[], float] = time.monotonic, every_s: float = SCAN_S) -> None:
         self.proc, self.root, self.clock, self.every_s = proc, root, clock, every_s
-        self.tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
         self._prev: dict[int, tuple[float, float, int]] = {}  # pid -> (cpu s, runq s, threads)
         self._t: float | None = None
         self._groups: dict[int, tuple[str, float]] = {}
@@ -96,22 +95,14 @@ class GroupScan:
 
     def _times(self, pid: int) -> tuple[int, tuple[float, float, int]] | None:
         """(its parent, (CPU s, run-queue s, threads)) from its stat and schedstat."""
-        stat = _read(f"{self.proc}/{pid}/stat")
-        if stat is None:
+        st = proc_stat(pid, self.proc)
+        if st is None:
             return None
-        fields = stat.rpartition(")")[2].split()
-        try:
-            parent = int(fields[1])
-            cpu = (int(fields[11]) + int(fields[12])) / self.tick
-            threads = int(fields[17])
-            kernel = int(fields[6]) & PF_KTHREAD
-        except (IndexError, ValueError):
-            return None
-        if kernel:  # its CPU counts, its run-queue wait is not read (most of a host's PIDs
-            return parent, (cpu, 0.0, threads)  # are kernel threads: 1000 on a 96-core node)
+        if st.flags & PF_KTHREAD:  # its CPU counts, its run-queue wait is not read (most of
+            return st.ppid, (st.cpu_s, 0.0, st.threads)  # a host's PIDs: 1000 on 96 cores)
         sched = (_read(f"{self.proc}/{pid}/schedstat") or "").split()
         runq = int(sched[1]) / 1e9 if len(sched) >= 2 and sched[1].isdigit() else 0.0
-        return parent, (cpu, runq, threads)
+        return st.ppid, (st.cpu_s, runq, st.threads)
 
     def sample(self, ours: set[int], own: int | None) -> str | None:
         now = self.clock()

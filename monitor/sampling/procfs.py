@@ -75,12 +75,16 @@ def schedstat(pid: int, proc: str = "/proc") -> SchedTimes | None:
 @dataclass(frozen=True, slots=True)
 class ProcStat:
     """What a process's /proc/<pid>/stat says in one read: its state letter (R, S, D, Z,
-    ...), its CPU seconds (user + system), and its start (clock ticks after boot: with the
-    PID, who it is; a PID reused by another process starts later)."""
+    ...), its CPU seconds (user + system), its start (clock ticks after boot: with the PID,
+    who it is; a PID reused by another process starts later), its parent, its threads and
+    its flags (PF_KTHREAD: a kernel thread)."""
 
     state: str
     cpu_s: float
     start: int
+    ppid: int
+    threads: int
+    flags: int
 
 
 TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
@@ -92,9 +96,10 @@ STATES = {"R": "running", "S": "sleeping", "D": "disk-sleep", "T": "stopped",
 
 def proc_stat(pid: int, proc: str = "/proc") -> ProcStat | None:
     """The process's stat fields above in one raw read; None when it is gone."""
-    fields = (read_small(f"{proc}/{pid}/stat") or "").rpartition(")")[2].split()
-    try:
-        return ProcStat(fields[0], (int(fields[11]) + int(fields[12])) / TICK, int(fields[19]))
+    f = (read_small(f"{proc}/{pid}/stat") or "").rpartition(")")[2].split()
+    try:  # (fields after the command's closing parenthesis, from the state on)
+        return ProcStat(f[0], (int(f[11]) + int(f[12])) / TICK, int(f[19]), int(f[1]),
+                        int(f[17]), int(f[6]))
     except (IndexError, ValueError):
         return None
 
