@@ -231,7 +231,7 @@ def test_the_monitors_own_processes_are_counted_apart_from_the_job_and_other_pro
     is found by its command line: its CPU is on a line of its own, and the verdict's "other
     processes" leaves it out; the watched job's own processes are never counted there."""
     from monitor.diagnosis.features import _cpu
-    from monitor.sampling.host import is_monitor
+    from monitor.sampling.own import is_monitor
 
     assert is_monitor(["/usr/bin/python3", "-m", "monitor", "run", "--", "python", "t.py"])
     assert is_monitor(["/venv/bin/starvation-monitor", "run"])

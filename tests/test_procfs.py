@@ -34,13 +34,14 @@ def test_schedstat_sums_the_threads_and_io_reads_the_block_devices_bytes(tmp_pat
 
 
 def test_a_pass_reads_each_stat_once_and_a_reused_pid_is_not_the_process(tmp_path):
-    """StatPass stands for psutil's is_running, cpu_times and status: the state, CPU and
-    start of one raw read; the same PID with a later start (another process) is not
-    running for the object that read it first, and is for one made since."""
+    """StatPass stands for psutil's is_running, cpu_times, num_threads, status and
+    memory_info's rss: the fields of one raw read; the same PID with a later start (another
+    process) is not running for the object that read it first, and is for one made since."""
     import types
 
     def stat(state: str, utime: int, stime: int, start: int) -> None:
-        fields = [state, "1", *["0"] * 9, str(utime), str(stime), *["0"] * 6, str(start), "0"]
+        fields = [state, "1", *["0"] * 9, str(utime), str(stime), str(2 * procfs.TICK),
+                  str(procfs.TICK), "20", "0", "3", "0", str(start), "0", "100"]
         (tmp_path / "42").mkdir(exist_ok=True)
         (tmp_path / "42" / "stat").write_text(f"42 (pt_data_worker) {' '.join(fields)}\n")
 
@@ -48,6 +49,8 @@ def test_a_pass_reads_each_stat_once_and_a_reused_pid_is_not_the_process(tmp_pat
     sp, worker = procfs.StatPass(str(tmp_path)), types.SimpleNamespace(pid=42)
     assert sp.running(worker)
     assert sp.cpu_s(42) == 4.0 and sp.status(42) == "disk-sleep"  # psutil's name
+    st = sp.now(42)
+    assert (st.threads, st.children_cpu_s, st.rss) == (3, 3.0, 100 * procfs.PAGE)
     sp.end_pass({42})
     assert sp.cpu_s(42) is None  # a pass's reads are that pass's
     stat("S", 3 * procfs.TICK, procfs.TICK, 9000)  # PID 42 taken by another process
@@ -61,6 +64,9 @@ def test_a_pass_reads_each_stat_once_and_a_reused_pid_is_not_the_process(tmp_pat
     me, live = psutil.Process(), procfs.StatPass()
     assert live.running(me) and live.status(me.pid) == me.status()
     assert abs(live.cpu_s(me.pid) - sum(me.cpu_times()[:2])) <= 0.05
+    st, times = live.now(me.pid), me.cpu_times()
+    assert abs(st.children_cpu_s - times.children_user - times.children_system) <= 0.05
+    assert abs(st.rss - me.memory_info().rss) <= 4 * 2**20 and st.threads == me.num_threads()
 
 
 def test_run_queue_time_since_a_read_never_goes_back_when_a_thread_ends():

@@ -21,6 +21,7 @@ import psutil as _psutil
 from monitor.records import HostSample
 from monitor.sampling import procfs
 from monitor.sampling.groups import GroupScan
+from monitor.sampling.own import OwnProcesses
 from monitor.sampling.sockets import NetReads
 
 MB = 1024 * 1024
@@ -39,15 +40,6 @@ TREE_EVERY = 8  # the followed process's descendants by a scan of every process 
 NET_EVERY = 4  # the loaders' sockets and reads (their descriptors listed: ~1 ms a pass for 5
 # processes); the passes between repeat them
 CGROUP_EVERY = 40  # the memory limits over a process (its cgroup's and its ancestors')
-
-
-def _children_cpu(proc: Any) -> float | None:
-    """CPU seconds of the process's children it has waited for (cutime + cstime)."""
-    try:
-        t = proc.cpu_times()
-        return float(t.children_user + t.children_system)
-    except (_psutil.Error, OSError, ValueError, AttributeError):
-        return None
 
 
 def _safe(fn: Callable[[], Any], default: Any = None) -> Any:
@@ -86,13 +78,12 @@ class HostSampler:
         self._uss_flat: dict[int | None, int] = {}  # its reads since it last rose
         self._uss_each: dict[int | None, dict[int, float | None]] = {}  # by worker PID
         self._wcpu: dict[int | None, dict[str, Any]] = {}  # workers' CPU seconds, last pass
+        self._main_cpu: dict[int | None, tuple[int, float, float]] = {}  # (pid, CPU s, when)
         self._threads: dict[int, int | None] = {}  # thread count by PID, last pass
-        self._mine: dict[int, Any] = {}  # the monitor's own processes (OWN_EVERY passes)
-        self._mine_cpu: dict[int, float] = {}  # their CPU seconds, last pass
-        self._mine_t: float | None = None
+        self._ours = OwnProcesses(proc)  # the monitor's own processes and their CPU
         self._scan = GroupScan(proc=proc)  # NOTE [scheduling groups] in groups.py
         self._net = NetReads(proc)  # NOTE [remote reads] in sockets.py
-        self._stat = procfs.StatPass(proc)  # the descendants' stat, once a pass
+        self._stat = procfs.StatPass(proc)  # the job's processes' stat, once a pass
         psutil.cpu_percent(percpu=True)  # prime: the first call has nothing to compare with
 
     def follow(self, pid: int | None, run_id: int | None) -> None:
@@ -102,7 +93,7 @@ class HostSampler:
             self._kids, self._ranks = {}, {}
             self._passes, self._uss, self._prev, self._io = 0, {}, {}, {}
             self._uss_at, self._uss_flat = {}, {}
-            self._wcpu, self._threads, self._uss_each = {}, {}, {}
+            self._wcpu, self._threads, self._uss_each, self._main_cpu = {}, {}, {}, {}
             self._net, self._net_rows, self._scanned = NetReads(self.proc), {}, {}
             self._limits = {}
 
@@ -117,9 +108,7 @@ class HostSampler:
     def _proc(self, pid: int) -> Any:
         p = self._procs.get(pid)
         if p is None:
-            p = self.psutil.Process(pid)
-            p.cpu_percent(None)
-            self._procs[pid] = p
+            p = self._procs[pid] = self.psutil.Process(pid)
         return p
 
     def _tree(self, pid: int) -> tuple[Any | None, list[Any]]:
@@ -132,7 +121,10 @@ class HostSampler:
         TREE_EVERY passes without one; between refreshes dead ones drop out."""
         try:
             main = self._proc(pid)
-            threads = _safe(main.num_threads)
+            if not self._stat.running(main):  # (gone, or its PID another's: a new object)
+                self._procs.pop(pid, None)
+                return None, []
+            threads = self._stat.now(pid).threads
             moved, self._threads[pid] = threads != self._threads.get(pid), threads
             scans, (seen, at) = self._scan.scans, self._scanned.get(pid, (-1, -TREE_EVERY))
             if pid not in self._kids or moved or (
@@ -229,9 +221,14 @@ class HostSampler:
                         capacity_pct: float | None = None) -> dict:
         if main is None:
             return {}
-        proc_cpu = _safe(lambda: main.cpu_percent(None))
+        st, now = self._stat.now(main.pid), time.monotonic()
+        if st is None:  # (gone since _tree)
+            return {}
+        prev, self._main_cpu[key] = self._main_cpu.get(key), (main.pid, st.cpu_s, now)
+        proc_cpu = 100.0 * (st.cpu_s - prev[1]) / (now - prev[2]) \
+            if prev is not None and prev[0] == main.pid and now > prev[2] else None
         room = None if capacity_pct is None else capacity_pct - (proc_cpu or 0.0)
-        w_rss = [_safe(lambda w=w: w.memory_info().rss / MB) for w in workers]
+        w_rss = [w.rss / MB if (w := self._stat.now(p.pid)) else None for p in workers]
         if (read := self._uss_due(key, workers)) is not None:
             # a new set of workers all, then the one read longest ago (NOTE [one worker's
             # USS a read]); the total is each one's as last read
@@ -249,7 +246,7 @@ class HostSampler:
         workers_cpu = self._workers_cpu(key, workers, room)
         return dict(
             proc_cpu_pct=proc_cpu,
-            proc_rss_mb=_safe(lambda: main.memory_info().rss / MB),
+            proc_rss_mb=st.rss / MB,
             workers=len(workers),
             workers_cpu_pct=workers_cpu,
             workers_rss_mb=sum(r for r in w_rss if r is not None),
@@ -326,7 +323,7 @@ class HostSampler:
                "main_read": (io[main.pid] or (0, None))[1],  # what storage served
                "workers": {p: procfs.schedstat(p, self.proc) for p in pids},
                "reads": {p: (io[p] or (0, None))[1] for p in pids},
-               "children": _children_cpu(main)}
+               "children": self._stat.now(main.pid).children_cpu_s}
         prev, self._prev[key] = self._prev.get(key), cur
         out: dict[str, float | None] = dict(proc_runq_pct=None, workers_runq_pct=None,
                                             workers_reaped_cpu_pct=None, proc_read_kb_s=None,
@@ -386,61 +383,24 @@ class HostSampler:
             self._procs = {p: o for p, o in self._procs.items() if p in live}
             self._stat.end_pass(live)
             self._limits = {p: v for p, v in self._limits.items() if p in live}
-            mine = self._monitor_cpu(live)
+            mine = self._ours.cpu_pct(self._passes, live)
             if mine is not None:
                 rows = [dataclasses.replace(r, monitor_cpu_pct=mine) for r in rows]
             own = next((p for _, p in self._targets()), None)
-            groups = self._scan.sample({*live, *self._mine, os.getpid()}, own) \
+            groups = self._scan.sample({*live, *self._ours.pids, os.getpid()}, own) \
                 if own is not None else None
             if groups is not None:
                 rows = [dataclasses.replace(r, others_groups=groups) for r in rows]
             self._passes += 1
             return rows
 
-    def _monitor_cpu(self, workload: set[int | None]) -> float | None:
-        """The monitor's own processes' CPU since the last pass (% of a core): this one (the
-        sampler) and, found by their command lines one pass in OWN_EVERY, the dashboard
-        servers and `monitor` commands on the host; never the watched job's."""
-        if self._passes % OWN_EVERY == 0:
-            found = {os.getpid()}
-            scan = getattr(self.psutil, "process_iter", None)  # (a stand-in psutil has none)
-            for p in (_safe(lambda: list(scan(["pid", "cmdline"])), []) if scan else []):
-                cmd = (p.info or {}).get("cmdline") or []
-                if is_monitor(cmd):
-                    found.add(p.pid)
-            self._mine = {pid: self._mine.get(pid) or _safe(lambda pid=pid: self.psutil
-                                                             .Process(pid))
-                          for pid in found - workload}
-        now, total, cur = time.monotonic(), 0.0, {}
-        for pid, proc in self._mine.items():
-            t = _safe(proc.cpu_times) if proc is not None else None
-            if t is None:
-                continue
-            cur[pid] = c = float(t.user + t.system)
-            total += max(0.0, c - self._mine_cpu.get(pid, c))
-        before, self._mine_cpu, self._mine_t = self._mine_t, cur, now
-        return 100.0 * total / (now - before) if before is not None and now > before else None
-
     def sample(self) -> HostSample:
         """The followed process's row (the first rank's, for a job)."""
         return self.sample_all()[0]
 
 
-OWN_EVERY = 80  # passes between looks for the monitor's own processes (a process scan)
 
 _EMPTY = dict.fromkeys((  # a process's fields, none measured
     "proc_cpu_pct proc_rss_mb workers workers_cpu_pct workers_rss_mb workers_uss_mb "
     "proc_runq_pct workers_runq_pct workers_reaped_cpu_pct proc_read_kb_s proc_busy_threads "
     "workers_busy_threads workers_read_kb_s workers_detail").split())
-
-
-def is_monitor(cmdline: list[str]) -> bool:
-    """A command line of this monitor's: `starvation-monitor ...`, `python -m monitor ...`,
-    or a Streamlit server of its app.py."""
-    args = [str(a) for a in cmdline]
-    if any(os.path.basename(a) == "starvation-monitor" for a in args[:2]):
-        return True
-    if args[1:3] == ["-m", "monitor"]:
-        return True
-    return any("streamlit" in a for a in args[:3]) and any(
-        os.path.basename(a) == "app.py" for a in args)

@@ -76,8 +76,9 @@ def schedstat(pid: int, proc: str = "/proc") -> SchedTimes | None:
 class ProcStat:
     """What a process's /proc/<pid>/stat says in one read: its state letter (R, S, D, Z,
     ...), its CPU seconds (user + system), its start (clock ticks after boot: with the PID,
-    who it is; a PID reused by another process starts later), its parent, its threads and
-    its flags (PF_KTHREAD: a kernel thread)."""
+    who it is; a PID reused by another process starts later), its parent, its threads, its
+    flags (PF_KTHREAD: a kernel thread), the CPU seconds of the children it waited for
+    (cutime + cstime) and its resident bytes (psutil's rss: statm's resident pages)."""
 
     state: str
     cpu_s: float
@@ -85,9 +86,12 @@ class ProcStat:
     ppid: int
     threads: int
     flags: int
+    children_cpu_s: float
+    rss: int
 
 
 TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 # psutil's names of the kernel's state letters (its status())
 STATES = {"R": "running", "S": "sleeping", "D": "disk-sleep", "T": "stopped",
           "t": "tracing-stop", "Z": "zombie", "X": "dead", "x": "dead", "K": "wake-kill",
@@ -99,18 +103,20 @@ def proc_stat(pid: int, proc: str = "/proc") -> ProcStat | None:
     f = (read_small(f"{proc}/{pid}/stat") or "").rpartition(")")[2].split()
     try:  # (fields after the command's closing parenthesis, from the state on)
         return ProcStat(f[0], (int(f[11]) + int(f[12])) / TICK, int(f[19]), int(f[1]),
-                        int(f[17]), int(f[6]))
+                        int(f[17]), int(f[6]), (int(f[13]) + int(f[14])) / TICK,
+                        int(f[21]) * PAGE)
     except (IndexError, ValueError):
         return None
 
 
 class StatPass:
-    """The descendants' stat, read once a sampler pass: psutil's is_running, cpu_times and
-    status read that file once each (~35 µs a call here, three a worker a pass) where one
-    raw read (~5 µs) holds all three. `running(proc)` stands for is_running: the process
+    """The job's processes' stat, read once a sampler pass: psutil's is_running, cpu_times,
+    cpu_percent, num_threads and status read that file once each, memory_info reads statm
+    (~20-80 µs a call here, nine a pass for a rank's main process and one a worker) where
+    one raw read (~5 µs) holds them all. `running(proc)` stands for is_running: the process
     (a psutil.Process, or anything with its pid) is gone, or its PID was taken by another
     process since that object first read it (a later start); what it read stays for the
-    pass's `cpu_s` and `status`."""
+    pass (`now`, `cpu_s`, `status`)."""
 
     def __init__(self, proc: str = "/proc") -> None:
         self.proc = proc
@@ -126,6 +132,12 @@ class StatPass:
             born = self._born[p.pid] = (p, st.start)
         self._now[p.pid] = st
         return born[1] == st.start
+
+    def now(self, pid: int) -> ProcStat | None:
+        """Its stat as this pass read it (read now if the pass has not yet)."""
+        if (st := self._now.get(pid)) is None and (st := proc_stat(pid, self.proc)):
+            self._now[pid] = st
+        return st
 
     def cpu_s(self, pid: int) -> float | None:
         return st.cpu_s if (st := self._now.get(pid)) is not None else None
