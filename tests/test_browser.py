@@ -35,6 +35,7 @@ def console_errors(page) -> list[str]:
     errors: list[str] = []
     page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
     page.on("pageerror", lambda e: errors.append(str(e)))
+    page.on("crash", lambda _: errors.append("the page's renderer crashed"))
     return errors
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -278,7 +279,7 @@ def test_compare_tab_in_a_real_page(server):
     assert not errors, errors
 
 
-def switch_on(page, on, within_s: float = 150.0) -> None:
+def switch_on(page, on, errors: list[str], within_s: float = 150.0) -> None:
     """Click the Auto-tune switch until the page says the tuner is on. A busy host's rerun
     can replace the switch under a click, or draw the page again with the switch off before
     the tuner's first summary: as a user would, click it again while it shows off."""
@@ -302,8 +303,9 @@ def switch_on(page, on, within_s: float = 150.0) -> None:
                 page.screenshot(path=str(SHOTS / "autotune-not-on.png"), full_page=True)
                 body = " ".join(page.locator("body").inner_text(timeout=10_000).split())
                 raise AssertionError(f"Auto-tune not on after {within_s:.0f} s; the page "
-                                     f"says {said}; its alerts: {warnings}; its text: "
-                                     f"{body[:1500]}") from None
+                                     f"says {said}; its alerts: {warnings}; its console's "
+                                     f"errors: {errors[-5:]}; its text: {body[:1500]}") \
+                    from None
 
 
 @pytest.mark.server_env(STARVATION_MONITOR_AUTOTUNE_WINDOW_S="4")
@@ -322,7 +324,8 @@ def test_auto_tune_moves_show_as_markers_in_a_real_page(server):
         # calibrated its step can make the workload fed for a while: then nothing to tune)
         expect(page.get_by_text(re.compile(r"^(starving|cpu-bound) · ")).first).to_be_visible(
             timeout=90_000)
-        switch_on(page, page.get_by_text(re.compile(r"Auto-tune (is measuring|settled)")))
+        switch_on(page, page.get_by_text(re.compile(r"Auto-tune (is measuring|settled)")),
+                  errors)
         marker = page.locator("svg text").filter(has_text="autotune: num_workers 0→")
         contention = page.get_by_text(re.compile(r"CPU contention: .*other processes take"))
         try:
