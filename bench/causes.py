@@ -65,7 +65,8 @@ def bare(kind: str, args: list[str], seconds: float) -> str:
 
 
 def monitored(kind: str, args: list[str], seconds: float, db: Path) -> dict:
-    """The run's JSON; a job that hangs is stopped with Ctrl-C, as a user would."""
+    """The run's JSON; a job that hangs is stopped with Ctrl-C, as a user would, and with
+    SIGTERM (which `monitor run` forwards too) where Ctrl-C did not end it."""
     p = subprocess.Popen([sys.executable, "-m", "monitor", "run", "--db", str(db), "--json",
                           "--", sys.executable, str(SCRIPT), kind, *args, "--seconds",
                           str(seconds)], cwd=ROOT, env=ENV, stdout=subprocess.PIPE,
@@ -74,7 +75,11 @@ def monitored(kind: str, args: list[str], seconds: float, db: Path) -> dict:
         out, _ = p.communicate(timeout=seconds * 3 + 30)
     except subprocess.TimeoutExpired:
         p.send_signal(signal.SIGINT)
-        out, _ = p.communicate(timeout=120)
+        try:
+            out, _ = p.communicate(timeout=120)
+        except subprocess.TimeoutExpired:
+            p.terminate()
+            out, _ = p.communicate(timeout=120)
     lines = out.strip().splitlines()
     return json.loads(lines[-1]) if lines else {"verdict": "?", "advice": [], "findings": []}
 
@@ -106,6 +111,10 @@ def main() -> None:
     ap.add_argument("--only", default="")
     ap.add_argument("--busy", action="store_true")
     a = ap.parse_args()
+    # Ctrl-C reaches the reproducers as a terminal's would: started in the background of a
+    # non-interactive shell this process inherits SIGINT ignored, its children would too,
+    # and a hung reproducer would ignore the Ctrl-C `monitor run` forwards to it
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     only = {x.strip() for x in a.only.split(",") if x.strip()}
     print("| cause | reproducer | the product named | first advice | monitored samples/s | "
           "predicted | bare before (x2) | bare after the fix (x2) |")
