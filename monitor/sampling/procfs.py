@@ -112,8 +112,8 @@ def proc_stat(pid: int, proc: str = "/proc") -> ProcStat | None:
 class StatPass:
     """The job's processes' stat, read once a sampler pass: psutil's is_running, cpu_times,
     cpu_percent, num_threads and status read that file once each, memory_info reads statm
-    (~20-80 µs a call here, nine a pass for a rank's main process and one a worker) where
-    one raw read (~5 µs) holds them all. `running(proc)` stands for is_running: the process
+    (~20-80 µs a call here: four a pass for a rank's main process, four for each worker)
+    where one raw read (~5 µs) holds them all. `running(proc)` stands for is_running: the process
     (a psutil.Process, or anything with its pid) is gone, or its PID was taken by another
     process since that object first read it (a later start); what it read stays for the
     pass (`now`, `cpu_s`, `status`)."""
