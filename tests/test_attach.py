@@ -139,19 +139,24 @@ def test_a_loader_whose_workers_raise_ends_with_their_error(tmp_path, no_leaks):
     assert "no torch DataLoader was iterated" not in d["verdict_text"] + r.stderr
 
 
-def test_a_loop_that_breaks_lets_its_workers_go_as_bare(tmp_path, request, no_leaks):
+@pytest.mark.parametrize("persistent", [False, True], ids=["break", "persistent"])
+def test_a_loop_that_breaks_lets_its_workers_go_as_bare(tmp_path, request, no_leaks,
+                                                       persistent):
     """A loop that breaks mid-epoch, and an iterator made and dropped unused: their workers
     end at once and leave no /tmp/pymp-* folder, as bare (the probe held the timed iterator,
     and its hook made a cycle through it: the workers lived on and were killed at exit, one
     folder each); the break drops its last step (as at exit: whether that batch was computed
-    cannot be told), the unused iterator is no epoch."""
+    cannot be told), the unused iterator is no epoch. A loader that keeps its workers
+    (persistent_workers) lets them go when the script lets go of it, as bare (the recorder
+    held the timed loader: they were killed at exit, a folder each)."""
     outs = {}
     for how in ("bare", "monitored"):
         # (short: a worker's fd sharing listens on a socket in its pymp-* folder, and a path
         # over 107 bytes, as pytest's under xdist, hangs the loader bare)
         tmp = Path(tempfile.mkdtemp(prefix="brk", dir="/tmp"))
         request.addfinalizer(lambda tmp=tmp: shutil.rmtree(tmp, ignore_errors=True))
-        cmd = [sys.executable, str(SCRIPTS / "break_early.py")]
+        cmd = [sys.executable, str(SCRIPTS / "break_early.py"),
+               *(["--persistent"] if persistent else [])]
         if how == "monitored":
             cmd = [sys.executable, "-m", "monitor", "run", "--json", "--db",
                    str(tmp_path / "b.db"), "--", *cmd]
@@ -161,10 +166,15 @@ def test_a_loop_that_breaks_lets_its_workers_go_as_bare(tmp_path, request, no_le
         assert r.returncode == 0, r.stderr[-2000:]
         outs[how] = [line for line in r.stdout.splitlines() if not line.startswith("{")]
         assert not list(tmp.glob("pymp-*")), (how, list(tmp.iterdir()))
+    steps = Store(tmp_path / "b.db").steps(1)
+    if persistent:
+        assert outs["monitored"] == outs["bare"] == [
+            "two epochs: 20 batches", "workers after the loader went: 0"], outs
+        assert steps.groupby("epoch").size().to_dict() == {0: 10, 1: 10}
+        return
     assert outs["monitored"] == outs["bare"] == [
         "workers after the break: 0", "workers after an unused iterator: 0",
         "whole epoch: 10 batches"], outs
-    steps = Store(tmp_path / "b.db").steps(1)
     assert steps.groupby("epoch").size().to_dict() == {0: 5, 1: 10}
     assert steps["step"].tolist() == list(range(15))
 

@@ -10,6 +10,8 @@ Standard library only; torch is read from sys.modules (the probe's fence)."""
 from __future__ import annotations
 
 import sys
+import weakref
+from collections.abc import Callable
 from typing import Any
 
 from monitor import control
@@ -122,6 +124,22 @@ def base_loader(loader: Any) -> Any:
         if isinstance(inner, list) and inner and is_dataloader(inner[0]):
             return inner[0]
     return None
+
+
+def batches_itself(loader: Any) -> bool:
+    """A loader that batches in its dataset (batch_size=None: a WebDataset's `.batched(n)`)
+    reports no batch size: the first batch's samples stand for it."""
+    base = base_loader(loader)  # never `base or loader`: bool() calls a loader's len()
+    return batch_size(base if base is not None else loader) is None
+
+
+def weakly(obj: Any) -> Callable[[], Any]:
+    """`obj` while something else holds it (a weak reference), or `obj` itself where it
+    takes none: the probe keeps no loader of the script's alive (NOTE [the loop let go])."""
+    try:
+        return weakref.ref(obj)
+    except TypeError:
+        return lambda: obj
 
 
 def batch_size(loader: Any) -> int | None:

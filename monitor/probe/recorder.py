@@ -19,18 +19,18 @@ from typing import Any
 from monitor import control
 from monitor.probe import lifeline, workers
 from monitor.probe.compiles import CompileWatch
-from monitor.probe.identity import (
-    rank_identity,
-)
+from monitor.probe.identity import rank_identity
 from monitor.probe.loaders import (
     base_loader,
     batch_size,
+    batches_itself,
     describe_loader,
     held_iterator,
     is_fastai_loader,
     is_nodes_loader,
     loader_settings,
     not_retunable,
+    weakly,
     worker_procs,
 )
 from monitor.probe.loops import TRAIN
@@ -83,7 +83,8 @@ class Recorder(LoaderRequests):
         self.loader_cls: str | None = None
         self.fixed: str | None = None  # why the timed loader cannot be re-tuned live
         self.batch_filled = False
-        self.timed_loader: Any = None  # the loader followed (its batch size, at exit)
+        self._timed: Callable[[], Any] = lambda: None  # the loader followed (a weak ref)
+        self.batchless = False  # ... batches in its dataset: its batch size filled at exit
         self.worker_procs: list[Any] = []  # the timed epoch's workers (note_workers)
         self.loader_failed = False  # a loader error was recorded
         self.epoch = -1
@@ -148,8 +149,8 @@ class Recorder(LoaderRequests):
             if it is not None and not it.ended and not it.passthrough and it.complete():
                 it.finish()
             self.look_at_compiles()
-            if self.timed_loader is not None and not self.stopped:
-                self._fill_batch_size(self.timed_loader)
+            if not self.stopped:
+                self._fill_batch_size(self._timed())
         except Exception as exc:  # at exit too: a sentence, never a traceback
             self.fault(exc, "at exit")
         try:  # a worker's death raised outside the loader (torch's SIGCHLD handler)
@@ -169,7 +170,7 @@ class Recorder(LoaderRequests):
         """An epoch's first batch: its size, the workers and prefetch in flight, /dev/shm,
         the open-files limit, the sharing strategy and the start method, as a `loader`
         event (the causes in monitor/diagnosis/causes.py read it)."""
-        loader = self.timed_loader
+        loader = self._timed()
         base = base_loader(loader) if loader is not None else None
         figures = workers.report(base if base is not None else loader, batch)
         self._hook_held(loader, base)
@@ -266,7 +267,7 @@ class Recorder(LoaderRequests):
         first, before = self.loader_id is None, self.loader_role
         self.loader_id, self.loader_role = id(loader), role
         self.loader_cls = type(loader).__name__
-        self.timed_loader = loader
+        self._timed, self.batchless = weakly(loader), batches_itself(loader)
         self.skipped.discard(id(loader))
         self.fixed = None
         self._check_retunable(loader)
@@ -432,15 +433,13 @@ class Recorder(LoaderRequests):
                             {"retunable": False, "why": self.fixed})
 
     def _fill_batch_size(self, loader: Any) -> None:
-        """A loader that batches in its dataset (batch_size=None: a WebDataset's
-        `.batched(n)`) reports no batch size: the first batch's samples stand for it."""
-        if self.batch_filled or self.probe.first_samples is None:
+        """A loader that batches in its dataset reports no batch size: the first batch's
+        samples stand for it, with its settings (as last reported where it is gone)."""
+        if self.batch_filled or self.probe.first_samples is None or not self.batchless:
             return
         self.batch_filled = True
-        settings = loader_settings(loader)
-        base = base_loader(loader)  # never `base or loader`: bool() calls a loader's len()
-        if batch_size(base if base is not None else loader) is None:
-            self._report({**settings, "batch_size": self.probe.first_samples})
+        settings = loader_settings(loader) if loader is not None else self.reported
+        self._report({**settings, "batch_size": self.probe.first_samples})
 
     def note_workers(self, loader: Any, it: Any) -> None:
         """The epoch's worker PIDs (loaders.worker_procs), as its `epoch` event."""

@@ -31,6 +31,7 @@ class LoaderRequests:
     probe: Any
     epoch: int
     last_control: int
+    reported: dict[str, Any] = {}  # the last settings _report sent (replaced, never changed)
     said_no_midepoch: bool
     stopped: str | None
     script: str
@@ -103,6 +104,7 @@ class LoaderRequests:
         """This process's rank, loader settings and accelerator, for the store; rank 0 (or a
         single process) also speaks for the run record. Under the relay `monitor run`'s
         process writes them (the training thread never waits on a locked store)."""
+        self.reported = settings  # (the timed loader's, at exit where it is gone)
         kind = accelerator_kind()
         device = cuda_device()
         ranks = {"rank": self.rank, "local_rank": self.local_rank, "world_size":

@@ -206,7 +206,9 @@ Between = Callable[["TimedIterator"], bool]
 # A loop that breaks mid-epoch lets go of its iterator, and bare, the DataLoader's
 # iterator goes with it at once: its __del__ shuts the workers down gently (each removes
 # its /tmp/pymp-* folder). So the probe never keeps the iterator it times alive: the
-# attach probe holds it by a weak reference (Recorder.open), the workers' hook holds no
+# attach probe holds it by a weak reference (Recorder.open), and the loader too (one with
+# persistent_workers holds its iterator: Recorder._timed; held strongly, its workers lived
+# until exit and were killed there, a folder each), the workers' hook holds no
 # bound method of it (NOTE [no cycle through the iterator] in workers.py), and when the
 # loop lets go this tells the recorder how many batches it delivered (an iterator that
 # delivered none started no epoch). The pending step is recorded, its compute ending
