@@ -20,12 +20,11 @@ below)."""
 from __future__ import annotations
 
 import json
-import os
 import time
 from collections.abc import Callable
 from typing import Any
 
-from monitor.sampling.procfs import proc_stat, read_small
+from monitor.sampling.procfs import pids, proc_stat, read_small
 
 SCAN_S = 1.0  # seconds between scans of /proc (2.5 ms of CPU for 64 processes here)
 PF_KTHREAD = 0x00200000  # /proc/<pid>/stat flags: a kernel thread
@@ -108,13 +107,12 @@ class GroupScan:
         now = self.clock()
         if self._t is not None and now - self._t < self.every_s:
             return None
-        try:
-            pids = [int(p) for p in os.listdir(self.proc) if p.isdigit()]
-        except OSError:
+        listed = pids(self.proc)
+        if not listed:  # (/proc unreadable: it lists this process at least)
             return None
         cur: dict[int, tuple[float, float, int]] = {}
         parents: dict[int, int] = {}
-        for pid in pids:
+        for pid in listed:
             if pid in ours:
                 continue
             t = self._times(pid)

@@ -228,7 +228,7 @@ class HostSampler:
         proc_cpu = 100.0 * (st.cpu_s - prev[1]) / (now - prev[2]) \
             if prev is not None and prev[0] == main.pid and now > prev[2] else None
         room = None if capacity_pct is None else capacity_pct - (proc_cpu or 0.0)
-        w_rss = [w.rss / MB if (w := self._stat.now(p.pid)) else None for p in workers]
+        w_rss = [ws.rss / MB if (ws := self._stat.now(w.pid)) else None for w in workers]
         if (read := self._uss_due(key, workers)) is not None:
             # a new set of workers all, then the one read longest ago (NOTE [one worker's
             # USS a read]); the total is each one's as last read
@@ -397,7 +397,6 @@ class HostSampler:
     def sample(self) -> HostSample:
         """The followed process's row (the first rank's, for a job)."""
         return self.sample_all()[0]
-
 
 
 _EMPTY = dict.fromkeys((  # a process's fields, none measured

@@ -36,12 +36,8 @@ class OwnProcesses:
         self._t: float | None = None
 
     def _look(self, workload: set[int | None]) -> None:
-        try:
-            pids = [int(p) for p in os.listdir(self.proc) if p.isdigit()]
-        except OSError:
-            pids = []
         known, self._cmds, me = self._cmds, {}, os.getpid()
-        for pid in pids:
+        for pid in procfs.pids(self.proc):
             if pid in workload or (st := procfs.proc_stat(pid, self.proc)) is None:
                 continue
             mine = known.get((pid, st.start))

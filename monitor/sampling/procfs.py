@@ -98,6 +98,14 @@ STATES = {"R": "running", "S": "sleeping", "D": "disk-sleep", "T": "stopped",
           "W": "waking", "I": "idle", "P": "parked"}
 
 
+def pids(proc: str = "/proc") -> list[int]:
+    """Every process's PID on the host (none where /proc cannot be listed)."""
+    try:
+        return [int(p) for p in os.listdir(proc) if p.isdigit()]
+    except OSError:
+        return []
+
+
 def proc_stat(pid: int, proc: str = "/proc") -> ProcStat | None:
     """The process's stat fields above in one raw read; None when it is gone."""
     f = (read_small(f"{proc}/{pid}/stat") or "").rpartition(")")[2].split()
@@ -113,10 +121,10 @@ class StatPass:
     """The job's processes' stat, read once a sampler pass: psutil's is_running, cpu_times,
     cpu_percent, num_threads and status read that file once each, memory_info reads statm
     (~20-80 µs a call here: four a pass for a rank's main process, four for each worker)
-    where one raw read (~5 µs) holds them all. `running(proc)` stands for is_running: the process
-    (a psutil.Process, or anything with its pid) is gone, or its PID was taken by another
-    process since that object first read it (a later start); what it read stays for the
-    pass (`now`, `cpu_s`, `status`)."""
+    where one raw read (~5 µs) holds them all. `running(proc)` stands for is_running: the
+    process (a psutil.Process, or anything with its pid) is gone, or its PID was taken by
+    another process since that object first read it (a later start); what it read stays
+    for the pass (`now`, `cpu_s`, `status`)."""
 
     def __init__(self, proc: str = "/proc") -> None:
         self.proc = proc
