@@ -311,31 +311,84 @@ class _Worker:
         return getattr(self._real, name)
 
 
+def _uss_passes(s: HostSampler, main, workers: list, n: int, each=lambda: None) -> list[int]:
+    """`n` sampler passes over `workers` (`each` before every pass): each worker's USS reads."""
+    before = [w.reads for w in workers]
+    for _ in range(n):
+        each()
+        s._process_fields(0, main, workers)
+        s._passes += 1
+    return [w.reads - b for w, b in zip(workers, before, strict=True)]
+
+
 def test_a_flat_uss_is_read_less_often_and_a_rise_restores_the_rate():
-    """smaps_rollup is a pass's costliest read: read every USS_EVERY passes, then
-    USS_BACKOFF times less often once it stayed flat USS_FLAT_READS reads; a rise (a cache
-    that starts to grow) brings the full rate back at the next read."""
-    from monitor.sampling.host import USS_BACKOFF, USS_EVERY, USS_FLAT_READS
+    """smaps_rollup is a pass's costliest read: a worker is read every USS_EVERY passes a
+    worker, USS_BACKOFF times less often after a read that rose USS_RISE_MB or less; a rise
+    (a cache that starts to grow) brings the full rate back at the next read."""
+    from monitor.sampling.host import USS_BACKOFF, USS_EVERY
 
     s = HostSampler()
     main, w = psutil.Process(os.getpid()), _Worker(os.getpid())
-
-    def passes(n: int) -> int:
-        before = w.reads
-        for _ in range(n):
-            s._process_fields(0, main, [w])
-            s._passes += 1
-        return w.reads - before
-
-    assert passes(1) == 1  # a new set of workers: at once
-    assert passes(USS_EVERY * USS_FLAT_READS) == USS_FLAT_READS  # flat, at the full rate
+    assert _uss_passes(s, main, [w], 1) == [1]  # a new set of workers: at once
+    assert _uss_passes(s, main, [w], USS_EVERY) == [1]  # the next at the full rate: flat
     slow = USS_EVERY * USS_BACKOFF
-    assert passes(slow * 2) == 2  # ... then backed off
+    assert _uss_passes(s, main, [w], slow * 2) == [2]  # ... so backed off
     w.uss += 50  # it grows: seen at the next (slow) read, then the full rate again
-    assert passes(slow) == 1
+    assert _uss_passes(s, main, [w], slow) == [1]
     w.uss += 50
-    assert passes(USS_EVERY * 2) == 2
+    assert _uss_passes(s, main, [w], USS_EVERY * 2) == [2]  # a rise, then flat
     assert s._uss[0] == 200.0
+
+
+def test_a_growing_worker_keeps_the_full_rate_beside_a_flat_one():
+    """Each worker's own last read sets its rate: the one growing is read every USS_EVERY
+    passes a worker, the flat one USS_BACKOFF times less often; the total is each one's as
+    last read."""
+    from monitor.sampling.host import USS_BACKOFF, USS_EVERY
+
+    procs = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+             for _ in range(2)]
+    try:
+        s = HostSampler()
+        main = psutil.Process(os.getpid())
+        grow, flat = (_Worker(p.pid) for p in procs)
+
+        def more() -> None:
+            grow.uss += 5.0  # 5 MB a pass: 20 MB/s
+
+        full = USS_EVERY * 2  # two workers: each in turn
+        n = 1 + full * 6  # the new set's read, then six of the full rate's turns
+        got = _uss_passes(s, main, [grow, flat], n, more)
+        # growing: at once, then every `full` passes; flat: at once, at its first turn
+        # (USS_EVERY passes after the growing one's: flat), then USS_BACKOFF turns later
+        first = full + USS_EVERY
+        assert got == [1 + 6, 1 + 1 + (n - 1 - first) // (full * USS_BACKOFF)]
+        assert s._uss[0] == pytest.approx(grow.uss + flat.uss)  # (the last pass read it)
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+
+
+def test_workers_that_start_passes_apart_are_each_read_once_and_one_gone_leaves_the_total():
+    """A worker not read yet is read at once, the others not again (a DataLoader's workers
+    start a pass or two apart); a worker gone takes its USS out of the total at once."""
+    procs = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+             for _ in range(2)]
+    try:
+        s = HostSampler()
+        main = psutil.Process(os.getpid())
+        a, b = (_Worker(p.pid) for p in procs)
+        b.uss = 40.0
+        assert _uss_passes(s, main, [a], 1) == [1]
+        assert _uss_passes(s, main, [a, b], 1) == [0, 1]  # only the new one
+        assert s._uss[0] == 140.0
+        assert _uss_passes(s, main, [a], 1) == [0]  # b gone: no read, its part out
+        assert s._uss[0] == 100.0
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
 
 
 def test_a_new_descendant_is_found_in_the_groups_scan_without_a_scan_of_its_own(monkeypatch):

@@ -16,7 +16,7 @@ import pytest
 from monitor.diagnosis import diagnose
 from monitor.diagnosis.bound import BoundModel, waterfill
 from monitor.diagnosis.features import _groups
-from monitor.sampling.groups import PF_KTHREAD, GroupScan, group_of
+from monitor.sampling.groups import KTHREAD_EVERY, PF_KTHREAD, GroupScan, group_of
 from tests.conftest import wait_for
 
 
@@ -101,8 +101,22 @@ def test_the_scan_sums_each_groups_demand_from_proc(tmp_path):
     got = {k: (w, d, u, n) for k, w, d, u, n in out["groups"]}
     assert got["autogroup:7"] == pytest.approx((1.0, 2.0, 2.0, 2))  # capped: a core a thread
     assert got["cgroup:/batch"] == pytest.approx((2.0, 0.5, 0.5, 1))
-    assert got["autogroup:3"] == pytest.approx((1.0, 0.5, 0.5, 1))  # (1.0 if it were read)
+    assert "autogroup:3" not in got  # a kernel thread: read at its first sight, then at its
     assert group_of(4, str(tmp_path), str(tmp_path / "cg")) == ("cgroup:/batch", 2.0)
+    turn = next(n for n in range(1, KTHREAD_EVERY + 1) if (5 + n) % KTHREAD_EVERY == 0)
+    stat = tmp_path / "5" / "stat"
+    for n in range(scan.scans, turn + 2):  # turn in KTHREAD_EVERY scans: not read between
+        clock[0] += 2.0
+        if n == turn:
+            _proc(tmp_path, 5, 400, 1_500_000_000, **kthread)
+        else:
+            stat.unlink(missing_ok=True)  # (read now, it would be a process gone)
+        got = {k: (w, d, u, c) for k, w, d, u, c in json.loads(scan.sample({1}, 1))["groups"]}
+        if n < turn:
+            assert "autogroup:3" not in got
+        else:  # 4 s of CPU over the 2 * (turn - 1) + 2 s since its first read, held after
+            cores = 4.0 / (2.0 * turn)
+            assert got["autogroup:3"] == pytest.approx((1.0, cores, cores, 1))
 
 
 def test_the_window_reads_each_groups_mean_demand_and_the_spread():

@@ -17,6 +17,11 @@ below)."""
 # thread) since the last scan: its demand, the cores it wanted; and its group. The row
 # holds, as JSON, the job's own group and each group's weight, demand and CPU
 # (diagnosis/bound.py turns them into the share N loaders would get).
+# Kernel threads are most of a host's PIDs (62 of 68 on this 2-core box, ~1,000 on a 96-core
+# node) and rarely use a core: each is read at its first sight, then once in KTHREAD_EVERY
+# scans (turns spread by PID), its CPU over that longer stretch standing for the scans
+# between. Its PID is taken for a kernel thread's until then: PIDs are handed out in turn up
+# to pid_max (4,194,304 where systemd sets it), so one reused within seconds is not expected.
 from __future__ import annotations
 
 import json
@@ -28,6 +33,7 @@ from monitor.sampling.procfs import pids, proc_stat, read_small
 
 SCAN_S = 1.0  # seconds between scans of /proc (2.5 ms of CPU for 64 processes here)
 PF_KTHREAD = 0x00200000  # /proc/<pid>/stat flags: a kernel thread
+KTHREAD_EVERY = 10  # scans between reads of a kernel thread (NOTE above)
 MIN_DEMAND = 0.02  # cores: a process that wanted less is left out
 NICE_0 = 1024  # the scheduler's weight of nice 0 (cpu.shares' default)
 
@@ -84,6 +90,8 @@ class GroupScan:
                  clock: Callable[[], float] = time.monotonic, every_s: float = SCAN_S) -> None:
         self.proc, self.root, self.clock, self.every_s = proc, root, clock, every_s
         self._prev: dict[int, tuple[float, float, int]] = {}  # pid -> (cpu s, runq s, threads)
+        # kernel threads: pid -> (parent, CPU s and time at its last read, cores it used)
+        self._kthreads: dict[int, tuple[int, float, float, float | None]] = {}
         self._t: float | None = None
         self._groups: dict[int, tuple[str, float]] = {}
         self.autogroups = autogroups_on(proc)
@@ -92,13 +100,18 @@ class GroupScan:
         self.parents: dict[int, int] = {}
         self.scans = 0
 
-    def _times(self, pid: int) -> tuple[int, tuple[float, float, int]] | None:
-        """(its parent, (CPU s, run-queue s, threads)) from its stat and schedstat."""
+    def _times(self, pid: int, now: float, last: tuple | None
+               ) -> tuple[int, tuple[float, float, int]] | None:
+        """(its parent, (CPU s, run-queue s, threads)) from its stat and schedstat; None for
+        a process gone, or a kernel thread (kept in `_kthreads`; `last`: its last read)."""
         st = proc_stat(pid, self.proc)
         if st is None:
             return None
-        if st.flags & PF_KTHREAD:  # its CPU counts, its run-queue wait is not read (most of
-            return st.ppid, (st.cpu_s, 0.0, st.threads)  # a host's PIDs: 1000 on 96 cores)
+        if st.flags & PF_KTHREAD:  # its CPU counts, its run-queue wait is not read
+            used = None if last is None or now <= last[2] else \
+                min(1.0, max(0.0, st.cpu_s - last[1]) / (now - last[2]))
+            self._kthreads[pid] = (st.ppid, st.cpu_s, now, used)
+            return None
         sched = (_read(f"{self.proc}/{pid}/schedstat") or "").split()
         runq = int(sched[1]) / 1e9 if len(sched) >= 2 and sched[1].isdigit() else 0.0
         return st.ppid, (st.cpu_s, runq, st.threads)
@@ -112,25 +125,36 @@ class GroupScan:
             return None
         cur: dict[int, tuple[float, float, int]] = {}
         parents: dict[int, int] = {}
+        kthreads, self._kthreads = self._kthreads, {}
         for pid in listed:
             if pid in ours:
                 continue
-            t = self._times(pid)
+            if (k := kthreads.get(pid)) is not None and (pid + self.scans) % KTHREAD_EVERY:
+                parents[pid], self._kthreads[pid] = k[0], k  # (not its turn)
+                continue
+            t = self._times(pid, now, k)
             if t is not None:
                 parents[pid], cur[pid] = t
+            elif pid in self._kthreads:
+                parents[pid] = self._kthreads[pid][0]
         self.parents, self.scans = parents, self.scans + 1
         prev, before, self._prev, self._t = self._prev, self._t, cur, now
         if before is None or now <= before:
             return None
         dt = now - before
-        groups: dict[str, list[float]] = {}
+        # each process's (cores used, cores wanted) since the last scan; a kernel thread's
+        # over its own stretch between reads
+        rates = {pid: (used, used) for pid, (_, _, _, used) in self._kthreads.items()
+                 if used is not None}
         for pid, (cpu, runq, threads) in cur.items():
-            if pid not in prev:
-                continue
-            used = max(0.0, cpu - prev[pid][0]) / dt
-            # (the clock ticks and schedstat's ns disagree a little: a task wants at most
-            # one core a thread)
-            demand = min(float(max(1, threads)), used + max(0.0, runq - prev[pid][1]) / dt)
+            if pid in prev:
+                used = max(0.0, cpu - prev[pid][0]) / dt
+                # (the clock ticks and schedstat's ns disagree a little: a task wants at
+                # most one core a thread)
+                rates[pid] = (used, min(float(max(1, threads)),
+                                        used + max(0.0, runq - prev[pid][1]) / dt))
+        groups: dict[str, list[float]] = {}
+        for pid, (used, demand) in rates.items():
             if demand < MIN_DEMAND:
                 continue
             if pid not in self._groups:
@@ -140,7 +164,8 @@ class GroupScan:
             g[1] += demand
             g[2] += used
             g[3] += 1
-        self._groups = {p: g for p, g in self._groups.items() if p in cur}
+        self._groups = {p: g for p, g in self._groups.items() if p in cur or
+                        p in self._kthreads}
         mine = group_of(own, self.proc, self.root, self.autogroups) if own else ("/", 1.0)
         out: dict[str, Any] = {"own": mine[0], "own_weight": mine[1], "groups": [
             [k, round(w, 3), round(d, 3), round(u, 3), n] for k, (w, d, u, n) in groups.items()]}

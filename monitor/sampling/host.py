@@ -26,15 +26,21 @@ from monitor.sampling.sockets import NetReads
 
 MB = 1024 * 1024
 # NOTE [one worker's USS a read]
-# USS (private pages) is counted by the kernel walking the page tables (smaps_rollup: 3-6 ms
-# of CPU a forked torch worker here): 4 workers read together were 40% of the sampler's CPU
-# at one rank. A new set of workers is read whole, then each read takes the worker read
-# longest ago, the total being each one's as last read. Workers that grow alike (a dataset's
-# copy-on-read, a cache) raise it at every read as much as before; one alone, at its turns.
+# USS (private pages) is counted by the kernel walking the page tables (smaps_rollup: 6-13 ms
+# of CPU a forked torch worker of 250 MB RSS here): 4 workers read together were 40% of the
+# sampler's CPU at one rank. A worker not read yet is read at once (a new set whole; workers
+# that start a pass or two apart, each once); then one worker a read, the one most overdue,
+# the total being each one's as last read (a worker gone takes its part with it). A worker
+# is due USS_EVERY passes a worker after its last read (every 8 s of 4 workers), USS_BACKOFF
+# times later where that read rose USS_RISE_MB or less: over that stretch, workers growing so
+# little grow slower than the rate diagnosis names (MEM_GROWTH_MB_MIN, 30 MB/min), whatever
+# their number. Workers that grow alike (a dataset's copy-on-read, a cache) rise at every
+# read and keep the full rate; workers that rose once as they warmed up are read at the slow
+# one after their next read (node_cost's: a rise of 3-6.5 MB each, then flat).
 # passes (0.25 s each) between costlier reads; bench/node_cost.py measures what a pass costs
-USS_EVERY = 8  # the workers' USS (smaps_rollup: 2-6 ms of CPU a torch worker here; growth is
-# named after two rises in a window's later half: fewer reads name it later) ...
-USS_FLAT_READS, USS_BACKOFF, USS_RISE_MB = 3, 4, 1.0  # ... x USS_BACKOFF after 3 flat reads
+USS_EVERY = 8  # the workers' USS, one worker a read (growth is named after two rises in a
+# window's later half: fewer reads name it later) ...
+USS_BACKOFF, USS_RISE_MB = 4, 1.0  # ... x USS_BACKOFF for a worker whose last read was flat
 TREE_EVERY = 8  # the followed process's descendants by a scan of every process on the host,
 # where the groups scan (once a second) found none for this long
 NET_EVERY = 4  # the loaders' sockets and reads (their descriptors listed: ~1 ms a pass for 5
@@ -75,7 +81,8 @@ class HostSampler:
         self._passes = 0
         self._uss: dict[int | None, float] = {}
         self._uss_at: dict[int | None, int] = {}  # the pass of each key's last USS read
-        self._uss_flat: dict[int | None, int] = {}  # its reads since it last rose
+        # by worker PID: the pass of its last read, and whether that read was flat
+        self._uss_when: dict[int | None, dict[int, tuple[int, bool]]] = {}
         self._uss_each: dict[int | None, dict[int, float | None]] = {}  # by worker PID
         self._wcpu: dict[int | None, dict[str, Any]] = {}  # workers' CPU seconds, last pass
         self._main_cpu: dict[int | None, tuple[int, float, float]] = {}  # (pid, CPU s, when)
@@ -92,7 +99,7 @@ class HostSampler:
             self._procs = {}
             self._kids, self._ranks = {}, {}
             self._passes, self._uss, self._prev, self._io = 0, {}, {}, {}
-            self._uss_at, self._uss_flat = {}, {}
+            self._uss_at, self._uss_when = {}, {}
             self._wcpu, self._threads, self._uss_each, self._main_cpu = {}, {}, {}, {}
             self._net, self._net_rows, self._scanned = NetReads(self.proc), {}, {}
             self._limits = {}
@@ -229,19 +236,7 @@ class HostSampler:
             if prev is not None and prev[0] == main.pid and now > prev[2] else None
         room = None if capacity_pct is None else capacity_pct - (proc_cpu or 0.0)
         w_rss = [ws.rss / MB if (ws := self._stat.now(w.pid)) else None for w in workers]
-        if (read := self._uss_due(key, workers)) is not None:
-            # a new set of workers all, then the one read longest ago (NOTE [one worker's
-            # USS a read]); the total is each one's as last read
-            each, new = self._uss_each.get(key, {}), read is workers
-            got = {w.pid: _safe(lambda w=w: w.memory_full_info().uss / MB) for w in read}
-            each = got if new else {**{p: u for p, u in each.items() if p not in got}, **got}
-            total, prev = sum(u for u in each.values() if u is not None), self._uss.get(key)
-            flat = prev is not None and total - prev <= USS_RISE_MB
-            self._uss_flat[key] = self._uss_flat.get(key, 0) + 1 if flat else 0
-            # (turns shifted by rank: 8 ranks' workers read in one pass held it 0.1 s)
-            shift = 0 if key in self._uss_at else (key or 0) % USS_EVERY
-            self._uss_at[key] = self._passes - shift
-            self._uss[key], self._uss_each[key] = total, each
+        self._workers_uss(key, workers)
         before = self._wcpu.get(key)
         workers_cpu = self._workers_cpu(key, workers, room)
         return dict(
@@ -267,18 +262,38 @@ class HostSampler:
                 key, main, workers, self._io.get(key)), workers)
         return last[1]
 
-    def _uss_due(self, key: int | None, workers: list[Any]) -> list[Any] | None:
-        """The workers whose USS this pass reads (None: none is due): a new set at once,
-        then every USS_EVERY passes the one read longest ago, USS_BACKOFF times less often
-        once every worker read flat (most jobs: smaps is the costliest read of a pass); a
-        rise brings the full rate back."""
-        last, each = self._uss_at.get(key), self._uss_each.get(key, {})
-        if last is None or set(each) != {w.pid for w in workers}:
-            return workers
-        slow = self._uss_flat.get(key, 0) >= max(USS_FLAT_READS, len(workers))
-        if self._passes - last < USS_EVERY * (USS_BACKOFF if slow else 1):
+    def _workers_uss(self, key: int | None, workers: list[Any]) -> None:
+        """The workers' USS: each worker's as last read, their total in `_uss` (NOTE [one
+        worker's USS a read]); workers gone since leave it with their memory."""
+        each, when = self._uss_each.get(key, {}), self._uss_when.get(key, {})
+        if len(each) != len(workers) or any(w.pid not in each for w in workers):
+            live = {w.pid for w in workers}
+            each = {p: u for p, u in each.items() if p in live}
+            when = {p: v for p, v in when.items() if p in live}
+        if (read := self._uss_due(key, workers, when)) is not None:
+            got = {w.pid: _safe(lambda w=w: w.memory_full_info().uss / MB) for w in read}
+            # (turns shifted by rank: 8 ranks' workers read in one pass held it 0.1 s)
+            at = self._passes - (0 if key in self._uss_at else (key or 0) % USS_EVERY)
+            when = {**when, **{p: (at, u is not None and (b := each.get(p)) is not None
+                                   and u - b <= USS_RISE_MB) for p, u in got.items()}}
+            each = {**each, **got}
+            self._uss_at[key] = at
+        self._uss_each[key], self._uss_when[key] = each, when
+        self._uss[key] = sum(u for u in each.values() if u is not None)
+
+    def _uss_due(self, key: int | None, workers: list[Any],
+                 when: dict[int, tuple[int, bool]]) -> list[Any] | None:
+        """The workers whose USS this pass reads (None: none is due): workers not read yet
+        at once (a new set whole), else, USS_EVERY passes or more after the last read, the
+        worker most overdue (`when`: each one's last read and whether it was flat)."""
+        if key not in self._uss_at or (fresh := [w for w in workers if w.pid not in when]):
+            return workers if key not in self._uss_at else fresh
+        if not workers or self._passes - self._uss_at[key] < USS_EVERY:
             return None
-        return [w for w in workers if w.pid == next(iter(each))]
+        full = USS_EVERY * len(workers)
+        over, w = max(((self._passes - when[w.pid][0] - full * (
+            USS_BACKOFF if when[w.pid][1] else 1), w) for w in workers), key=lambda x: x[0])
+        return [w] if over >= 0 else None
 
     def _cgroup(self, pid: int) -> dict[str, float]:
         """The memory limit over the process that leaves it the least room, and what its
