@@ -5,7 +5,9 @@ together at an epoch's end, so that "while stepping" is a steady state, as in a 
 minutes-long epochs, not the workers' start) at each K. For each it prints `monitor run`'s
 own CPU (its process: the relay, the sampler, the follow, the summary; not its children) in % of one
 core per rank, over the whole run (its start and end-of-run summary included) and while the
-ranks step (from the first poll that found steps to the last); the relay's lag (polling the
+ranks step (from the first poll that found steps to the last), that split at WARM_S of
+stepping where the run stepped longer (the workers' first seconds: their memory is read
+more often while it still rises, NOTE [one worker's USS a read]); the relay's lag (polling the
 store every POLL_S while the ranks step: for each step, when a poll first found it stored
 less its time, p50/p99, up to POLL_S high); the sampler's period held (the gaps between the
 run's host samples: median and p99, against its 0.25 s); and each rank's steps stored
@@ -37,6 +39,7 @@ sys.path.insert(0, str(ROOT))
 from monitor.store import Store  # noqa: E402
 
 POLL_S = 0.25  # the lag's resolution
+WARM_S = 20.0  # seconds of stepping reported apart where a run steps longer
 TORCHRUN = str(Path(sys.executable).parent / "torchrun")
 SCRIPT = """import os, sys, time, torch, torch.distributed as dist
 from torch.utils.data import DataLoader, Dataset
@@ -137,9 +140,16 @@ def one(ranks: int, seconds: float, workers: int, script: Path, tmp: Path) -> di
         gaps = [b - a for a, b in zip(ts, ts[1:], strict=False)]
     last = [ln for ln in out.splitlines() if ln.startswith("{")]
     (ta, ca), (tb, cb) = (stepping[0], stepping[-1]) if stepping else ((0, 0), (0, 0))
+    # (the poll nearest WARM_S into the stepping, where WARM_S more followed it)
+    tw, cw = min(stepping, key=lambda x: abs(x[0] - ta - WARM_S)) if stepping else (0, 0)
+    split = tb - ta >= 2 * WARM_S and tw > ta
     return {"ranks": ranks, "rc": p.returncode, "wall_s": wall, "cpu_s": cpu,
             "core_pct_per_rank": 100.0 * cpu / wall / ranks,
             "stepping_pct_per_rank": 100.0 * (cb - ca) / (tb - ta) / ranks if tb > ta
+            else float("nan"),
+            "first_pct_per_rank": 100.0 * (cw - ca) / (tw - ta) / ranks if split
+            else float("nan"),
+            "after_pct_per_rank": 100.0 * (cb - cw) / (tb - tw) / ranks if split
             else float("nan"),
             "lag_p50": pct(lags, 0.5), "lag_p99": pct(lags, 0.99),
             "period_median": statistics.median(gaps) if gaps else float("nan"),
@@ -164,15 +174,17 @@ def main() -> None:
             rows.append(r)
             print(json.dumps(r), flush=True)
     print(f"\n{a.workers} workers a rank, epochs of 50 steps for {a.seconds:g} s of stepping\n")
-    print("| ranks | wall s | monitor run CPU s | % of a core per rank: whole run / while "
-          "stepping | relay lag p50 / p99 s | sampler period median / p99 s | steps stored / "
-          "taken |")
-    print("|---|---|---|---|---|---|---|")
+    print(f"| ranks | wall s | monitor run CPU s | % of a core per rank: whole run / while "
+          f"stepping | ... while stepping: its first {WARM_S:g} s / after | relay lag p50 / "
+          "p99 s | sampler period median / p99 s | steps stored / taken |")
+    print("|---|---|---|---|---|---|---|---|")
     for r in rows:
         whole = all(r["stored"].get(k) == v for k, v in r["taken"].items()) and \
             len(r["taken"]) == r["ranks"]
+        split = "–" if r["first_pct_per_rank"] != r["first_pct_per_rank"] else \
+            f"{r['first_pct_per_rank']:.2f}% / {r['after_pct_per_rank']:.2f}%"
         print(f"| {r['ranks']} | {r['wall_s']:.1f} | {r['cpu_s']:.2f} | "
-              f"{r['core_pct_per_rank']:.2f}% / {r['stepping_pct_per_rank']:.2f}% | "
+              f"{r['core_pct_per_rank']:.2f}% / {r['stepping_pct_per_rank']:.2f}% | {split} | "
               f"{r['lag_p50']:.2f} / {r['lag_p99']:.2f} | "
               f"{r['period_median']:.3f} / {r['period_p99']:.3f} | "
               f"{sum(r['stored'].values())} / {sum(r['taken'].values())}"
