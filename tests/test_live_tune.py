@@ -212,9 +212,14 @@ def test_live_autotune_reaches_the_best_fixed_setting_of_a_grid(tmp_path, no_lea
         assert all(not m["kept"] for m in tune["moves"]), tune["moves"]
     else:
         assert applied and min(applied) <= 4  # in use from the 5th epoch on
-    others = d["evidence"]["other_cpu_cores"] or 0.0
     moves = [(m["settings"]["num_workers"], round(m["throughput"]), round(m["best_before"]),
               m["kept"], m["other_cores"], m["other_cores_before"]) for m in tune["moves"]]
+    # other processes' cores while it tuned (each move's and the best's it was judged
+    # against), not only the run's last window: the suite's other tests ran 1.1-1.4 cores
+    # beside its one move and were gone by its end (0.00), and the grid then ran on a quiet
+    # box the tuner never saw
+    others = max([d["evidence"]["other_cpu_cores"] or 0.0, *(
+        c or 0.0 for m in tune["moves"] for c in (m["other_cores"], m["other_cores_before"]))])
     if others >= OTHER_LOAD_CORES:  # the grid would not say what the tuner could see
         if final != 0:  # a move it kept was measured better than where it began
             assert tune["final_throughput"] >= tune["start_throughput"], (others, moves)
