@@ -340,55 +340,51 @@ def test_a_flat_uss_is_read_less_often_and_a_rise_restores_the_rate():
     assert s._uss[0] == 200.0
 
 
-def test_a_growing_worker_keeps_the_full_rate_beside_a_flat_one():
+@pytest.fixture
+def two_workers():
+    """Two real processes (sleeping) as workers whose USS the test sets."""
+    procs = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+             for _ in range(2)]
+    yield [_Worker(p.pid) for p in procs]
+    for p in procs:
+        p.kill()
+        p.wait()
+
+
+def test_a_growing_worker_keeps_the_full_rate_beside_a_flat_one(two_workers):
     """Each worker's own last read sets its rate: the one growing is read every USS_EVERY
     passes a worker, the flat one USS_BACKOFF times less often; the total is each one's as
     last read."""
     from monitor.sampling.host import USS_BACKOFF, USS_EVERY
 
-    procs = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
-             for _ in range(2)]
-    try:
-        s = HostSampler()
-        main = psutil.Process(os.getpid())
-        grow, flat = (_Worker(p.pid) for p in procs)
+    s, main = HostSampler(), psutil.Process(os.getpid())
+    grow, flat = two_workers
 
-        def more() -> None:
-            grow.uss += 5.0  # 5 MB a pass: 20 MB/s
+    def more() -> None:
+        grow.uss += 5.0  # 5 MB a pass: 20 MB/s
 
-        full = USS_EVERY * 2  # two workers: each in turn
-        n = 1 + full * 6  # the new set's read, then six of the full rate's turns
-        got = _uss_passes(s, main, [grow, flat], n, more)
-        # growing: at once, then every `full` passes; flat: at once, at its first turn
-        # (USS_EVERY passes after the growing one's: flat), then USS_BACKOFF turns later
-        first = full + USS_EVERY
-        assert got == [1 + 6, 1 + 1 + (n - 1 - first) // (full * USS_BACKOFF)]
-        assert s._uss[0] == pytest.approx(grow.uss + flat.uss)  # (the last pass read it)
-    finally:
-        for p in procs:
-            p.kill()
-            p.wait()
+    full = USS_EVERY * 2  # two workers: each in turn
+    n = 1 + full * 6  # the new set's read, then six of the full rate's turns
+    got = _uss_passes(s, main, [grow, flat], n, more)
+    # growing: at once, then every `full` passes; flat: at once, at its first turn
+    # (USS_EVERY passes after the growing one's: flat), then USS_BACKOFF turns later
+    first = full + USS_EVERY
+    assert got == [1 + 6, 1 + 1 + (n - 1 - first) // (full * USS_BACKOFF)]
+    assert s._uss[0] == pytest.approx(grow.uss + flat.uss)  # (the last pass read it)
 
 
-def test_workers_that_start_passes_apart_are_each_read_once_and_one_gone_leaves_the_total():
+def test_workers_that_start_passes_apart_are_each_read_once_and_one_gone_leaves_the_total(
+        two_workers):
     """A worker not read yet is read at once, the others not again (a DataLoader's workers
     start a pass or two apart); a worker gone takes its USS out of the total at once."""
-    procs = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
-             for _ in range(2)]
-    try:
-        s = HostSampler()
-        main = psutil.Process(os.getpid())
-        a, b = (_Worker(p.pid) for p in procs)
-        b.uss = 40.0
-        assert _uss_passes(s, main, [a], 1) == [1]
-        assert _uss_passes(s, main, [a, b], 1) == [0, 1]  # only the new one
-        assert s._uss[0] == 140.0
-        assert _uss_passes(s, main, [a], 1) == [0]  # b gone: no read, its part out
-        assert s._uss[0] == 100.0
-    finally:
-        for p in procs:
-            p.kill()
-            p.wait()
+    s, main = HostSampler(), psutil.Process(os.getpid())
+    a, b = two_workers
+    b.uss = 40.0
+    assert _uss_passes(s, main, [a], 1) == [1]
+    assert _uss_passes(s, main, [a, b], 1) == [0, 1]  # only the new one
+    assert s._uss[0] == 140.0
+    assert _uss_passes(s, main, [a], 1) == [0]  # b gone: no read, its part out
+    assert s._uss[0] == 100.0
 
 
 def test_a_new_descendant_is_found_in_the_groups_scan_without_a_scan_of_its_own(monkeypatch):
