@@ -328,8 +328,13 @@ def test_auto_tune_moves_show_as_markers_in_a_real_page(server):
                   errors)
         marker = page.locator("svg text").filter(has_text="autotune: num_workers 0→")
         contention = page.get_by_text(re.compile(r"CPU contention: .*other processes take"))
+        settled = page.get_by_text(re.compile(r"Auto-tune settled at "))
         try:
-            expect(marker.first).to_be_visible(timeout=120_000)
+            # a move's marker, or the tuner settled (it tries nothing more: a busy suite
+            # beside it waited out the whole 120 s for a marker that could not come), then
+            # reruns' time (the page reruns every 1-2 s) for the marker of a move it made
+            expect(marker.or_(settled).first).to_be_visible(timeout=120_000)
+            expect(marker.first).to_be_visible(timeout=30_000)
         except AssertionError:
             # a host whose other processes hold the cores (a busy suite beside this test):
             # each stretch is measured longer, or more workers are rightly not tried; only
