@@ -343,8 +343,8 @@ def test_a_flat_uss_is_read_less_often_and_a_rise_restores_the_rate():
 @pytest.fixture
 def two_workers():
     """Two real processes (sleeping) as workers whose USS the test sets."""
-    procs = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
-             for _ in range(2)]
+    idle = "import time; time.sleep(120)"  # sleep-ok: the worker itself, killed after
+    procs = [subprocess.Popen([sys.executable, "-c", idle]) for _ in range(2)]
     yield [_Worker(p.pid) for p in procs]
     for p in procs:
         p.kill()
