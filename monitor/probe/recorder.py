@@ -85,6 +85,7 @@ class Recorder(LoaderRequests):
         self.batch_filled = False
         self._timed: Callable[[], Any] = lambda: None  # the loader followed (a weak ref)
         self.batchless = False  # ... batches in its dataset: its batch size filled at exit
+        self.reported: dict[str, Any] = {}  # its settings as last reported
         self.worker_procs: list[Any] = []  # the timed epoch's workers (note_workers)
         self.loader_failed = False  # a loader error was recorded
         self.epoch = -1

@@ -31,7 +31,7 @@ class LoaderRequests:
     probe: Any
     epoch: int
     last_control: int
-    reported: dict[str, Any] = {}  # the last settings _report sent (replaced, never changed)
+    reported: dict[str, Any]  # the last settings _report sent
     said_no_midepoch: bool
     stopped: str | None
     script: str
