@@ -2,7 +2,10 @@
 suite as `make test` runs it) with a plugin that charges each test the CPU its xdist worker
 and the processes it waited for used from its setup to its teardown (getrusage: SELF +
 CHILDREN; a process a test started and nobody waited for is not counted), then prints the
-tests and files that cost most, and the total against the suite's wall time.
+tests and files that cost most, the total against the suite's wall time and the CPU of the
+whole process tree (workers' collection, shared browsers and servers included), and each
+xdist worker's busy time and when it ran out of tests (a tail where one worker still runs
+is wall time no CPU saving shortens).
 
     python bench/suite_cpu.py [--top 40] [-- pytest args...]
 
@@ -14,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import subprocess
 import sys
 import tempfile
@@ -24,7 +28,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 PLUGIN = '''
-import json, os, resource
+import json, os, resource, time
 import pytest
 
 def _cpu():
@@ -33,10 +37,12 @@ def _cpu():
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item, nextitem):
-    t0 = _cpu()
+    t0, w0 = _cpu(), time.time()
     yield
     with open(os.environ["SUITE_CPU_OUT"], "a") as f:
-        f.write(json.dumps({"test": item.nodeid, "cpu": _cpu() - t0}) + "\\n")
+        f.write(json.dumps({"test": item.nodeid, "cpu": _cpu() - t0, "start": w0,
+                            "end": time.time(),
+                            "worker": os.environ.get("PYTEST_XDIST_WORKER", "main")}) + "\\n")
 '''
 
 
@@ -51,10 +57,11 @@ def main() -> None:
         out = Path(d) / "cpu.jsonl"
         env = {**os.environ, "SUITE_CPU_OUT": str(out), "PYTHONDONTWRITEBYTECODE": "",
                "PYTHONPATH": os.pathsep.join([d, str(ROOT)])}
-        t0 = time.monotonic()
+        t0, started = time.monotonic(), time.time()
         r = subprocess.run([sys.executable, "-m", "pytest", "-p", "suite_cpu_plugin", "-q",
                             *args], cwd=ROOT, env=env)
         wall = time.monotonic() - t0
+        tree = resource.getrusage(resource.RUSAGE_CHILDREN)
         rows = [json.loads(x) for x in out.read_text().splitlines()] if out.exists() else []
     total = sum(r["cpu"] for r in rows)
     per_file: dict[str, float] = defaultdict(float)
@@ -68,6 +75,17 @@ def main() -> None:
     print("\n| file | CPU s | share |\n|---|---|---|")
     for f, c in sorted(per_file.items(), key=lambda kv: -kv[1]):
         print(f"| {f} | {c:.0f} | {100 * c / total:.1f}% |")
+    print(f"\nthe whole process tree: {tree.ru_utime + tree.ru_stime:.0f} CPU-s in {wall:.0f} s")
+    workers: dict[str, list[dict]] = defaultdict(list)
+    for row in rows:
+        workers[row["worker"]].append(row)
+    print("\n| worker | tests | in tests, s | CPU s | last test ended at, s | its last test |"
+          "\n|---|---|---|---|---|---|")
+    for w, rs in sorted(workers.items(), key=lambda kv: max(x["end"] for x in kv[1])):
+        last = max(rs, key=lambda x: x["end"])
+        print(f"| {w} | {len(rs)} | {sum(x['end'] - x['start'] for x in rs):.0f} | "
+              f"{sum(x['cpu'] for x in rs):.0f} | {last['end'] - started:.0f} | "
+              f"{last['test']} ({last['end'] - last['start']:.0f} s) |")
 
 
 if __name__ == "__main__":
