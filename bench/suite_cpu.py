@@ -2,10 +2,11 @@
 suite as `make test` runs it) with a plugin that charges each test the CPU its xdist worker
 and the processes it waited for used from its setup to its teardown (getrusage: SELF +
 CHILDREN; a process a test started and nobody waited for is not counted), then prints the
-tests and files that cost most, the total against the suite's wall time and the CPU of the
-whole process tree (workers' collection, shared browsers and servers included), and each
-xdist worker's busy time and when it ran out of tests (a tail where one worker still runs
-is wall time no CPU saving shortens).
+tests and files that cost most (and of each test's CPU, what its pytest worker used itself),
+the total against the suite's wall time and the CPU of the whole process tree (workers'
+collection, shared browsers and servers included), and each xdist worker's busy time and
+when it ran out of tests (a tail where one worker still runs is wall time no CPU saving
+shortens).
 
     python bench/suite_cpu.py [--top 40] [-- pytest args...]
 
@@ -33,14 +34,16 @@ import pytest
 
 def _cpu():
     s, c = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    return s.ru_utime + s.ru_stime + c.ru_utime + c.ru_stime
+    return s.ru_utime + s.ru_stime, c.ru_utime + c.ru_stime
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item, nextitem):
-    t0, w0 = _cpu(), time.time()
+    (s0, c0), w0 = _cpu(), time.time()
     yield
+    s1, c1 = _cpu()
     with open(os.environ["SUITE_CPU_OUT"], "a") as f:
-        f.write(json.dumps({"test": item.nodeid, "cpu": _cpu() - t0, "start": w0,
+        f.write(json.dumps({"test": item.nodeid, "cpu": s1 - s0 + c1 - c0, "own": s1 - s0,
+                            "start": w0,
                             "end": time.time(),
                             "worker": os.environ.get("PYTEST_XDIST_WORKER", "main")}) + "\\n")
 '''
@@ -69,9 +72,13 @@ def main() -> None:
         per_file[row["test"].split("::")[0]] += row["cpu"]
     print(f"\npytest exit {r.returncode}; {len(rows)} tests; {total:.0f} CPU-s charged to "
           f"tests in {wall:.0f} s of wall\n")
-    print("| test | CPU s |\n|---|---|")
+    own = sum(r["own"] for r in rows)
+    print(f"of which {own:.0f} CPU-s in the pytest workers themselves (a test's own code, "
+          "its fixtures, threads and in-process runs), the rest in processes they waited for\n")
+    print("| test | CPU s | in the worker | wall s |\n|---|---|---|---|")
     for row in sorted(rows, key=lambda x: -x["cpu"])[:a.top]:
-        print(f"| {row['test']} | {row['cpu']:.1f} |")
+        print(f"| {row['test']} | {row['cpu']:.1f} | {row['own']:.1f} | "
+              f"{row['end'] - row['start']:.0f} |")
     print("\n| file | CPU s | share |\n|---|---|---|")
     for f, c in sorted(per_file.items(), key=lambda kv: -kv[1]):
         print(f"| {f} | {c:.0f} | {100 * c / total:.1f}% |")
