@@ -133,6 +133,25 @@ def no_leaks():
     assert not leaked, f"/dev/shm segments leaked: {leaked}"
 
 
+@pytest.fixture(scope="session")
+def two_rank_job(tmp_path_factory):
+    """tests/jobs.py's two-rank job, run once for the tests that read it (its xdist group,
+    `jobs.GROUP`, keeps them on one worker); what `no_leaks` asks of a test's own job is
+    asked of it here."""
+    from tests import jobs
+    from tests.helpers import free_port
+
+    shm_before, kids_before, tracker = shm_entries(), descendants(), PidTracker()
+    job = jobs.two_rank_job(tmp_path_factory.mktemp("two-rank-job"), free_port())
+    wait_for(lambda: not (descendants() - kids_before), timeout=15, every=0.2)
+    ours = tracker.stop()
+    assert not descendants() - kids_before, "orphan processes left by the two-rank job"
+    leaked = {e for e in shm_entries() - shm_before
+              if (m := SHM_PID.match(e)) and int(m.group(1)) in ours}
+    assert not leaked, f"/dev/shm segments leaked by the two-rank job: {leaked}"
+    return job
+
+
 CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
 
 

@@ -18,7 +18,6 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -26,6 +25,7 @@ import pytest
 from monitor.export import promql
 from monitor.records import GpuDevice
 from monitor.store import Store
+from tests import jobs
 from tests.conftest import require, wait_for
 from tests.helpers import free_port
 from tests.test_export import prom_query, start_prometheus
@@ -266,29 +266,12 @@ def test_two_node_job_in_prometheus(tmp_path, no_leaks):
     assert "the Job tab reads it there" in job_scope(Store(dbs[1]).ranks(1), job_tab=True)[0]
 
 
-def test_one_node_two_ranks_each_have_their_series(tmp_path, no_leaks):
-    """A one-node torchrun job of two ranks: /metrics has a series per rank, never summed."""
-    port = free_port()
-    n = subprocess.Popen(
-        [sys.executable, "-m", "monitor", "run", "--db", str(tmp_path / "j.db"),
-         "--metrics-port", str(port), "--no-live", "--", TORCHRUN, "--standalone",
-         "--nproc-per-node", "2", str(DDP), "--epochs", "8"],
-        cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE, text=True)
-    try:
-        def both() -> str | None:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
-                    text = r.read().decode()
-            except OSError:
-                return None
-            ranks = re.findall(r'^starvation_steps_total\{[^}]*\brank="(\d)"[^}]*\} (\d+)',
-                               text, re.M)
-            return text if {r for r, v in ranks if int(float(v)) > 0} == {"0", "1"} else None
-        text = wait_for(both, timeout=120, every=0.5)
-    finally:
-        _, err = ended(n)
-    assert n.returncode == 0, err[-3000:]
+@pytest.mark.xdist_group(jobs.GROUP)
+def test_one_node_two_ranks_each_have_their_series(two_rank_job):
+    """A one-node torchrun job of two ranks: /metrics has a series per rank, never summed
+    (tests/jobs.py scraped it while both ranks stepped)."""
+    assert two_rank_job.returncode == 0, two_rank_job.err[-3000:]
+    text = two_rank_job.metrics
     assert text, "the endpoint never showed both ranks stepping"
     lines = [ln for ln in text.splitlines() if ln.startswith("starvation_steps_total{")]
     assert len(lines) == 2 and all('local_rank="' in ln and 'job_id="' in ln for ln in lines)

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from monitor.store import Store
+from tests import jobs
 from tests.conftest import wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -58,9 +59,11 @@ def test_a_slow_rank_is_named_an_input_straggler(tmp_path, no_leaks, nproc):
     assert len(counted) and (counted == 0).all()  # ranks are never counted as workers
 
 
-def test_a_balanced_job_has_no_straggler(tmp_path, no_leaks):
-    rc, d, _, err = finish(start(tmp_path / "b.db", 2, "--epochs", "2"))
-    assert rc == 0, err
+@pytest.mark.xdist_group(jobs.GROUP)
+def test_a_balanced_job_has_no_straggler(two_rank_job):
+    """(The job's other outputs are read by test_cluster, test_trackers and test_wandb.)"""
+    d, err = two_rank_job.summary, two_rank_job.err
+    assert two_rank_job.returncode == 0 and d is not None, err[-3000:]
     assert d["verdict"] != "input-straggler" and d["world_size"] == 2
     assert d["throughput"] == pytest.approx(sum(r["throughput"] for r in d["ranks"]))
 

@@ -22,11 +22,11 @@ from monitor.diagnosis import VERDICTS
 from monitor.diagnosis.causes import CAUSES
 from monitor.records import TRACKER
 from monitor.store import Store
+from tests import jobs
 from tests.conftest import wait_for
 from tests.helpers import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
-TORCHRUN = str(Path(sys.executable).parent / "torchrun")
 ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
 NAMED = {*VERDICTS, *CAUSES}  # what a verdict says: a family, or the cause found
 
@@ -77,14 +77,14 @@ def test_tensorboard_reads_a_data_wait_point_a_second_and_the_verdict(tmp_path, 
 
 
 @pytest.mark.slow
-def test_a_torchrun_job_gets_a_folder_per_rank(tmp_path, no_leaks):
-    r = run(tmp_path, TORCHRUN, "--standalone", "--nproc-per-node=2",
-            str(ROOT / "examples" / "train_ddp.py"), "--epochs", "2")
-    assert r.returncode == 0, r.stderr[-2000:]
-    steps = Store(tmp_path / "t.db").steps(1)
+@pytest.mark.xdist_group(jobs.GROUP)
+def test_a_torchrun_job_gets_a_folder_per_rank(two_rank_job):
+    """tests/jobs.py's two-rank job, its --tensorboard output."""
+    assert two_rank_job.returncode == 0, two_rank_job.err[-2000:]
+    steps = Store(two_rank_job.db).steps(1)
     for rank in (0, 1):
         own = steps[steps["rank"] == rank]
-        share = events(tmp_path / "tb" / "run-1" / f"rank-{rank}").Scalars(
+        share = events(two_rank_job.tensorboard / "run-1" / f"rank-{rank}").Scalars(
             "starvation/data_wait_share")
         assert share and {p.step for p in share} <= set(own["step"].astype(int)), rank
 

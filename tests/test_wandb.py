@@ -19,9 +19,9 @@ import pytest
 from monitor.diagnosis import VERDICTS
 from monitor.diagnosis.causes import CAUSES
 from monitor.store import Store
+from tests import jobs
 
 ROOT = Path(__file__).resolve().parent.parent
-TORCHRUN = str(Path(sys.executable).parent / "torchrun")
 NAMED = {*VERDICTS, *CAUSES}
 BLOCK, HEADER = 32 * 1024, 7  # the run file: LevelDB's log format, after a 7-byte header
 
@@ -104,9 +104,13 @@ def test_wandb_offline_holds_the_figures_at_the_training_steps(tmp_path, no_leak
 
 
 @pytest.mark.slow
-def test_a_torchrun_job_is_min_max_the_worst_rank_and_each_ranks_own(tmp_path, no_leaks):
-    r, recs = wandb_run(tmp_path, TORCHRUN, "--standalone", "--nproc-per-node=2",
-                        str(ROOT / "examples" / "train_ddp.py"), "--epochs", "2")
+@pytest.mark.xdist_group(jobs.GROUP)
+def test_a_torchrun_job_is_min_max_the_worst_rank_and_each_ranks_own(two_rank_job):
+    """tests/jobs.py's two-rank job, its --wandb output offline."""
+    assert two_rank_job.returncode == 0, two_rank_job.err[-2000:]
+    files = list(two_rank_job.wandb.glob("offline-run-*/run-*.wandb"))
+    assert len(files) == 1, (files, two_rank_job.err[-2000:])
+    recs = records(files[0])
     many = [h for h in history(recs) if "starvation/data_wait_share/max" in h]
     assert many, history(recs)[:3]
     last = many[-1]
