@@ -49,6 +49,14 @@ def pytest_runtest_protocol(item, nextitem):
 '''
 
 
+def box_busy() -> float:
+    """CPU-seconds the whole machine has spent busy since boot (/proc/stat: all but idle and
+    iowait)."""
+    with open("/proc/stat") as f:
+        ticks = [int(x) for x in f.readline().split()[1:]]
+    return (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--top", type=int, default=40)
@@ -60,11 +68,11 @@ def main() -> None:
         out = Path(d) / "cpu.jsonl"
         env = {**os.environ, "SUITE_CPU_OUT": str(out), "PYTHONDONTWRITEBYTECODE": "",
                "PYTHONPATH": os.pathsep.join([d, str(ROOT)])}
-        t0, started = time.monotonic(), time.time()
+        box0, t0, started = box_busy(), time.monotonic(), time.time()
         r = subprocess.run([sys.executable, "-m", "pytest", "-p", "suite_cpu_plugin", "-q",
                             *args], cwd=ROOT, env=env)
         wall = time.monotonic() - t0
-        tree = resource.getrusage(resource.RUSAGE_CHILDREN)
+        tree, box = resource.getrusage(resource.RUSAGE_CHILDREN), box_busy() - box0
         rows = [json.loads(x) for x in out.read_text().splitlines()] if out.exists() else []
     total = sum(r["cpu"] for r in rows)
     per_file: dict[str, float] = defaultdict(float)
@@ -82,7 +90,9 @@ def main() -> None:
     print("\n| file | CPU s | share |\n|---|---|---|")
     for f, c in sorted(per_file.items(), key=lambda kv: -kv[1]):
         print(f"| {f} | {c:.0f} | {100 * c / total:.1f}% |")
-    print(f"\nthe whole process tree: {tree.ru_utime + tree.ru_stime:.0f} CPU-s in {wall:.0f} s")
+    print(f"\nthe whole process tree: {tree.ru_utime + tree.ru_stime:.0f} CPU-s in {wall:.0f} s; "
+          f"the box's CPUs were busy {box:.0f} CPU-s meanwhile (every process: a neighbour's "
+          "too, and daemons the tests' processes left to init, which no wait counts)")
     workers: dict[str, list[dict]] = defaultdict(list)
     for row in rows:
         workers[row["worker"]].append(row)
