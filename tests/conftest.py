@@ -116,10 +116,10 @@ def wait_for(pred, timeout: float, every: float = 0.1):
     return pred()
 
 
-@pytest.fixture
-def no_leaks():
-    """Fails the test if it leaves its own child processes or /dev/shm segments behind
-    (other processes on a shared machine are not this test's business)."""
+@contextlib.contextmanager
+def leak_checked(what: str = "the test"):
+    """Fails if the block leaves its own child processes or /dev/shm segments behind
+    (other processes on a shared machine are not its business)."""
     shm_before = shm_entries()
     kids_before = descendants()
     tracker = PidTracker()
@@ -127,10 +127,17 @@ def no_leaks():
     wait_for(lambda: not (descendants() - kids_before), timeout=15, every=0.2)
     ours = tracker.stop()
     left = descendants() - kids_before
-    assert not left, f"orphan processes left behind: {left}"
+    assert not left, f"orphan processes left behind by {what}: {left}"
     leaked = {e for e in shm_entries() - shm_before
               if (m := SHM_PID.match(e)) and int(m.group(1)) in ours}
-    assert not leaked, f"/dev/shm segments leaked: {leaked}"
+    assert not leaked, f"/dev/shm segments leaked by {what}: {leaked}"
+
+
+@pytest.fixture
+def no_leaks():
+    """A test's own processes and /dev/shm segments: none left at its end (leak_checked)."""
+    with leak_checked():
+        yield
 
 
 @pytest.fixture(scope="session")
@@ -141,15 +148,8 @@ def two_rank_job(tmp_path_factory):
     from tests import jobs
     from tests.helpers import free_port
 
-    shm_before, kids_before, tracker = shm_entries(), descendants(), PidTracker()
-    job = jobs.two_rank_job(tmp_path_factory.mktemp("two-rank-job"), free_port())
-    wait_for(lambda: not (descendants() - kids_before), timeout=15, every=0.2)
-    ours = tracker.stop()
-    assert not descendants() - kids_before, "orphan processes left by the two-rank job"
-    leaked = {e for e in shm_entries() - shm_before
-              if (m := SHM_PID.match(e)) and int(m.group(1)) in ours}
-    assert not leaked, f"/dev/shm segments leaked by the two-rank job: {leaked}"
-    return job
+    with leak_checked("the two-rank job"):
+        return jobs.two_rank_job(tmp_path_factory.mktemp("two-rank-job"), free_port())
 
 
 CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")

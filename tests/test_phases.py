@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from monitor.store import Store
+from tests.conftest import leak_checked
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "tests" / "scripts" / "phases.py"
@@ -43,9 +44,26 @@ def monitored(db: Path, *args: str, flags: tuple = ()) -> tuple[subprocess.Compl
     return r, json.loads(r.stdout.strip().splitlines()[-1])
 
 
-def test_the_phases_of_each_step_match_their_known_costs(tmp_path, no_leaks):
-    db = tmp_path / "p.db"
-    r, d = monitored(db, *ARGS)
+@pytest.fixture(scope="module")
+def nested_and_saved(tmp_path_factory):
+    """One run for the three tests below that read it (their xdist group keeps them on one
+    worker): the known costs with 50 layers inside the model (its root alone is timed) and
+    the whole model saved and deep-copied after each epoch; each of the three once had a
+    run of its own (4 CPU-s each, an interpreter and torch)."""
+    folder = tmp_path_factory.mktemp("phases")
+    with leak_checked("the phases run"):
+        r, d = monitored(folder / "p.db", *ARGS, "--nested", "50", "--save",
+                         str(folder / "model.pt"))
+    return r, d, folder
+
+
+ONE_RUN = pytest.mark.xdist_group("phases-nested-and-saved")
+
+
+@ONE_RUN
+def test_the_phases_of_each_step_match_their_known_costs(nested_and_saved):
+    r, d, folder = nested_and_saved
+    db = folder / "p.db"
     ph = d["phases"]
     assert ph is not None and ph["source"] == "host time", d
     per, took = ph["seconds_per_step"], measured(r)
@@ -66,12 +84,13 @@ def test_the_phases_of_each_step_match_their_known_costs(tmp_path, no_leaks):
         "calls)" in labels, labels
 
 
-def test_a_nested_model_is_timed_at_its_root_alone(tmp_path, no_leaks):
+@ONE_RUN
+def test_a_nested_model_is_timed_at_its_root_alone(nested_and_saved):
     """50 layers inside the model: after discovery the hooks are the root's own, so the
     forward still reads its cost (not 50 layers' worth of hook calls), and only the root
     is named."""
-    db = tmp_path / "n.db"
-    r, d = monitored(db, *ARGS, "--nested", "50")
+    r, d, folder = nested_and_saved
+    db = folder / "p.db"
     per = d["phases"]["seconds_per_step"]
     took = measured(r)["forward"]
     assert per["forward"] * 1000 == pytest.approx(took, rel=0.2), (per, took)
@@ -96,14 +115,14 @@ def test_transforms_called_inside_next_are_the_loaders_work_not_the_forward(tmp_
         "Jitter ran inside next(loader): the loader's work" in said[0], labels
 
 
-def test_a_model_saved_whole_and_deep_copied_carries_nothing_of_the_probe(tmp_path,
-                                                                         no_leaks):
+@ONE_RUN
+def test_a_model_saved_whole_and_deep_copied_carries_nothing_of_the_probe(nested_and_saved):
     """`torch.save(model)` and `copy.deepcopy(model)` each epoch (pytorch/examples'
     word_language_model saves the whole model; an EMA deep-copies it): both work with the
     phases timed, and the saved file holds no hook and no reference to this package (an
     instance hook on the root made torch.save raise "Can't pickle local object")."""
-    saved = tmp_path / "model.pt"
-    r, d = monitored(tmp_path / "s.db", *ARGS, "--save", str(saved))
+    r, d, folder = nested_and_saved
+    saved = folder / "model.pt"
     assert "saved whole: Model, 0 hooks" in r.stdout, r.stdout
     assert b"monitor" not in saved.read_bytes()
     per = d["phases"]["seconds_per_step"]
