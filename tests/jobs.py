@@ -15,6 +15,8 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+from tests.conftest import wait_for
+
 ROOT = Path(__file__).resolve().parent.parent
 TORCHRUN = str(Path(sys.executable).parent / "torchrun")
 GROUP = "two-rank-job"
@@ -54,25 +56,25 @@ def two_rank_job(folder: Path, port: int) -> Job:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "WANDB_MODE": "offline",
            "WANDB_DIR": str(folder), "WANDB_SILENT": "true"}
     env.pop("WANDB_RUN_ID", None)
-    db = folder / "job.db"
-    p = subprocess.Popen(
-        [sys.executable, "-m", "monitor", "run", "--db", str(db), "--json", "--no-live",
-         "--metrics-port", str(port), "--tensorboard", str(folder / "tb"), "--wandb",
-         "sm-test", "--", TORCHRUN, "--standalone", "--nproc-per-node=2",
-         str(ROOT / "examples" / "train_ddp.py"), "--epochs", "3"],
-        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    from tests.conftest import wait_for
-
+    db, said = folder / "job.db", (folder / "stdout.txt", folder / "stderr.txt")
+    with open(said[0], "w") as out, open(said[1], "w") as err:  # (files: nobody reads a
+        p = subprocess.Popen(  # pipe while the endpoint is polled)
+            [sys.executable, "-m", "monitor", "run", "--db", str(db), "--json", "--no-live",
+             "--metrics-port", str(port), "--tensorboard", str(folder / "tb"), "--wandb",
+             "sm-test", "--", TORCHRUN, "--standalone", "--nproc-per-node=2",
+             str(ROOT / "examples" / "train_ddp.py"), "--epochs", "3"],
+            cwd=ROOT, env=env, stdout=out, stderr=err, text=True)
     url = f"http://127.0.0.1:{port}/metrics"
     got = wait_for(lambda: "ended" if p.poll() is not None else _stepping(url, {"0", "1"}),
                    timeout=180, every=0.25)
     metrics = None if got == "ended" else got
     try:
-        out, err = p.communicate(timeout=240)
+        p.wait(timeout=240)
     finally:
         if p.poll() is None:
             p.kill()
-            p.communicate()
+            p.wait()
+    out, err = (f.read_text() for f in said)
     last = [ln for ln in out.splitlines() if ln.startswith("{")]
     return Job(p.returncode, json.loads(last[-1]) if last else None, out, err, db,
                folder / "tb", folder / "wandb", metrics)
