@@ -69,7 +69,9 @@ run: $(VENV)/.runtime
 # with three (earlier: 453 s with three against 495 with two). The timing-sensitive tests
 # check the measured evidence, neighbours included. Browser tests share one worker
 # (loadgroup: conftest.py); before they did, three workers were slower (673 s against
-# 642 s) with two Chromiums side by side.
+# 642 s) with two Chromiums side by side. With four the box's cores are busy ~1.9 of 2 from
+# start to end, quiet, and no worker idles at the end: six took 697.7 s against 728.1 s
+# (bench/suite_cpu.py, one run each, docs/benchmarks.md session 14): nothing to fill.
 TEST_WORKERS ?= 4
 
 test: $(VENV)/.dev $(MLFLOW_VENV)/.ready $(VISION_VENV)/.ready
