@@ -1,5 +1,6 @@
-"""Helpers the tests share (one of each): the CLI run as a user runs it, a free port, and
-the fake clock of the tests that step time by hand. Fakes of hardware live in tests/fakes/."""
+"""Helpers the tests share (one of each): the CLI run as a user runs it, a free port, W&B's
+offline environment, and the fake clock of the tests that step time by hand. Fakes of
+hardware live in tests/fakes/."""
 from __future__ import annotations
 
 import os
@@ -21,6 +22,15 @@ def cli(*args: str, db: Path | str | None = None, timeout: float = 180,
                            *(["--db", str(db)] if db is not None else [])],
                           capture_output=True, text=True, timeout=timeout, cwd=ROOT,
                           env={**os.environ, "PYTHONPATH": str(ROOT), **extra, **(env or {})})
+
+
+def wandb_offline(folder: Path) -> dict[str, str]:
+    """The environment of a `monitor run --wandb` that writes W&B's run file offline under
+    `folder`/wandb (as the tests must: no network), with no run of the caller's own."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "WANDB_MODE": "offline",
+           "WANDB_DIR": str(folder), "WANDB_SILENT": "true"}
+    env.pop("WANDB_RUN_ID", None)
+    return env
 
 
 def free_port() -> int:

@@ -7,7 +7,6 @@ checks for a test's own job."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import sys
@@ -16,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tests.conftest import wait_for
+from tests.helpers import wandb_offline
 
 ROOT = Path(__file__).resolve().parent.parent
 TORCHRUN = str(Path(sys.executable).parent / "torchrun")
@@ -53,9 +53,7 @@ def two_rank_job(folder: Path, port: int) -> Job:
     """examples/train_ddp.py as a one-node torchrun job of two ranks (gloo, CPU, 3 epochs,
     neither rank slow) under `monitor run --json` with every output a user may ask for at
     once: the Prometheus endpoint (scraped while it runs), TensorBoard and W&B (offline)."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "WANDB_MODE": "offline",
-           "WANDB_DIR": str(folder), "WANDB_SILENT": "true"}
-    env.pop("WANDB_RUN_ID", None)
+    env = wandb_offline(folder)
     db, said = folder / "job.db", (folder / "stdout.txt", folder / "stderr.txt")
     with open(said[0], "w") as out, open(said[1], "w") as err:  # (files: nobody reads a
         p = subprocess.Popen(  # pipe while the endpoint is polled)

@@ -20,6 +20,7 @@ from monitor.diagnosis import VERDICTS
 from monitor.diagnosis.causes import CAUSES
 from monitor.store import Store
 from tests import jobs
+from tests.helpers import wandb_offline
 
 ROOT = Path(__file__).resolve().parent.parent
 NAMED = {*VERDICTS, *CAUSES}
@@ -52,9 +53,7 @@ def records(path: Path) -> list:
 
 
 def wandb_run(tmp_path: Path, *cmd: str) -> tuple[subprocess.CompletedProcess, list]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "WANDB_MODE": "offline",
-           "WANDB_DIR": str(tmp_path), "WANDB_SILENT": "true"}
-    env.pop("WANDB_RUN_ID", None)
+    env = wandb_offline(tmp_path)
     r = subprocess.run([sys.executable, "-m", "monitor", "run", "--no-live", "--db",
                         str(tmp_path / "w.db"), "--wandb", "sm-test", "--", *cmd], cwd=ROOT,
                        env=env, capture_output=True, text=True, timeout=300)
