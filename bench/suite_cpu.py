@@ -6,7 +6,9 @@ tests and files that cost most (and of each test's CPU, what its pytest worker u
 the total against the suite's wall time and the CPU of the whole process tree (workers'
 collection, shared browsers and servers included), and each xdist worker's busy time and
 when it ran out of tests (a tail where one worker still runs is wall time no CPU saving
-shortens).
+shortens), and the CPU by kind of process (the pytest run's descendants, read from /proc every
+0.25 s: a browser, a server or a daemon that no test waits for counted too; a process's last
+0.25 s, and a process that lived less, can be missed).
 
     python bench/suite_cpu.py [--top 40] [-- pytest args...]
 
@@ -18,10 +20,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import resource
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -57,6 +61,84 @@ def box_busy() -> float:
     return (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")
 
 
+# what a process is, from its command line (first match wins)
+KINDS = [
+    ("pytest worker", r"exec\(eval\(sys\.stdin"),
+    ("Chromium", r"chrom"),
+    ("Playwright's driver", r"playwright/driver"),
+    ("Streamlit server", r"streamlit run|-m monitor dashboard"),
+    ("Prometheus, promtool", r"prometheus|promtool"),
+    ("MLflow server", r"mlflow server|gunicorn|uvicorn"),
+    ("torchrun's agent", r"torchrun|torch\.distributed\.run"),
+    ("monitor run (launcher)", r"-m monitor run|monitor/__main__\.py run"),
+    ("monitor, other commands", r"-m monitor "),
+    ("sampler", r"collector\.py|monitor\.sampling"),
+    ("managed workload (spawned)", r"workloads\.runner|workloads/runner\.py"),
+    ("managed workload (forked) and its workers", r"workloads\.forkserver"),
+    ("user workload check", r"workloads\.user"),
+    ("Ray", r"ray|gcs_server"),
+    ("the tests' busy loops", r"while True|range\(3 \* 10\*\*7\)"),
+    ("a test's script and its workers", r"tests/scripts/|examples/|\.venv-vision/bin/yolo"),
+    ("pytest", r"-m pytest"),
+]
+
+
+class Tree:
+    """The CPU of every descendant of `root` (its user + system time, /proc/PID/stat) by kind,
+    read every `every` s: the last reading of each process is what it used."""
+
+    def __init__(self, root: int, every: float = 0.25) -> None:
+        self.root, self.every = root, every
+        self.ours: set[int] = {root}
+        self.seen: dict[tuple[int, int], list] = {}  # (pid, start) -> [kind, cpu]
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._loop, name="suite-cpu-tree", daemon=True)
+        self.thread.start()
+
+    def _loop(self) -> None:
+        hz = os.sysconf("SC_CLK_TCK")
+        nxt = time.monotonic()
+        while not self.stop.is_set():
+            for d in os.listdir("/proc"):
+                if not d.isdigit():
+                    continue
+                try:
+                    with open(f"/proc/{d}/stat") as f:
+                        st = f.read()
+                    rest = st[st.rfind(")") + 2:].split()
+                    pid, ppid, start = int(d), int(rest[1]), int(rest[19])
+                    if pid not in self.ours and ppid not in self.ours:
+                        continue
+                    self.ours.add(pid)
+                    row = self.seen.get((pid, start))
+                    if row is None:
+                        with open(f"/proc/{d}/cmdline", "rb") as f:
+                            cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
+                        name = st[st.find("(") + 1:st.rfind(")")]
+                        row = self.seen[(pid, start)] = [kind(name + " " + cmd), 0.0]
+                    row[1] = (int(rest[11]) + int(rest[12])) / hz
+                except (OSError, ValueError, IndexError):
+                    continue
+            nxt += self.every
+            self.stop.wait(max(0.0, nxt - time.monotonic()))
+
+    def by_kind(self) -> list[tuple[str, int, float]]:
+        self.stop.set()
+        self.thread.join()
+        out: dict[str, list] = defaultdict(lambda: [0, 0.0])
+        for k, cpu in self.seen.values():
+            out[k][0] += 1
+            out[k][1] += cpu
+        return sorted(((k, n, c) for k, (n, c) in out.items()), key=lambda x: -x[2])
+
+
+def kind(cmd: str) -> str:
+    for name, pattern in KINDS:
+        if re.search(pattern, cmd):
+            return name
+    return "other"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--top", type=int, default=40)
@@ -69,8 +151,11 @@ def main() -> None:
         env = {**os.environ, "SUITE_CPU_OUT": str(out), "PYTHONDONTWRITEBYTECODE": "",
                "PYTHONPATH": os.pathsep.join([d, str(ROOT)])}
         box0, t0, started = box_busy(), time.monotonic(), time.time()
-        r = subprocess.run([sys.executable, "-m", "pytest", "-p", "suite_cpu_plugin", "-q",
-                            *args], cwd=ROOT, env=env)
+        p = subprocess.Popen([sys.executable, "-m", "pytest", "-p", "suite_cpu_plugin", "-q",
+                              *args], cwd=ROOT, env=env)
+        tree_by_kind = Tree(p.pid)
+        p.wait()
+        kinds = tree_by_kind.by_kind()
         wall = time.monotonic() - t0
         tree, box = resource.getrusage(resource.RUSAGE_CHILDREN), box_busy() - box0
         rows = [json.loads(x) for x in out.read_text().splitlines()] if out.exists() else []
@@ -78,7 +163,7 @@ def main() -> None:
     per_file: dict[str, float] = defaultdict(float)
     for row in rows:
         per_file[row["test"].split("::")[0]] += row["cpu"]
-    print(f"\npytest exit {r.returncode}; {len(rows)} tests; {total:.0f} CPU-s charged to "
+    print(f"\npytest exit {p.returncode}; {len(rows)} tests; {total:.0f} CPU-s charged to "
           f"tests in {wall:.0f} s of wall\n")
     own = sum(r["own"] for r in rows)
     print(f"of which {own:.0f} CPU-s in the pytest workers themselves (a test's own code, "
@@ -93,6 +178,12 @@ def main() -> None:
     print(f"\nthe whole process tree: {tree.ru_utime + tree.ru_stime:.0f} CPU-s in {wall:.0f} s; "
           f"the box's CPUs were busy {box:.0f} CPU-s meanwhile (every process: a neighbour's "
           "too, and daemons the tests' processes left to init, which no wait counts)")
+    seen = sum(c for _, _, c in kinds)
+    print("\n| kind of process (the pytest run's descendants) | processes | CPU s | share | "
+          "per process, s |\n|---|---|---|---|---|")
+    for k, n, c in kinds:
+        print(f"| {k} | {n} | {c:.0f} | {100 * c / max(seen, 1e-9):.1f}% | {c / n:.2f} |")
+    print(f"| all | {sum(n for _, n, _ in kinds)} | {seen:.0f} | | |")
     workers: dict[str, list[dict]] = defaultdict(list)
     for row in rows:
         workers[row["worker"]].append(row)
