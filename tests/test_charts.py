@@ -66,6 +66,28 @@ def test_host_figure_per_core_and_workers():
     assert _all_scatter_svg(fig)
 
 
+def test_a_many_core_host_draws_its_busiest_median_and_idlest_core():
+    """192 cores (a GPU node's CPU): three lines, not 192 lines and a 192-entry legend; the
+    busiest core at each sample is the most loaded one then, whichever it is; a sample with
+    no reading is a gap. Eight cores or fewer keep a line each."""
+    rows = [[float(c % 7) for c in range(192)] for _ in range(3)]
+    rows[1][150] = 100.0  # one core pinned (a GIL-bound main process) among idle ones
+    host = pd.DataFrame({"ts": [1000.0, 1001.0, 1002.0, 1003.0],
+                         "cpu_per_core": [json.dumps(r) for r in rows] + [None],
+                         "mem_used_mb": [1.0] * 4})
+    fig = charts.host_figure(host)
+    cpu = {t.name: list(t.y) for t in fig.data if t.legendgroup == "cpu"}
+    assert set(cpu) == {"busiest core", "median core", "idlest core"}, sorted(cpu)[:5]
+    assert cpu["busiest core"][:3] == [6.0, 100.0, 6.0] and cpu["idlest core"][:3] == [0.0] * 3
+    assert cpu["median core"][0] == float(np.median(rows[0]))
+    assert all(v != v for v in (cpu[k][3] for k in cpu))  # NaN: the sample without one
+    assert any(a.text.startswith("CPU of 192 cores") for a in fig.layout.annotations)
+    assert len(fig.to_json()) < 30_000
+    eight = host.assign(cpu_per_core=[json.dumps(r[:8]) for r in rows] + [None])
+    assert {t.name for t in charts.host_figure(eight).data if t.legendgroup == "cpu"} == \
+        {f"core {c}" for c in range(8)}
+
+
 def test_empty_frames_still_draw():
     empty = pd.DataFrame(columns=["ts", "wait_s", "compute_s", "samples"])
     assert isinstance(charts.wait_compute_figure(empty), go.Figure)
