@@ -1,6 +1,6 @@
 """What one refresh of the live region costs at any run length, against the budgets.
 
-    python bench/ui_tick.py [--hours 1,24] [--repeat 5] [--soak 60] [--tabs 3]
+    python bench/ui_tick.py [--hours 1,24] [--repeat 5] [--soak 60] [--tabs 3] [--cores 2]
 
 Builds (once, cached under /tmp) a store holding synthetic runs of the given lengths: steps
 at 20 Hz (a 50 ms sawtooth: 30 ms wait, 20 ms compute) and host samples at 4 Hz. Times what
@@ -41,8 +41,10 @@ from monitor.ui import cadence, refresh  # noqa: E402
 WINDOWS = {"30 s": 30.0, "5 min": 300.0, "whole run": None}
 
 
-def build(path: Path, hours: list[float]) -> dict[float, int]:
-    """The synthetic runs (ended, the latest first in the store); cached by path."""
+def build(path: Path, hours: list[float], cores: int = 2) -> dict[float, int]:
+    """The synthetic runs (ended, the latest first in the store); cached by path. The host's
+    `cores` read 95% on the first, 5% on the others (a main process at its GIL's limit)."""
+    per_core = json.dumps([95.0] + [5.0] * (cores - 1))
     store = Store(path)
     runs = store.runs()
     if len(runs) == len(hours):
@@ -61,7 +63,7 @@ def build(path: Path, hours: list[float]) -> dict[float, int]:
         m = int(h * 3600 * 4)
         for i in range(0, m, 100_000):
             store.insert([HostSample(ts=t0 + k * 0.25, run_id=run, cpu_total_pct=50.0,
-                                     cpu_per_core="[95.0, 5.0]", mem_used_mb=4000.0,
+                                     cpu_per_core=per_core, mem_used_mb=4000.0,
                                      mem_total_mb=24000.0, mem_available_mb=20000.0,
                                      shm_used_mb=1.0, proc_cpu_pct=95.0, proc_rss_mb=300.0,
                                      workers=0, workers_cpu_pct=0.0, workers_rss_mb=0.0)
@@ -186,11 +188,13 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--soak", type=float, default=0.0, help="seconds per soak (0: skip)")
     ap.add_argument("--tabs", type=int, default=3)
+    ap.add_argument("--cores", type=int, default=2, help="the synthetic host's cores")
     a = ap.parse_args()
     hours = [float(h) for h in a.hours.split(",")]
-    path = Path(tempfile.gettempdir()) / f"ui_tick_{'_'.join(map(str, hours))}.db"
+    cores = "" if a.cores == 2 else f"_{a.cores}cores"
+    path = Path(tempfile.gettempdir()) / f"ui_tick_{'_'.join(map(str, hours))}{cores}.db"
     t = time.perf_counter()
-    runs = build(path, hours)
+    runs = build(path, hours, a.cores)
     print(f"store {path} ({path.stat().st_size / 1e6:,.0f} MB; built or found in "
           f"{time.perf_counter() - t:.1f} s)")
     rt = Runtime(path)
