@@ -245,8 +245,9 @@ def _cores(col: pd.Series) -> tuple[int, np.ndarray]:
 
 HOST_ROWS = {"y": (0.70, 1.0), "y2": (0.36, 0.64), "y3": (0.0, 0.30)}
 # a line a core up to this many; above it, three lines at each sample (the busiest core, the
-# median one, the idlest): 192 cores drew 198 traces and a 192-entry legend, 425 KB a refresh
-# and 170 ms in the browser against 31 ms at 2 cores, and no reader follows 192 lines
+# median one, the idlest): 192 cores drew 198 traces and a 192-entry legend, 468 KB and 170 ms
+# of Plotly in Chromium a redraw against 36 ms at 2 cores (bench/host_chart.py), and no
+# reader follows 192 lines
 PER_CORE_MAX = 8
 
 
