@@ -283,8 +283,13 @@ def prometheus_rate(values: list, at: float, span: float) -> tuple[float, float]
     last samples, extrapolated back no further than the counter's zero, then toward each
     edge of the window by the gap to it when that gap is under 1.1 average intervals, else
     by half an interval (later releases cap at the zero after the half interval); returns
-    the rate and the seconds it covers."""
+    the rate and the seconds it covers. A series with one sample in the window has no rate
+    (Prometheus drops it: "no sense in trying to compute a rate without at least two points"),
+    as a series that ended early in the window has: a rank's series before its device was
+    set, seen once beside a busy loop."""
     pts = [(float(t), float(v)) for t, v in values]
+    if len(pts) < 2:
+        return 0.0, 0.0
     (t0, v0), (t1, _) = pts[0], pts[-1]
     inc = sum(b - a if b >= a else b for (_, a), (_, b) in itertools.pairwise(pts))
     sampled = t1 - t0
