@@ -25,7 +25,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from page_open import CHROMIUM_ARGS, free_port  # noqa: E402
+from tests.conftest import launch  # noqa: E402
+from tests.helpers import free_port  # noqa: E402
 
 
 def job(db: Path, seconds: float) -> float:
@@ -56,8 +57,7 @@ def with_page(db: Path, seconds: float) -> float:
             except OSError:
                 threading.Event().wait(0.2)
         with sync_playwright() as p:
-            browser = p.chromium.launch(executable_path="/usr/bin/chromium",
-                                        args=CHROMIUM_ARGS)
+            browser = launch(p)
             page = browser.new_page(viewport={"width": 1500, "height": 1000})
             page.goto(f"http://127.0.0.1:{port}")
             out: list[float] = []

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -27,8 +26,9 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from ui_tick import build  # noqa: E402
 
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--no-first-run"]
+from tests.conftest import launch  # noqa: E402
+from tests.helpers import free_port  # noqa: E402
+
 # the plots whose x axis spans the whole run (milliseconds), and whether Streamlit is idle
 SPANS = """() => {
   const out = [];
@@ -39,12 +39,6 @@ SPANS = """() => {
   const busy = !!document.querySelector('[data-testid="stStatusWidget"]');
   return {spans: out, busy: busy};
 }"""
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def serve(db: Path, port: int) -> subprocess.Popen:
@@ -112,7 +106,7 @@ def main() -> None:
     rows = []
     try:
         with sync_playwright() as p:
-            browser = p.chromium.launch(executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS)
+            browser = launch(p)
             for i in range(a.repeat):
                 first, settled = one(browser, f"http://127.0.0.1:{port}", a.hours)
                 rows.append((first, settled))

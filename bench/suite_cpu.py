@@ -76,7 +76,7 @@ KINDS = [
     ("managed workload (spawned)", r"workloads\.runner|workloads/runner\.py"),
     ("managed workload (forked) and its workers", r"workloads\.forkserver"),
     ("user workload check", r"workloads\.user"),
-    ("Ray", r"ray|gcs_server"),
+    ("Ray", r"/ray/|ray::|raylet|gcs_server"),
     ("the tests' busy loops", r"while True|range\(3 \* 10\*\*7\)"),
     ("a test's script and its workers", r"tests/scripts/|examples/|\.venv-vision/bin/yolo"),
     ("pytest", r"-m pytest"),
@@ -88,7 +88,7 @@ class Tree:
     read every `every` s: the last reading of each process is what it used."""
 
     def __init__(self, root: int, every: float = 0.25) -> None:
-        self.root, self.every = root, every
+        self.every = every
         self.ours: set[int] = {root}
         self.seen: dict[tuple[int, int], list] = {}  # (pid, start) -> [kind, cpu]
         self.stop = threading.Event()

@@ -37,6 +37,7 @@ from monitor.manage.runtime import Runtime  # noqa: E402
 from monitor.records import HostSample, StepRecord  # noqa: E402
 from monitor.store import Store  # noqa: E402
 from monitor.ui import cadence, refresh  # noqa: E402
+from tests.conftest import launch  # noqa: E402
 
 WINDOWS = {"30 s": 30.0, "5 min": 300.0, "whole run": None}
 
@@ -152,9 +153,7 @@ def soak(seconds: float, tabs: int) -> None:
             time.sleep(0.3)  # sleep-ok: polling the server's health, with a deadline
     try:
         with sync_playwright() as p:
-            b = p.chromium.launch(executable_path="/usr/bin/chromium", args=[
-                "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                "--disable-component-update", "--no-first-run"])
+            b = launch(p)
             results = []
             pages = []
             for n in (1, tabs):

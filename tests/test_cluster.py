@@ -285,8 +285,8 @@ def prometheus_rate(values: list, at: float, span: float) -> tuple[float, float]
     by half an interval (later releases cap at the zero after the half interval); returns
     the rate and the seconds it covers. A series with one sample in the window has no rate
     (Prometheus drops it: "no sense in trying to compute a rate without at least two points"),
-    as a series that ended early in the window has: a rank's series before its device was
-    set, seen once beside a busy loop."""
+    as a series that ended early in the window has (seen once beside a busy loop: most likely
+    a rank's series from before its device was set)."""
     pts = [(float(t), float(v)) for t, v in values]
     if len(pts) < 2:
         return 0.0, 0.0
