@@ -44,8 +44,11 @@ WINDOWS = {"30 s": 30.0, "5 min": 300.0, "whole run": None}
 
 def build(path: Path, hours: list[float], cores: int = 2) -> dict[float, int]:
     """The synthetic runs (ended, the latest first in the store); cached by path. The host's
-    `cores` read 95% on the first, 5% on the others (a main process at its GIL's limit)."""
+    `cores` read 95% on the first, 5% on the others (a main process at its GIL's limit),
+    each row with its busiest, median and idlest core, as the sampler stores them."""
     per_core = json.dumps([95.0] + [5.0] * (cores - 1))
+    figures = {"cpu_busiest_core_pct": 95.0, "cpu_idlest_core_pct": 5.0,
+               "cpu_median_core_pct": 5.0 if cores > 2 else 50.0}
     store = Store(path)
     runs = store.runs()
     if len(runs) == len(hours):
@@ -64,7 +67,7 @@ def build(path: Path, hours: list[float], cores: int = 2) -> dict[float, int]:
         m = int(h * 3600 * 4)
         for i in range(0, m, 100_000):
             store.insert([HostSample(ts=t0 + k * 0.25, run_id=run, cpu_total_pct=50.0,
-                                     cpu_per_core=per_core, mem_used_mb=4000.0,
+                                     cpu_per_core=per_core, **figures, mem_used_mb=4000.0,
                                      mem_total_mb=24000.0, mem_available_mb=20000.0,
                                      shm_used_mb=1.0, proc_cpu_pct=95.0, proc_rss_mb=300.0,
                                      workers=0, workers_cpu_pct=0.0, workers_rss_mb=0.0)
@@ -191,7 +194,7 @@ def main() -> None:
     a = ap.parse_args()
     hours = [float(h) for h in a.hours.split(",")]
     cores = "" if a.cores == 2 else f"_{a.cores}cores"
-    path = Path(tempfile.gettempdir()) / f"ui_tick_{'_'.join(map(str, hours))}{cores}.db"
+    path = Path(tempfile.gettempdir()) / f"ui_tick2_{'_'.join(map(str, hours))}{cores}.db"
     t = time.perf_counter()
     runs = build(path, hours, a.cores)
     print(f"store {path} ({path.stat().st_size / 1e6:,.0f} MB; built or found in "

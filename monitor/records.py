@@ -171,6 +171,13 @@ class HostSample:
     loaders_net_kb_s: float | None = col("loaders' reads not from storage (sockets, cache)",
                                          "KB/s", default=None)
     loaders_peers: str | None = col("loaders' TCP peers (JSON)", default=None)
+    # the busiest, the median and the idlest core of the sample, from cpu_per_core: the
+    # three lines a many-core host's chart draws (192 readings parsed a row at each refresh
+    # were half of a 5-minute window's; bench/ui_tick.py --cores 192); None in rows stored
+    # before they were
+    cpu_busiest_core_pct: float | None = col("CPU of the busiest core", "%", default=None)
+    cpu_median_core_pct: float | None = col("CPU of the median core", "%", default=None)
+    cpu_idlest_core_pct: float | None = col("CPU of the idlest core", "%", default=None)
 
 
 @dataclass(frozen=True, slots=True)

@@ -88,6 +88,40 @@ def test_a_many_core_host_draws_its_busiest_median_and_idlest_core():
         {f"core {c}" for c in range(8)}
 
 
+def test_a_many_core_store_spanning_the_stored_figures_draws_each_row_once_in_buckets(tmp_path):
+    """A store whose first rows predate the three stored core figures (drawn from their
+    readings) and whose later rows carry them, read in buckets as a long window is: a
+    bucket's line is the mean of its samples' busiest (median, idlest) core, a core pinned
+    in one sample included (a bucket keeps one reading of 192, not the one with it)."""
+    from monitor.records import HostSample
+    from monitor.store import Store
+
+    def row(ts: float, pinned: int | None, figures: bool) -> HostSample:
+        cores = [6.0] * 191 + [2.0]
+        if pinned is not None:
+            cores[pinned] = 100.0
+        stats = dict(cpu_busiest_core_pct=max(cores), cpu_median_core_pct=6.0,
+                     cpu_idlest_core_pct=2.0) if figures else {}
+        return HostSample(ts=ts, run_id=1, cpu_total_pct=sum(cores) / 192,
+                          cpu_per_core=json.dumps(cores), mem_used_mb=1.0, mem_total_mb=2.0,
+                          mem_available_mb=1.0, shm_used_mb=0.0, proc_cpu_pct=None,
+                          proc_rss_mb=None, workers=0, workers_cpu_pct=None,
+                          workers_rss_mb=None, **stats)
+
+    store = Store(tmp_path / "s.db")
+    try:  # two buckets of four samples; in the later, one sample has a core pinned
+        store.insert([row(1000.0 + k, None, figures=False) for k in range(4)])
+        store.insert([row(1004.0 + k, (None, None, 3, None)[k], figures=True)
+                      for k in range(4)])
+        host = store.host_samples(999.0, 1010.0, bucket_s=4.0)
+    finally:
+        store.close()
+    cpu = {t.name: list(t.y) for t in charts.host_figure(host).data
+           if t.legendgroup == "cpu"}
+    assert cpu["busiest core"] == [6.0, 29.5], cpu  # (6 + 6 + 100 + 6) / 4 in the later
+    assert cpu["median core"] == [6.0, 6.0] and cpu["idlest core"] == [2.0, 2.0]
+
+
 def test_empty_frames_still_draw():
     empty = pd.DataFrame(columns=["ts", "wait_s", "compute_s", "samples"])
     assert isinstance(charts.wait_compute_figure(empty), go.Figure)

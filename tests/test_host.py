@@ -8,6 +8,7 @@ import sys
 import time
 import types
 
+import numpy as np
 import psutil
 import pytest
 
@@ -61,6 +62,9 @@ def test_counts_workers_and_their_cpu(tree):
     assert all(w["status"] in ("running", "sleeping") for w in each)
     cores = json.loads(rec.cpu_per_core)
     assert len(cores) == psutil.cpu_count() and rec.mem_total_mb > rec.mem_used_mb > 0
+    # the three a many-core host's chart draws, of the readings stored beside them
+    assert (rec.cpu_busiest_core_pct, rec.cpu_median_core_pct, rec.cpu_idlest_core_pct) == \
+        (max(cores), float(np.median(cores)), min(cores))
 
 
 SPAWN = """

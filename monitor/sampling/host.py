@@ -10,6 +10,7 @@ import dataclasses
 import json
 import os
 import shutil
+import statistics
 import threading
 import time
 from collections.abc import Callable
@@ -379,11 +380,13 @@ class HostSampler:
         ps = self.psutil
         with self._lock:
             per_core = _safe(lambda: ps.cpu_percent(percpu=True))
+            cores = [round(c, 1) for c in per_core or ()]
             vm = _safe(ps.virtual_memory)
             host = dict(
                 ts=self.clock(), run_id=self._run_id,
                 cpu_total_pct=sum(per_core) / len(per_core) if per_core else None,
-                cpu_per_core=json.dumps([round(c, 1) for c in per_core]) if per_core else None,
+                cpu_per_core=json.dumps(cores) if cores else None,
+                **_core_figures(cores),
                 mem_used_mb=vm.used / MB if vm else None,
                 mem_total_mb=vm.total / MB if vm else None,
                 mem_available_mb=vm.available / MB if vm else None,
@@ -412,6 +415,15 @@ class HostSampler:
     def sample(self) -> HostSample:
         """The followed process's row (the first rank's, for a job)."""
         return self.sample_all()[0]
+
+
+def _core_figures(cores: list[float]) -> dict[str, float]:
+    """The sample's busiest, median and idlest core (HostSample's three; none without a
+    reading)."""
+    if not cores:
+        return {}
+    return {"cpu_busiest_core_pct": max(cores), "cpu_idlest_core_pct": min(cores),
+            "cpu_median_core_pct": statistics.median(cores)}
 
 
 _EMPTY = dict.fromkeys((  # a process's fields, none measured

@@ -232,15 +232,12 @@ def throughput_figure(
     return figure(data, markers(events, lay))
 
 
-def _cores(col: pd.Series) -> tuple[int, np.ndarray]:
-    """The per-core CPU column (a JSON list per row) as a rows x cores array, in one parse."""
-    rows = [v if isinstance(v, str) else "[]" for v in col]
-    n = max((v.count(",") + 1 for v in rows if v != "[]"), default=0)
-    if n == 0:
-        return 0, np.empty((len(rows), 0))
-    fixed = [v if v.count(",") + 1 == n else "[" + ",".join(["null"] * n) + "]" for v in rows]
-    parsed = json.loads("[" + ",".join(fixed) + "]")
-    return n, np.array(parsed, dtype=float)
+def _cores(col: pd.Series, n: int) -> np.ndarray:
+    """The per-core CPU column (a JSON list of `n` per row) as a rows x n array, in one
+    parse; NaN in a row without it."""
+    rows = [v if isinstance(v, str) and v.count(",") + 1 == n else
+            "[" + ",".join(["null"] * n) + "]" for v in col]
+    return np.array(json.loads("[" + ",".join(rows) + "]"), dtype=float).reshape(len(rows), n)
 
 
 HOST_ROWS = {"y": (0.70, 1.0), "y2": (0.36, 0.64), "y3": (0.0, 0.30)}
@@ -251,16 +248,31 @@ HOST_ROWS = {"y": (0.70, 1.0), "y2": (0.36, 0.64), "y3": (0.0, 0.30)}
 PER_CORE_MAX = 8
 
 
-def _core_lines(per_core: np.ndarray) -> dict[str, np.ndarray]:
-    """The CPU panel's lines by name, from a rows x cores array (NaN: a row without it)."""
-    n = per_core.shape[1]
+CORE_FIGURES = {"busiest core": "cpu_busiest_core_pct", "median core": "cpu_median_core_pct",
+                "idlest core": "cpu_idlest_core_pct"}
+
+
+def _core_lines(host: pd.DataFrame) -> tuple[int, dict[str, np.ndarray]]:
+    """The host's cores and the CPU panel's lines by name (NaN: a row without a reading).
+    Above PER_CORE_MAX the three stored figures (HostSample's); only rows stored before
+    them are parsed."""
+    col = host["cpu_per_core"] if "cpu_per_core" in host.columns else pd.Series(dtype=object)
+    n = max((v.count(",") + 1 for v in col if isinstance(v, str) and v != "[]"), default=0)
     if n <= PER_CORE_MAX:
-        return {f"core {c}": per_core[:, c] for c in range(n)}
-    with warnings.catch_warnings():  # (a row with no reading is all NaN: a gap, said as one)
-        warnings.simplefilter("ignore", RuntimeWarning)
-        return {"busiest core": np.nanmax(per_core, axis=1),
-                "median core": np.nanmedian(per_core, axis=1),
-                "idlest core": np.nanmin(per_core, axis=1)}
+        per_core = _cores(col, n)
+        return n, {f"core {c}": per_core[:, c] for c in range(n)}
+    stored = np.column_stack([host[c].to_numpy(dtype=float, na_value=np.nan)
+                              if c in host.columns else np.full(len(host), np.nan)
+                              for c in CORE_FIGURES.values()])
+    old = np.isnan(stored).all(axis=1) & col.map(lambda v: isinstance(v, str)).to_numpy()
+    if old.any():
+        per_core = _cores(col[old], n)
+        with warnings.catch_warnings():  # (a row with no reading is all NaN: a gap)
+            warnings.simplefilter("ignore", RuntimeWarning)
+            stored[old] = np.column_stack([np.nanmax(per_core, axis=1),
+                                           np.nanmedian(per_core, axis=1),
+                                           np.nanmin(per_core, axis=1)])
+    return n, dict(zip(CORE_FIGURES, stored.T, strict=True))
 
 
 def host_figure(
@@ -273,9 +285,7 @@ def host_figure(
     data = []
     cpu_title = "CPU per core (%)"
     if not host.empty:
-        n, per_core = _cores(host["cpu_per_core"]) if "cpu_per_core" in host.columns \
-            else (0, np.empty((len(host), 0)))
-        cores = _core_lines(per_core)
+        n, cores = _core_lines(host)
         if n > PER_CORE_MAX:
             cpu_title = f"CPU of {n} cores: the busiest, the median and the idlest (%)"
         cols = ["ts", "mem_used_mb", "shm_used_mb", "proc_rss_mb", "workers",
