@@ -41,9 +41,11 @@ REDRAW = """async (figs) => {
 def host(cores: int, seconds: float, seed: int) -> pd.DataFrame:
     t = time.time() - seconds + np.arange(int(seconds * 4)) / 4
     rng = np.random.default_rng(seed)
-    return pd.DataFrame({
-        "ts": t, "cpu_per_core": [json.dumps(np.round(rng.uniform(0, 100, cores), 1).tolist())
-                                  for _ in t],
+    rows = np.round(rng.uniform(0, 100, (len(t), cores)), 1)
+    return pd.DataFrame({  # each row with its three core figures, as the sampler stores them
+        "ts": t, "cpu_per_core": [json.dumps(r.tolist()) for r in rows],
+        "cpu_busiest_core_pct": rows.max(axis=1), "cpu_median_core_pct": np.median(rows, axis=1),
+        "cpu_idlest_core_pct": rows.min(axis=1),
         "mem_used_mb": 1000.0, "shm_used_mb": 10.0, "proc_rss_mb": 500.0, "workers": 2,
         "workers_cpu_pct": 50.0, "workers_rss_mb": 300.0})
 
