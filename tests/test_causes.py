@@ -570,9 +570,11 @@ def test_more_workers_that_made_the_run_slower_are_named_from_its_own_history(tm
         bare("in_memory", "--workers", "1", *args)
     assert rate(one) < rate(none), (rate(none), rate(one))
     # two epochs of 3 s each: the request lands in the first, and the change has its own
-    # (a run of 8 s in all, on a suite's busy box, left 1 worker no step: CI)
+    # (a run of 8 s in all, on a suite's busy box, left 1 worker no step: CI). The first
+    # is as long as the second: 30,000 batches at 0 workers took 0.37 s here, and a request
+    # 0.2-0.5 s after the first step landed after it in half the runs
     store, cid, out = requested_mid_run(tmp_path / "s.db", {"num_workers": 1}, "in_memory",
-                                        "--workers", "0", "--samples", "30000", "--epochs",
+                                        "--workers", "0", "--samples", "600000", "--epochs",
                                         "2", "--epoch-seconds", "3", "--step-ms", "0")
     assert store.control_result(cid)[1] == "ok: applied at epoch 1"
     d = json.loads(out.strip().splitlines()[-1])
