@@ -48,6 +48,9 @@ CASES = {
                                 ["--workers", "2", "--main-threads", "1"],
                                 "torch.set_num_threads(1)"),
     "remote reads": ("remote", ["--workers", "2"], "advised", "the advised num_workers"),
+    "the loop's receive": ("fields", ["--workers", "2", "--step-ms", "5"],
+                           ["--workers", "2", "--step-ms", "5", "--sharing", "file_system"],
+                           "file_system sharing (--workers 4: none)"),
 }
 BUSY = ("contention (2 busy jobs)", ("cpu_heavy", ["--workers", "0", "--step-ms", "10"],
                                      "advised", "the advised num_workers"))

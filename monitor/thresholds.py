@@ -289,6 +289,13 @@ SYNCS_MIN_PER_STEP = 1.0
 SYNC_BUSY_MAX_PCT = 80.0
 HOL_WAIT_X = 5.0  # a wait this many times the median, with finished batches held behind it
 HOL_SHARE = 0.5  # ... holding this share of the window's data wait: head-of-line
+# the loop's wait is its own receiving of batches its workers made ahead (NOTE [the loop's
+# receive] in monitor/diagnosis/costs.py) where this share of the data wait or more is on
+# steps received with a further finished batch queued behind theirs and none held (measured:
+# every step of a loop whose receiving was the wait, one in ten of two storage-bound
+# workers'; bench/repro/loader.py), over at least this many steps that counted it
+AHEAD_SHARE = 0.5
+AHEAD_MIN_STEPS = 20
 # ... and longer than this many times a worker's turn (workers x the median step): a uniform
 # pipeline in order waits one turn for every n-th batch while the next sits finished
 HOL_BATCH_X = 1.5

@@ -53,3 +53,16 @@ class Clock:
 
     def advance(self, seconds: float) -> None:
         self.t += seconds
+
+
+def probe_step(step: int, ts: float, **fields: object) -> tuple:
+    """A step as the probe's tuple holds it (STEP_FIELDS' order, monitor/records.py): `step`
+    and `ts` given, the other fields by name (epoch, waits and config 0, one sample, the
+    optional figures None unless given)."""
+    from monitor.records import STEP_FIELDS
+
+    values = {"step": step, "ts": ts, "epoch": 0, "wait_s": 0.0, "compute_s": 0.0,
+              "samples": 1, "config_seq": 0, **fields}
+    unknown = set(values) - {f.name for f in STEP_FIELDS}
+    assert not unknown, f"no such step field: {sorted(unknown)}"
+    return tuple(values.get(f.name) for f in STEP_FIELDS)

@@ -328,6 +328,40 @@ def test_features_derive_loading_costs_from_frames():
     assert diagnose(f).verdict == "starving"
 
 
+def test_a_wait_on_batches_made_ahead_is_the_loops_own_not_blocked_workers():
+    """Two workers, 60% of the step waiting: where each step was received with finished
+    batches still queued behind it, the wait was the loop receiving them, so the workers'
+    idle time is not called blocked, no more workers are predicted to help, and the
+    loop-receive finding names it; the same waits with nothing queued (the loop waits for
+    its workers) or with later batches held behind a slow one (head-of-line) are not it."""
+    from monitor.diagnosis import causes
+    from monitor.diagnosis.costs import RECEIVE
+
+    cfg = LoaderConfig.build(num_workers=2).to_dict()
+    steps, t0, t1 = starved_steps()
+    host = host_frame(t0, t1, proc=30.0, workers=40.0, n_workers=2, total=40.0)
+    host["workers_runq_pct"], host["workers_read_kb_s"] = 0.0, 0.0
+    report = {"num_workers": 2, "batch_tensors": 20, "sharing_strategy": "file_descriptor"}
+
+    def judged(ready: int, held: int):
+        f = features(steps.assign(ready=ready, held=held, worker=[i % 2 for i in range(50)]),
+                     host, cfg, BUDGET)
+        return f, diagnose(f), causes.find(steps.assign(ready=ready, held=held), host,
+                                           report, [], f.throughput, features=f)
+
+    f, dg, found = judged(ready=3, held=0)
+    assert f.receive_wait_share == pytest.approx(1.0) and f.receive_wait_s == pytest.approx(0.09)
+    assert f.wall_per_sample_s is None and f.loaders_blocked_share is None
+    assert not [a for a in dg.advice if a.param == "num_workers" and a.value > 2], dg.advice
+    assert dg.bound["limit"] == "device", dg.bound
+    assert [x.cause for x in found] == [RECEIVE] and found[0].no_more_workers
+    assert found[0].advice[0].value == "file_system sharing"
+    for ready, held in ((0, 0), (3, 2)):  # waiting for its workers; head-of-line
+        f, dg, found = judged(ready, held)
+        assert f.receive_wait_share == 0.0 and f.wall_per_sample_s == pytest.approx(2 * 7.5 / 1600)
+        assert RECEIVE not in [x.cause for x in found]
+
+
 def test_epoch_starts_are_measured():
     waits = ([0.5] + [0.01] * 9) * 4
     steps = steps_frame(waits, [0.05] * 40)

@@ -25,6 +25,7 @@ from monitor.manage.relay import Relay
 from monitor.ring import DEVICE, STEP, STEP_PENDING, SUFFIX, RingReader, RingWriter, as_device
 from monitor.store import ATTACHED, Store
 from tests.conftest import wait_for
+from tests.helpers import probe_step
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "tests" / "scripts" / "relay_loop.py"
@@ -192,10 +193,14 @@ def test_the_rings_records_round_trip_with_device_times_merged(tmp_path):
     run_id = store.create_run("r", ATTACHED, {})
     relay = Relay(store.path, run_id)
     w = RingWriter(relay.folder, 3, anchor_clock=100.0, anchor_wall=1_000.0)
-    w.put(STEP, (0, 0, 101.0, 0.5, 0.25, 8, 0, None, None, None, 0.1, 0.1, None))
-    w.put(STEP_PENDING, (1, 0, 102.0, 0.5, 0.25, 8, 0, 0.01, 2, 1, 0.1, 0.1, 0.05))
+    w.put(STEP, probe_step(0, 101.0, wait_s=0.5, compute_s=0.25, samples=8, forward_s=0.1,
+                           backward_s=0.1))
+    w.put(STEP_PENDING, probe_step(1, 102.0, wait_s=0.5, compute_s=0.25, samples=8,
+                                   copy_s=0.01, worker=2, held=1, ready=3, forward_s=0.1,
+                                   backward_s=0.1, optimizer_s=0.05))
     w.put_device(1, 0.2, 0.3, (0.11, 0.12, None))
-    w.put(STEP_PENDING, (2, 0, 103.0, 0.5, 0.25, 8, 0, None, 0, 0, None, None, None))
+    w.put(STEP_PENDING, probe_step(2, 103.0, wait_s=0.5, compute_s=0.25, samples=8, worker=0,
+                                   held=0))
     w.event(1_002.5, "probe", "a note", {"x": 1})
     relay.stop()  # the script has ended: the step still awaiting its times goes as it is
     rows = store.steps(run_id)
@@ -207,6 +212,7 @@ def test_the_rings_records_round_trip_with_device_times_merged(tmp_path):
     assert second["device_idle_s"] == 0.2 and second["device_span_s"] == 0.3
     assert second["forward_s"] == 0.11 and pd.isna(second["optimizer_s"])  # device time
     assert second["worker"] == 2 and second["held"] == 1 and second["copy_s"] == 0.01
+    assert second["ready"] == 3 and pd.isna(first["ready"])
     assert pd.isna(third["device_span_s"]) and pd.isna(third["forward_s"])
     assert store.events(run_id, kinds=("probe",))["label"].tolist() == ["a note"]
     assert not os.path.exists(relay.folder)
@@ -217,11 +223,11 @@ def test_a_reader_lapped_by_the_writer_counts_what_it_lost(tmp_path):
     w = RingWriter(str(tmp_path), 0, 0.0, 0.0, capacity=8)
     r = RingReader(w.path)
     for i in range(5):
-        w.put(STEP, (i, 0, float(i), 0.0, 0.0, 1, 0, None, None, None, None, None, None))
+        w.put(STEP, probe_step(i, float(i)))
     recs, lost = r.read()
     assert [x[1] for x in recs] == [0, 1, 2, 3, 4] and lost == 0
     for i in range(5, 25):
-        w.put(STEP, (i, 0, float(i), 0.0, 0.0, 1, 0, None, None, None, None, None, None))
+        w.put(STEP, probe_step(i, float(i)))
     recs, lost = r.read()
     assert [x[1] for x in recs] == list(range(17, 25)) and lost == 12
     w.put_device(24, None, 0.5, None)
@@ -236,7 +242,7 @@ def test_the_relay_keeps_rows_the_store_refuses_and_says_what_it_lost(tmp_path):
     relay.store = Store(store.path)
     w = RingWriter(relay.folder, 0, 0.0, 0.0)
     for i in range(50):
-        w.put(STEP, (i, 0, float(i), 0.0, 0.0, 1, 0, None, None, None, None, None, None))
+        w.put(STEP, probe_step(i, float(i)))
         if i % 10 == 9:  # an epoch's end: its event beside the steps
             w.event(float(i), "epoch", f"epoch {i // 10}", {"epoch": i // 10})
     lock = sqlite3.connect(store.path, timeout=30, isolation_level=None)
@@ -276,9 +282,10 @@ def test_an_event_the_ring_refuses_goes_to_the_store(tmp_path, monkeypatch):
 WRITE_AND_DIE = """
 import os, signal, sys
 from monitor.ring import STEP, RingWriter
+from tests.helpers import probe_step
 w = RingWriter(sys.argv[1], 0, 0.0, 0.0)
 for i in range(500):
-    w.put(STEP, (i, 0, float(i), 0.0, 0.0, 1, 0, None, None, None, None, None, None))
+    w.put(STEP, probe_step(i, float(i)))
 print(os.path.exists(w.path), flush=True)  # a ring file beside the events?
 os.kill(os.getpid(), signal.SIGKILL)
 """
@@ -330,13 +337,14 @@ def test_a_ring_file_the_filesystem_cannot_hold_is_refused_when_made(tmp_path):
 FILL = """
 import sys
 from monitor.ring import STEP, RingWriter
+from tests.helpers import probe_step
 try:
     w = RingWriter(sys.argv[1], 0, 0.0, 0.0)
 except OSError as exc:
     print("refused:", exc.strerror)
     sys.exit(0)
 for i in range(20_000):  # 2.2 MB of records: past the 1 MB the filesystem has
-    w.put(STEP, (i, 0, float(i), 0.0, 0.0, 1, 0, None, None, None, None, None, None))
+    w.put(STEP, probe_step(i, float(i)))
 print("wrote all")
 """
 
@@ -376,6 +384,6 @@ def test_a_ring_that_cannot_be_memory_is_a_file_the_relay_reads(tmp_path, monkey
     w = RingWriter(relay.folder, 0, 0.0, 0.0)
     assert os.path.exists(w.path)
     for i in range(40):
-        w.put(STEP, (i, 0, float(i), 0.0, 0.0, 1, 0, None, None, None, None, None, None))
+        w.put(STEP, probe_step(i, float(i)))
     assert relay.stop() == 0
     assert store.steps(run_id)["step"].tolist() == list(range(40))

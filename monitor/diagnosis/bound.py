@@ -6,8 +6,9 @@ Symbols, and what each is measured from (Features):
         x window / samples (the simulated device sleeps, so that CPU is loading); with
         workers: workers' CPU x window / samples. Capped at w.
     w   loading wall seconds per sample, one loader process. num_workers=0: Σ data wait /
-        samples; with workers, only when they are saturated (share >= STARVING_SHARE):
-        num_workers x window / samples.
+        samples; with workers, only when they are saturated (share >= STARVING_SHARE, and
+        not ahead of the loop: monitor/diagnosis/loading.py): num_workers x window /
+        samples.
     U   usable cores, in a lone task's units: cap(U) (below).
     K   cores for N workers. Where the sampler measured the other processes by scheduling
         group (NOTE [scheduling groups] in monitor/sampling/groups.py), the fair scheduler
@@ -38,7 +39,9 @@ Symbols, and what each is measured from (Features):
         and the main process (the tensors' descriptors passed through the worker's sharer
         thread), each waiting for a CPU as busy as the loaders and the others keep them:
         o(N) = o_cpu / s0(N) + h B(N), B(N) = min(1, (K(N) + others' CPU) / U), h =
-        MAIN_HANDOFF_S; at least the measured wait per step when the device is fed, else
+        MAIN_HANDOFF_S; at least the measured wait per step when the device is fed, or
+        where most of the wait was for batches the workers had made ahead, that wait a
+        step (the loop's own receiving: NOTE [the loop's receive] in costs.py), else
         DEFAULT_OVERHEAD_S. It bounds every setting: no prediction passes b / (d + o).
         Measured bare on the quiet 2-core box (bench/repro/loader.py, 16 samples of 0.7 ms,
         a 5 ms step): 2,094 samples/s at 2 workers, 1,950-2,060 at 3 to 6, the CPUs 1.2 of
@@ -89,6 +92,7 @@ from dataclasses import dataclass, field, replace
 
 from monitor.diagnosis.features import Features
 from monitor.thresholds import (
+    AHEAD_SHARE,
     CORES_TIE_X,
     DEFAULT_OVERHEAD_S,
     KNEE_SHARE,
@@ -302,6 +306,9 @@ def fit_bound(f: Features, scales: dict[str, float] | None = None) -> BoundModel
     overhead = DEFAULT_OVERHEAD_S
     if nw > 0 and f.data_wait_share < STARVING_SHARE:
         overhead = max(overhead, f.wait_per_step_s)
+    elif nw > 0 and (f.receive_wait_share or 0.0) >= AHEAD_SHARE and f.receive_wait_s:
+        # the wait was for batches made ahead: the loop's own (NOTE [the loop's receive])
+        overhead = max(overhead, f.receive_wait_s)
     # in units of one task alone (NOTE [the CPUs' capacity]): the CPU seconds measured at
     # the window's busy CPUs did `speed` of a lone task's work each
     usable, speed, main_cpu = float(f.usable_cores), 1.0, _main_per_step(f)

@@ -14,6 +14,9 @@ unmodified script. Pure: frames and the probe's `loader` report in, findings out
 - per-sample overhead: big batches of samples that each cost the loop a few µs, fetched one
   at a time: Python's per-sample call and collate are the cost; a batched fetch
   (`__getitems__`) is the fix, advised first (workers only share the cost out).
+- the loop's receive: workers ahead of the loop (finished batches still queued as it takes
+  each, the steps' `ready`) while it waits: receiving the batch (unpickling, a descriptor
+  fetched from the worker for each tensor) is the wait; not more workers.
 - recompiles: steps stalled while torch.compile compiled again for new shapes
   (monitor/diagnosis/compiles.py); host syncs on CUDA: the GPU idle inside steps that stop
   the host at synchronizing calls (monitor/diagnosis/syncs.py).
@@ -35,8 +38,10 @@ import pandas as pd
 from monitor.diagnosis.compiles import RECOMPILES, recompiles
 from monitor.diagnosis.costs import (
     PER_SAMPLE,
+    RECEIVE,
     SLOWER,
     STARTUP,
+    loop_receive,
     per_sample,
     slower_with_more,
     startup,
@@ -71,7 +76,7 @@ IDLE_WORKERS, MEMORY_GROWTH, HEAD_OF_LINE = (
     "idle-workers", "worker-memory-growth", "head-of-line")
 # The one vocabulary of causes a finding names (JSON `findings[].cause`, the page)
 CAUSES = (MEMORY_GROWTH, SHM, OPEN_FILES, OOM, LOADER_ERROR, TOKENIZER_FORK, IDLE_WORKERS,
-          PER_SAMPLE, SLOWER, STARTUP, HEAD_OF_LINE, CACHE_PER_RANK, REMOTE_READS,
+          PER_SAMPLE, RECEIVE, SLOWER, STARTUP, HEAD_OF_LINE, CACHE_PER_RANK, REMOTE_READS,
           WORKER_THREADS, MAIN_THREADS, RECOMPILES, HOST_SYNCS)
 
 
@@ -92,6 +97,8 @@ def find(steps: pd.DataFrame, host: pd.DataFrame, report: dict[str, Any] | None,
               per_sample(steps, report, cpu_wait_share),
               slower_with_more(history, int((report or {}).get("num_workers") or 0),
                                throughput),
+              # (after the run's own history: a fewer-workers figure it measured leads)
+              loop_receive(report, features) if features is not None else None,
               startup(steps, report, throughput), head_of_line(steps),
               recompiles(steps, report, throughput),
               host_syncs(report, features, gpu_util, throughput)

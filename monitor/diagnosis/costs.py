@@ -1,7 +1,8 @@
 """Causes that are a cost of the loader itself, not of the data: per-sample overhead (big
 batches fetched one sample at a time), worker start-up (workers started again at every
-epoch) and workers whose hand-off costs more than they save (more of them measured slower in
-the run's own history), each with its numbers and fix (monitor/diagnosis/causes.py gathers
+epoch), the loop's own receiving of each batch (workers ahead of it: NOTE [the loop's
+receive]) and workers whose hand-off costs more than they save (more of them measured slower
+in the run's own history), each with its numbers and fix (monitor/diagnosis/causes.py gathers
 them with the rest). Pure: the window's steps, the probe's `loader` report and the run's
 generations (monitor/assess/history.py) in."""
 from __future__ import annotations
@@ -14,6 +15,7 @@ import pandas as pd
 from monitor.diagnosis.finding import Advice, Finding
 from monitor.frames.analysis import data_wait_share, epoch_stalls, loop_rate
 from monitor.thresholds import (
+    AHEAD_SHARE,
     HISTORY_MIN_STEPS,
     PER_SAMPLE_MAX_S,
     PER_SAMPLE_MIN_BATCH,
@@ -21,9 +23,11 @@ from monitor.thresholds import (
     SLOWER_SHARE,
     STARTUP_MIN_S,
     STARTUP_STEPS_X,
+    STARVING_SHARE,
 )
 
 PER_SAMPLE, STARTUP, SLOWER = "per-sample-overhead", "worker-startup", "more-workers-slower"
+RECEIVE = "loop-receive"
 
 
 def per_sample(steps: pd.DataFrame, report: dict[str, Any] | None,
@@ -139,3 +143,69 @@ def slower_with_more(history: Sequence[dict[str, Any]], workers_now: int,
                                   "workers": workers_now, "throughput": throughput,
                                   "best_steps": int(best["steps"])},
                    (Advice("num_workers", nw, fast, fix),), no_more_workers=True)
+
+
+# NOTE [the loop's receive]
+# A batch a worker made reaches the loop through a queue: the loop unpickles it and, with
+# torch's default sharing strategy (file_descriptor), fetches each tensor's shared memory as
+# a descriptor from the worker's sharer thread, a round trip a tensor. Where that is the
+# wait, the workers are ahead of the loop: as it receives its batch, finished ones are still
+# queued behind it (the steps' `ready`, counted by monitor/probe/workers.py), where a loop
+# that waits for its workers finds none, and a slow sample holding the in-order queue has
+# later batches held (`held`). When most of the data wait is on such steps (AHEAD_SHARE:
+# monitor/diagnosis/loading.py receive), the workers' idle time is waiting for work, not
+# storage or a lock (loading.py gives them no wall time), the bound model takes that wait a
+# step as the loop's own overhead (bound.py, o), and more workers only queue more. Bare on
+# the 2-core box (tests/scripts/causes.py fields: 16 samples of 20 tensors a batch, a 5 ms
+# step), samples/s: 2 workers 1,364, 4 workers 1,408, file_system sharing 2,288, one tensor
+# a sample 2,492; beside another session's two busy processes and a toggling one: 663 and
+# 454, 601 and 704, 1,248 and 1,043, 2,311 and 2,164. The monitor had named the workers
+# blocked on "a sleep, a lock, a remote call" and advised 2 -> 4 at +83%. With one tensor
+# a batch (the cpu samples of bench/repro/loader.py, 2 workers, a plain script of the same
+# loop) file_system sharing measured +13% quiet and -8% beside those neighbours: not
+# advised there.
+def loop_receive(report: dict[str, Any] | None, f: Any) -> Finding | None:
+    """The loop waits for batches its workers already made: receiving them is the wait."""
+    r = report or {}
+    nw = int(r.get("num_workers") or 0)
+    ahead = getattr(f, "receive_wait_share", None)
+    if nw == 0 or ahead is None or ahead < AHEAD_SHARE or not f.receive_wait_s or \
+            not f.data_wait_share >= STARVING_SHARE:
+        return None
+    wait, step = f.receive_wait_s, f.compute_per_step_s
+    batch = f.throughput * f.window_s / max(f.steps, 1)
+    tensors = int(r.get("batch_tensors") or 0)
+    fds = r.get("sharing_strategy") == "file_descriptor" and tensors > 0
+    each = "its one tensor" if tensors == 1 else f"each of its {tensors} tensors"
+    how = (f", fetching the shared memory of {each} from the worker as a file descriptor"
+           if fds else "")
+    up_to = batch / max(step, 1e-9)
+    them = f"{nw} workers keep" if nw != 1 else "one worker keeps"
+    text = (f"the loop's own receiving is the wait: its {them} ahead ({ahead:.0%} of the "
+            "data wait was on batches received with finished ones still queued behind "
+            f"them), and the loop takes {wait * 1e3:.1f} ms to receive each (unpickling "
+            f"it{how}); more workers only queue more batches.")
+    advice = []
+    if fds and tensors > 1:  # (one tensor a batch: -8% and +13% bare, beside others and not)
+        advice.append(Advice(
+            "dataset", "file_system sharing", None, "torch.multiprocessing."
+            "set_sharing_strategy('file_system') at the script's start: each tensor's memory "
+            f"is then found by its name, with no round trip to the worker for each of the "
+            f"{tensors} tensors a batch"))
+    if tensors > 1:
+        advice.append(Advice(
+            "dataset", "fewer tensors a batch", None, f"{tensors} tensors a batch are received "
+            "one by one: return a sample's fields as one tensor (stacked, or one array) and "
+            "split them after the batch arrives"))
+    if f.accelerator == "cuda" and not f.config.get("pin_memory"):
+        advice.append(Advice("pin_memory", True, None, "the loader's pin-memory thread then "
+                             "receives each batch, not the loop's own thread"))
+    advice.append(Advice(
+        "dataset", "a larger batch", None, "the receiving is paid once a batch, whatever its "
+        "size, so a larger one spreads it where the training allows; all of the wait back "
+        f"would be up to {(up_to / f.throughput - 1) * 100:+.0f}% ({up_to:,.0f} samples/s) "
+        "at this batch size"))
+    return Finding(RECEIVE, text, {"workers": nw, "wait_share": ahead, "receive_s": wait,
+                                   "tensors": tensors, "sharing_strategy":
+                                   r.get("sharing_strategy"), "up_to": up_to},
+                   tuple(advice), no_more_workers=True)

@@ -13,9 +13,10 @@ from typing import Any
 
 import pandas as pd
 
+from monitor.diagnosis import loading
 from monitor.frames import analysis
 from monitor.records import CpuBudget
-from monitor.thresholds import CONTENTION_MIN_WAIT, STARVING_SHARE, memory_budget_mb
+from monitor.thresholds import CONTENTION_MIN_WAIT, memory_budget_mb
 
 SIMULATED = "simulated"  # accelerator kinds: "simulated", "cuda", "cpu" (a real CPU step)
 
@@ -96,6 +97,11 @@ class Features:
                                              "their time)", "{:.0%}")
     read_per_sample_kb: float | None = ev("loaders' storage reads per sample (KB, block "
                                           "device)", "{:,.1f}")
+    # the data wait on batches the workers had made ahead, and that wait a step (monitor/
+    # diagnosis/loading.py receive): the loop's own receiving of each batch
+    receive_wait_share: float | None = ev("data wait on batches made ahead (the loop "
+                                          "receiving them)", "{:.0%}")
+    receive_wait_s: float | None = ev("receiving a batch made ahead (ms)", "ms")
     # the standard errors of the figures a verdict turns on, over the window's sub-windows
     # and host passes (rules.py: a comparison within NOISE_Z of them is borderline)
     data_wait_se: float | None = ev()
@@ -291,59 +297,6 @@ def _others_runnable(cpu: dict, nw: int, usable: int) -> float | None:
     return max(0.0, t - ours)
 
 
-def _loading(steps: pd.DataFrame, nw: int, cpu: dict, span_s: float, share: float,
-             ) -> tuple[float | None, float | None]:
-    """(CPU seconds, wall seconds) of loading one sample by one loader process."""
-    samples = float(steps["samples"].sum()) if not steps.empty else 0.0
-    if samples <= 0:
-        return None, None
-    cpu_s = wall_s = None
-    if nw == 0:
-        if cpu["main"] is not None:  # the simulated accelerator sleeps: main CPU is loading
-            cpu_s = cpu["main"] * span_s / samples
-        wall_s = float(steps["wait_s"].sum()) / samples
-    else:
-        if cpu["workers"] is not None:
-            cpu_s = cpu["workers"] * span_s / samples
-        if share >= STARVING_SHARE:  # workers saturated: each makes 1/nw of the samples
-            wall_s = nw * span_s / samples
-    if cpu_s is not None and wall_s is not None:
-        cpu_s = min(cpu_s, wall_s)
-    return cpu_s, wall_s
-
-
-def _split(steps: pd.DataFrame, nw: int, cpu: dict, span_s: float, cpu_s: float | None,
-           wall_s: float | None, sampled: bool = True) -> dict[str, Any]:
-    """Where one loader's time per sample goes, measured (DESIGN.md: CPU wait, blocked):
-    on a CPU (cpu_s), runnable but waiting for one (the run queue, from schedstat), and
-    blocked, the rest (storage, locks, sleep). Storage is never inferred from wall - CPU:
-    without schedstat the split is missing and says so; reads per sample (/proc io) are the
-    storage evidence. `sampled`: the host sampler has rows in the window (a run shorter
-    than its pass, a rank it could not read, has none: that is what is missing then, not
-    the kernel's figures)."""
-    out: dict[str, Any] = {"runq": None, "blocked": None, "read_kb": None, "missing": ()}
-    samples = float(steps["samples"].sum()) if not steps.empty else 0.0
-    runq = cpu["main_runq"] if nw == 0 else cpu["workers_runq"]
-    read = cpu["main_read"] if nw == 0 else cpu["workers_read"]
-    missing = []
-    if not sampled and (runq is None or read is None):
-        missing.append("CPU wait and reads (no host sample of the loaders in this window)")
-    else:
-        if runq is None:
-            missing.append("CPU wait (no /proc schedstat here)")
-        if read is None:
-            missing.append("reads (no /proc io here)")
-    out["missing"] = tuple(missing)
-    if samples <= 0:
-        return out
-    if read is not None:
-        out["read_kb"] = read * span_s / samples
-    if runq is not None and wall_s is not None and cpu_s is not None:
-        out["runq"] = min(runq * span_s / samples, max(0.0, wall_s - cpu_s))
-        out["blocked"] = max(0.0, wall_s - cpu_s - out["runq"])
-    return out
-
-
 def _memory(h: pd.DataFrame, budget_mb: float | None) -> dict[str, float | None]:
     series = workload_memory(h)
     shm = None
@@ -378,9 +331,10 @@ def features(
     h = host[(host["ts"] >= start) & (host["ts"] <= end)] if not host.empty else host
     cpu = _cpu(h)
     nw = int(config.get("num_workers") or 0)
-    cpu_s, wall_s = _loading(steps, nw, cpu, span_s, s.data_wait_share)
+    ahead, receive_s = loading.receive(steps) if nw > 0 else (None, None)
+    cpu_s, wall_s = loading.loading(steps, nw, cpu, span_s, s.data_wait_share, ahead)
     sampled = not h.empty and "proc_cpu_pct" in h.columns and h["proc_cpu_pct"].notna().any()
-    split = _split(steps, nw, cpu, span_s, cpu_s, wall_s, sampled)
+    split = loading.split(steps, nw, cpu, span_s, cpu_s, wall_s, sampled)
 
     def share(x: float | None) -> float | None:
         return x / wall_s if x is not None and wall_s else None
@@ -428,6 +382,7 @@ def features(
         runq_per_sample_s=split["runq"], blocked_per_sample_s=split["blocked"],
         loading_cpu_per_wall=share(cpu_s), loaders_runq_share=share(split["runq"]),
         loaders_blocked_share=share(split["blocked"]), read_per_sample_kb=split["read_kb"],
+        receive_wait_share=ahead, receive_wait_s=receive_s,
         **_noise(steps, h, budget.usable, share(split["runq"]), nw),
         main_busy_threads=_mean(h, "proc_busy_threads"),
         worker_busy_threads=_mean(h, "workers_busy_threads"),

@@ -388,8 +388,10 @@ def bound_text(c: Ctx) -> dict[str, Any]:
         return out
     pred_now, limit = c.model.predict(f.num_workers)
     loader = (f.workers_cpu_cores if f.num_workers > 0 else f.main_cpu_cores) or 0.0
+    d, o = c.model.device_time(c.model.batch_size), c.model.overhead_at(f.num_workers)
     limit_text = {
-        "device": "the device (the loader keeps up)",
+        "device": f"the step and the loop's own time a batch ({d * 1e3:.1f} + {o * 1e3:.1f} "
+                  "ms; the loader keeps up)",
         "workers": f"workers ({loader:.1f} of {f.usable_cores} usable cores busy producing)",
         "cores": f"cores ({f.usable_cores} usable cores saturated)",
         "main process": "loading in the main process (num_workers=0)",

@@ -6,7 +6,10 @@ the training process (standard library only; torch read from sys.modules).
   probe wraps that one bound method of the iterator it times (one call and a few reads a
   batch; nothing of torch's is patched). `held` counts batches already finished by other
   workers that the in-order queue keeps until this one arrives: a slow sample holding the
-  loop (head-of-line) shows as waits with batches held.
+  loop (head-of-line) shows as waits with batches held. `ready` counts the finished
+  batches still queued, not yet received, when this one is: workers ahead of a loop that
+  spends its wait receiving each batch (NOTE [the loop's receive] in
+  monitor/diagnosis/costs.py), where a loop that waits for its workers finds none.
 - Once an epoch, at its first batch, the figures a batch's journey depends on: its bytes and
   tensor count, the workers and prefetch in flight, /dev/shm's size and free space (batches
   pass through it), the open-files limit and descriptors open now (torch's default
@@ -42,17 +45,24 @@ MAX_WALK = 256  # items looked at when counting a batch's tensors and bytes
 # the workers are killed and each leaves its /tmp/pymp-* folder behind. The class's
 # function and a weak reference keep the bare loader's lifetime.
 def hook(it: Any, probe: Any, t_start: float | None = None) -> bool:
-    """Count per batch which worker produced it (probe.batch_worker) and the finished
-    batches held behind it (probe.batch_held); once every worker has delivered its first
-    batch, hand their times from `t_start` (the epoch's iter()) to probe.on_workers_ready.
-    False when `it` is no multiprocessing DataLoader iterator (0 workers, a generator,
-    another library's loader)."""
+    """Count per batch which worker produced it (probe.batch_worker), the finished batches
+    held behind it (probe.batch_held) and those still queued (probe.batch_ready); once
+    every worker has delivered its first batch, hand their times from `t_start` (the
+    epoch's iter()) to probe.on_workers_ready. False when `it` is no multiprocessing
+    DataLoader iterator (0 workers, a generator, another library's loader)."""
     orig = getattr(it, "_process_data", None)
     info = getattr(it, "_task_info", None)
     if orig is None or not isinstance(info, dict) or getattr(orig, "_starvation_hook", False):
         return False
     first: dict[int, float] = {}
     n = int(getattr(it, "_num_workers", 0) or 0)
+    # the finished batches still queued (a multiprocessing queue counts what the workers
+    # put; with pin_memory, the pinning thread's queue): None where it cannot say (macOS)
+    qsize = getattr(getattr(it, "_data_queue", None), "qsize", None)
+    try:
+        qsize()  # type: ignore[misc]
+    except Exception:
+        qsize = None
     # (NOTE [no cycle through the iterator])
     if "_process_data" in vars(it):  # another wrapper already on the instance: call it
         call = orig
@@ -70,6 +80,8 @@ def hook(it: Any, probe: Any, t_start: float | None = None) -> bool:
             w = int(args[1])
             probe.batch_worker = w
             probe.batch_held = sum(1 for v in info.values() if len(v) == 2)
+            if qsize is not None:
+                probe.batch_ready = qsize()
             if t_start is not None and w not in first and len(first) < n:
                 first[w] = probe.clock() - t_start
                 ready = probe.on_workers_ready

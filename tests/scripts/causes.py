@@ -36,6 +36,10 @@ samples/s at the end (`rate N samples/s`), so a test compares bare runs at two s
   them (--main-threads 1: the fix).
 - remote: each sample fetched over HTTP from a server in this process (127.0.0.1, 15 ms
   a GET, 16 KB): the loaders wait on sockets, on no CPU and no disk.
+- fields: each sample a dict of 20 small tensors (the fields a detection or NLP sample
+  has), batches of 16, a 5 ms step: the workers keep ahead, and the loop's own receiving
+  of each batch (a descriptor fetched from a worker for each of its 20 tensors) is the
+  wait (--sharing file_system, or --stacked: one tensor a sample, the fixes).
 - tokenizer: a fast (HF `tokenizers`) tokenizer trained and used on a batch in this process,
   then in each forked worker: with TOKENIZERS_PARALLELISM=true in the environment the
   workers deadlock at their first encode (its thread pool was forked mid-use); =false, or
@@ -315,10 +319,24 @@ class ManyTensors(Dataset):
         return [torch.full((2,), float(i)) for _ in range(300)]
 
 
+class Fields(Dataset):
+    def __init__(self, stacked: bool) -> None:
+        self.stacked = stacked
+
+    def __len__(self) -> int:
+        return 1_000_000
+
+    def __getitem__(self, i: int):
+        if self.stacked:
+            return {"x": torch.full((20, 4), float(i))}
+        return {"x": torch.full((4,), float(i)),
+                **{f"f{k}": torch.full((4,), float(k)) for k in range(19)}}
+
+
 def build(kind: str, workers: int, in_any_order: bool = False,
           batched: bool = False, persistent: bool = False, samples: int = 0,
           grow_kb: int = 1024, cold: bool = False, cache_mb: int = 300,
-          mmap: bool = False, pool: int = 0) -> DataLoader:
+          mmap: bool = False, pool: int = 0, stacked: bool = False) -> DataLoader:
     if kind == "idle_shards":
         return DataLoader(OneShard(100_000), batch_size=8, num_workers=workers)
     if kind == "mem_growth":
@@ -358,6 +376,8 @@ def build(kind: str, workers: int, in_any_order: bool = False,
         resource.setrlimit(resource.RLIMIT_NOFILE, (min(128, hard), hard))
         return DataLoader(ManyTensors(), batch_size=1, num_workers=workers,
                           collate_fn=lambda b: b[0])
+    if kind == "fields":
+        return DataLoader(Fields(stacked), batch_size=16, num_workers=workers)
     raise SystemExit(f"unknown kind {kind!r}")
 
 
@@ -383,13 +403,16 @@ def main() -> None:
     ap.add_argument("--mmap", action="store_true", help="rank_cache: one mapped file (the fix)")
     ap.add_argument("--pool", type=int, default=0,
                     help="threads: a worker's pool (default: one a CPU; 1: the fix)")
+    ap.add_argument("--stacked", action="store_true",
+                    help="fields: one tensor a sample (the fix)")
     ap.add_argument("--main-threads", type=int, default=0,
                     help="main_threads: torch's pool in the main process (1: the fix)")
     a = ap.parse_args()
     if a.sharing:
         torch.multiprocessing.set_sharing_strategy(a.sharing)
     loader = build(a.kind, a.workers, a.any_order, a.batched, a.persistent, a.samples,
-                   a.grow_kb, a.cold, a.cache_mb, a.mmap, a.pool or (os.cpu_count() or 1))
+                   a.grow_kb, a.cold, a.cache_mb, a.mmap, a.pool or (os.cpu_count() or 1),
+                   a.stacked)
     if a.main_threads or a.kind == "main_threads":  # (torch's default, whatever the
         # environment says: NOTE [one intra-op thread in the suite] in tests/conftest.py)
         torch.set_num_threads(a.main_threads or len(os.sched_getaffinity(0)))
