@@ -335,7 +335,7 @@ def test_a_wait_on_batches_made_ahead_is_the_loops_own_not_blocked_workers():
     loop-receive finding names it; the same waits with nothing queued (the loop waits for
     its workers) or with later batches held behind a slow one (head-of-line) are not it."""
     from monitor.diagnosis import causes
-    from monitor.diagnosis.costs import RECEIVE
+    from monitor.diagnosis.costs import RECEIVE, loop_receive
 
     cfg = LoaderConfig.build(num_workers=2).to_dict()
     steps, t0, t1 = starved_steps()
@@ -356,6 +356,9 @@ def test_a_wait_on_batches_made_ahead_is_the_loops_own_not_blocked_workers():
     assert dg.bound["limit"] == "device", dg.bound
     assert [x.cause for x in found] == [RECEIVE] and found[0].no_more_workers
     assert found[0].advice[0].value == "file_system sharing"
+    # past the line by less than its noise: fed, as the verdict judges it, and nothing to name
+    near = dataclasses.replace(f, data_wait_share=0.11, data_wait_se=0.02)
+    assert diagnose(near).verdict == "healthy" and loop_receive(report, near) is None
     for ready, held in ((0, 0), (3, 2)):  # waiting for its workers; head-of-line
         f, dg, found = judged(ready, held)
         assert f.receive_wait_share == 0.0 and f.wall_per_sample_s == pytest.approx(2 * 7.5 / 1600)

@@ -16,7 +16,7 @@ import pandas as pd
 from monitor.diagnosis import loading
 from monitor.frames import analysis
 from monitor.records import CpuBudget
-from monitor.thresholds import CONTENTION_MIN_WAIT, memory_budget_mb
+from monitor.thresholds import CONTENTION_MIN_WAIT, NOISE_Z, STARVING_SHARE, memory_budget_mb
 
 SIMULATED = "simulated"  # accelerator kinds: "simulated", "cuda", "cpu" (a real CPU step)
 
@@ -144,6 +144,18 @@ class Features:
         though its data wait looks small), else the host's data-wait share."""
         return self.device_idle_share if self.device_idle_share is not None \
             else self.data_wait_share
+
+    @property
+    def starving_noise(self) -> float:
+        """How far past STARVING_SHARE the starved share must be to count as starved: the
+        host's data-wait share is judged within NOISE_Z of its standard error as fed (the
+        device's own idle, from CUDA events, has no such spread)."""
+        return NOISE_Z * (self.data_wait_se or 0.0) if self.device_idle_share is None else 0.0
+
+    @property
+    def fed(self) -> bool:
+        """The device is fed: its starved share under the line, or within its noise."""
+        return not self.starved_share >= STARVING_SHARE + self.starving_noise
 
     @property
     def num_workers(self) -> int:

@@ -237,8 +237,8 @@ def tail_stalls(c: Ctx) -> str | None:
 
 def healthy(c: Ctx) -> str | None:
     f, nw = c.f, c.f.num_workers
-    noise = NOISE_Z * (f.data_wait_se or 0.0) if f.device_idle_share is None else 0.0
-    if f.starved_share >= STARVING_SHARE + noise:  # within the noise of the line: fed
+    noise = f.starving_noise
+    if not f.fed:  # (within the noise of the line: fed)
         return None
     if nw > 1 and c.model is not None:
         n = best_workers(c.model, nw)
