@@ -35,6 +35,7 @@ sys.path.insert(0, str(ROOT))
 
 from monitor.manage.runtime import Runtime  # noqa: E402
 from monitor.records import HostSample, StepRecord  # noqa: E402
+from monitor.sampling.host import core_figures  # noqa: E402
 from monitor.store import Store  # noqa: E402
 from monitor.ui import cadence, refresh  # noqa: E402
 from tests.conftest import launch  # noqa: E402
@@ -46,9 +47,8 @@ def build(path: Path, hours: list[float], cores: int = 2) -> dict[float, int]:
     """The synthetic runs (ended, the latest first in the store); cached by path. The host's
     `cores` read 95% on the first, 5% on the others (a main process at its GIL's limit),
     each row with its busiest, median and idlest core, as the sampler stores them."""
-    per_core = json.dumps([95.0] + [5.0] * (cores - 1))
-    figures = {"cpu_busiest_core_pct": 95.0, "cpu_idlest_core_pct": 5.0,
-               "cpu_median_core_pct": 5.0 if cores > 2 else 50.0}
+    readings = [95.0] + [5.0] * (cores - 1)
+    per_core, figures = json.dumps(readings), core_figures(readings)
     store = Store(path)
     runs = store.runs()
     if len(runs) == len(hours):

@@ -1,8 +1,8 @@
 """Where one loader's time per sample goes, from a window's steps and host samples: on a
-CPU, runnable but waiting for one, blocked (storage, locks, sleep); and whether the
-loop's wait was for batches its workers had made ahead (NOTE [the loop's receive] in
-monitor/diagnosis/costs.py), which says nothing of their time. Pure:
-the frames and monitor/diagnosis/features.py's CPU figures in."""
+CPU, runnable but waiting for one, blocked (storage, locks, sleep); and whether the loop's
+wait was for batches its workers had made ahead (NOTE [the loop's receive] in
+monitor/diagnosis/costs.py), which says nothing of their time. Pure: the frames and
+monitor/diagnosis/features.py's CPU figures in."""
 from __future__ import annotations
 
 from typing import Any

@@ -386,7 +386,7 @@ class HostSampler:
                 ts=self.clock(), run_id=self._run_id,
                 cpu_total_pct=sum(per_core) / len(per_core) if per_core else None,
                 cpu_per_core=json.dumps(cores) if cores else None,
-                **_core_figures(cores),
+                **core_figures(cores),
                 mem_used_mb=vm.used / MB if vm else None,
                 mem_total_mb=vm.total / MB if vm else None,
                 mem_available_mb=vm.available / MB if vm else None,
@@ -417,7 +417,7 @@ class HostSampler:
         return self.sample_all()[0]
 
 
-def _core_figures(cores: list[float]) -> dict[str, float]:
+def core_figures(cores: list[float]) -> dict[str, float]:
     """The sample's busiest, median and idlest core (HostSample's three; none without a
     reading)."""
     if not cores:

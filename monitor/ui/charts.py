@@ -264,7 +264,7 @@ def _core_lines(host: pd.DataFrame) -> tuple[int, dict[str, np.ndarray]]:
     stored = np.column_stack([host[c].to_numpy(dtype=float, na_value=np.nan)
                               if c in host.columns else np.full(len(host), np.nan)
                               for c in CORE_FIGURES.values()])
-    old = np.isnan(stored).all(axis=1) & col.map(lambda v: isinstance(v, str)).to_numpy()
+    old = np.isnan(stored).all(axis=1) & col.notna().to_numpy()
     if old.any():
         per_core = _cores(col[old], n)
         with warnings.catch_warnings():  # (a row with no reading is all NaN: a gap)
