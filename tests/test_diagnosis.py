@@ -181,6 +181,11 @@ def test_cpu_bound_never_advises_more_workers():
     assert dg.verdict == "cpu-bound"
     assert all(a.param != "num_workers" for a in dg.advice)
     assert dg.bound["limit"] == "cores"
+    # the loaders' share in numbers, not "saturated" (the main process keeps part of it)
+    k = fit_bound(feat(cfg, host_cpu_cores=1.95, workers_cpu_cores=1.9, main_cpu_cores=0.05,
+                       cpu_per_sample_s=0.0075, wall_per_sample_s=0.0079)).cores_for(2)
+    assert f"the loaders get {k:.1f} of 2 usable cores" in dg.bound["text"]
+    assert "saturated" not in dg.bound["text"]
 
 
 def test_io_bound_advises_workers_beyond_cores():

@@ -206,9 +206,8 @@ def _noise(steps: pd.DataFrame, h: pd.DataFrame, usable: int, runq_share: float 
         parts = [steps.iloc[i * n // k:(i + 1) * n // k] for i in range(k)]
         out["data_wait_se"] = _se([analysis.data_wait_share(p) for p in parts])
     rows = h.drop_duplicates("ts") if not h.empty and "ts" in h.columns else h
-    if not rows.empty and "cpu_total_pct" in rows.columns and "cpu_per_core" in rows.columns \
-            and rows["cpu_per_core"].notna().any():
-        ncores = len(json.loads(rows["cpu_per_core"].dropna().iloc[0]))
+    ncores = _ncores(rows)
+    if ncores and "cpu_total_pct" in rows.columns:
         out["cpu_busy_se"] = _se(rows["cpu_total_pct"] / 100 * ncores / max(1, usable))
     col = "proc_runq_pct" if nw == 0 else "workers_runq_pct"
     if runq_share is not None and not h.empty and col in h.columns:
@@ -227,13 +226,19 @@ def workload_memory(host: pd.DataFrame) -> pd.Series:
     return (rss + analysis.workers_memory_mb(host).fillna(0.0)).dropna()
 
 
+def _ncores(h: pd.DataFrame) -> int | None:
+    """The host's core count, from the first stored per-core reading (None: none)."""
+    if h.empty or "cpu_per_core" not in h.columns:
+        return None
+    stored = h["cpu_per_core"].dropna()
+    return len(json.loads(stored.iloc[0])) if len(stored) else None
+
+
 def _cpu(h: pd.DataFrame) -> dict[str, float | None]:
     """Host, main-process and worker CPU in cores, over the window's host samples."""
     pct = {c: _mean(h, c) for c in ("cpu_total_pct", "proc_cpu_pct", "workers_cpu_pct",
                                     "workers", "monitor_cpu_pct")}
-    ncores = None
-    if not h.empty and "cpu_per_core" in h.columns and h["cpu_per_core"].notna().any():
-        ncores = len(json.loads(h["cpu_per_core"].dropna().iloc[0]))
+    ncores = _ncores(h)
     host = pct["cpu_total_pct"] / 100 * ncores if pct["cpu_total_pct"] is not None \
         and ncores else None
     extra = {c: _mean(h, c) for c in ("proc_runq_pct", "workers_runq_pct",

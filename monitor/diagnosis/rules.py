@@ -393,7 +393,9 @@ def bound_text(c: Ctx) -> dict[str, Any]:
         "device": f"the step and the loop's own time a batch ({d * 1e3:.1f} + {o * 1e3:.1f} "
                   "ms; the loader keeps up)",
         "workers": f"workers ({loader:.1f} of {f.usable_cores} usable cores busy producing)",
-        "cores": f"cores ({f.usable_cores} usable cores saturated)",
+        "cores": f"cores (the loaders get {c.model.cores_for(f.num_workers):.1f} of "
+                 f"{f.usable_cores} usable cores; the main process and other processes "
+                 "the rest)",
         "main process": "loading in the main process (num_workers=0)",
     }[limit]
     text = f"now {f.throughput:,.0f} samples/s; limit: {limit_text}"
