@@ -312,11 +312,7 @@ def assess(window: Window, ctx: Context, parts: int = 1) -> Assessment:
             "num_workers": int(f.config.get("num_workers") or 0)}
         found = causes.find(steps, host, report, list(window.loader_errors), f.throughput,
                             window.history, f.loaders_runq_share, f, window.gpu_util)
-        if found:
-            dg = dataclasses.replace(dg, headline=causes.headline(dg.headline, found, f),
-                                     advice=causes.merge(dg.advice, found,
-                                                         int(f.config.get("num_workers") or 0)),
-                                     cause=causes.lead(found).cause)
+        dg = causes.with_findings(dg, found, f, int(f.config.get("num_workers") or 0))
         dg = in_loader_terms(_fed_phases(dg, base["phases"]), f.config)
         if window.note:
             dg = dataclasses.replace(dg, headline=f"{dg.headline} {window.note}")
@@ -423,10 +419,7 @@ def _assess_job(window: Window, ctx: Context, ranks: list[int], base: dict) -> A
     copies = cache_per_rank((window.loader_report or {}).get("by_rank") or {}, local,
                             per[who].mem_total_mb, per[who].memory_budget_mb)
     found = (*found, copies) if copies is not None else found
-    if found:
-        dg = dataclasses.replace(dg, headline=causes.headline(dg.headline, found, job),
-                                 advice=causes.merge(dg.advice, found, per[who].num_workers),
-                                 cause=causes.lead(found).cause)
+    dg = causes.with_findings(dg, found, job, per[who].num_workers)
     dg = _fed_phases(dg, base["phases"])
     return Assessment(features=job, diagnosis=dg, findings=found,
                       workers=causes.worker_table(mine, h, report),

@@ -29,6 +29,7 @@ offers no num_workers increase beside it (monitor/assess/window.py merges them).
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from typing import Any
@@ -46,7 +47,7 @@ from monitor.diagnosis.costs import (
     slower_with_more,
     startup,
 )
-from monitor.diagnosis.finding import Advice, Finding
+from monitor.diagnosis.finding import Advice, Diagnosis, Finding
 from monitor.diagnosis.limits import (
     LOADER_ERROR,
     OOM,
@@ -60,6 +61,7 @@ from monitor.diagnosis.limits import (
 )
 from monitor.diagnosis.per_rank import CACHE_PER_RANK
 from monitor.diagnosis.remote import REMOTE_READS, remote_reads
+from monitor.diagnosis.rules import PREDICTED_AT
 from monitor.diagnosis.syncs import HOST_SYNCS, host_syncs
 from monitor.diagnosis.threads import MAIN_THREADS, WORKER_THREADS, threads_fight
 from monitor.thresholds import (
@@ -106,6 +108,9 @@ def find(steps: pd.DataFrame, host: pd.DataFrame, report: dict[str, Any] | None,
               remote_reads(host, steps, features) if features is not None else None,
               threads_fight(features) if features is not None else None]
     seen = {f.cause for f in happened}  # a failure that happened says what the warning would
+    if any(f is not None and f.cause == MAIN_THREADS and "ahead_share" in f.numbers
+           for f in coming):
+        seen.add(RECEIVE)  # the loop receives slowly for want of a CPU its own pool takes
     return tuple(happened + [f for f in coming if f is not None and f.cause not in seen])
 
 
@@ -337,19 +342,37 @@ def _sentence(text: str) -> str:
     return text if text.endswith((".", "!", "?")) else text + "."
 
 
+def with_findings(dg: Diagnosis, found: tuple[Finding, ...], f: Any,
+                  workers_now: int) -> Diagnosis:
+    """The window's verdict with its findings: their headline, their fixes first (merge),
+    the bound's text without a prediction whose advice they dropped, the cause named."""
+    if not found:
+        return dg
+    advice = merge(dg.advice, found, workers_now)
+    bound, first = dg.bound, next(iter(dg.advice), None)
+    if first is not None and first.param == "num_workers" and first not in advice:
+        bound = {**bound, "text": str(bound.get("text") or "").split(PREDICTED_AT)[0]}
+    return dataclasses.replace(dg, headline=headline(dg.headline, found, f), advice=advice,
+                               bound=bound, cause=lead(found).cause)
+
+
 def merge(advice: tuple[Advice, ...], findings: tuple[Finding, ...],
           workers_now: int) -> tuple[Advice, ...]:
     """The findings' fixes first; no num_workers increase beside a finding that says more
-    workers will not help."""
+    workers will not help, and no num_workers change at all beside one whose cause is in
+    the figures the prediction is made from (`workers_unpredictable`)."""
     if not findings:
         return advice
     blocked = any(f.no_more_workers for f in findings)
     more = blocked and any(a.param == "num_workers" and isinstance(a.value, int)
                            and a.value > workers_now for a in advice)
-    kept = tuple(a for a in advice if not (more and (
-        a.param == "num_workers" and isinstance(a.value, int) and a.value > workers_now
-        # kept alive between epochs: the workers advised from none, dropped with them
-        or a.param == "persistent_workers" and workers_now == 0)))
+    unpredictable = any(f.workers_unpredictable for f in findings)
+    kept = tuple(a for a in advice if not (
+        unpredictable and a.param == "num_workers" and a.value != workers_now
+        or more and (
+            a.param == "num_workers" and isinstance(a.value, int) and a.value > workers_now
+            # kept alive between epochs: the workers advised from none, dropped with them
+            or a.param == "persistent_workers" and workers_now == 0)))
     first: list[Advice] = []
     led = lead(findings)  # the verdict's cause: its fix first
     for a in (a for f in sorted(findings, key=lambda f: f is not led) for a in f.advice):

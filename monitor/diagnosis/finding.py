@@ -52,6 +52,10 @@ class Finding:
     advice: tuple[Advice, ...] = ()
     no_more_workers: bool = False  # more workers would not help (or would make it worse)
     leads: bool = False  # its sentence opens the headline, before the verdict's reasoning
+    # its cause is in the CPU figures the bound model predicts other num_workers from (a
+    # pool's threads spinning: NOTE [threads at work]): no num_workers change is advised
+    # beside it; its own fix first, and the next window predicts from figures without it
+    workers_unpredictable: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)

@@ -379,6 +379,9 @@ RULES: tuple[tuple[str, Rule], ...] = (
 )
 
 
+PREDICTED_AT = "; predicted at num_workers="  # the bound's text: its first advice's figure
+
+
 def bound_text(c: Ctx) -> dict[str, Any]:
     """The bound for the JSON and the page: throughput now, the limit, the prediction."""
     f = c.f
@@ -401,8 +404,7 @@ def bound_text(c: Ctx) -> dict[str, Any]:
     text = f"now {f.throughput:,.0f} samples/s; limit: {limit_text}"
     first = c.advice[0] if c.advice else None
     if first is not None and first.param == "num_workers" and first.predicted_throughput:
-        text += (f"; predicted at num_workers={first.value}: "
-                 f"{first.predicted_throughput:,.0f}")
+        text += f"{PREDICTED_AT}{first.value}: {first.predicted_throughput:,.0f}"
     return {**out, "limit": limit, "text": text, "predicted_now": pred_now}
 
 

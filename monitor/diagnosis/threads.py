@@ -25,7 +25,14 @@ Features in, a finding out."""
 # samples/s, 243 with torch.set_num_threads(1); recompiles.py 85-128 against 1,455-1,480).
 # The main process's threads at work are then named against the cores the others leave,
 # whether the loop waits for data or not; that gain has no prediction (the stall is the
-# threads' wait for each other, which no CPU figure shows).
+# threads' wait for each other, which no CPU figure shows). Where the workers keep ahead of
+# the loop (most of its wait on batches already made: NOTE [the loop's receive] in
+# costs.py), the loop's own thread is what waits for a CPU among the pool's as it receives
+# them: the pool is named, not the receive (main_threads: 456/463 -> 622/624 samples/s
+# bare with one thread, x1.33 predicted; beside other processes' busy threads x2.0-2.8
+# bare, no prediction). Either pool's spinning is in the CPU figures the bound model
+# predicts other num_workers from (0 workers beside it and other processes: predicted x1.6,
+# measured x0.5), so no num_workers change is advised beside it (workers_unpredictable).
 from __future__ import annotations
 
 import math
@@ -33,6 +40,7 @@ from typing import Any
 
 from monitor.diagnosis.finding import Advice, Finding
 from monitor.thresholds import (
+    AHEAD_SHARE,
     CPU_SATURATED,
     MAIN_CPU_GOT,
     OTHERS_BUSY_CORES,
@@ -54,6 +62,9 @@ def threads_fight(f: Any) -> Finding | None:
     if nw < 1 or not f.starved_share >= STARVING_SHARE or not (
             waits >= RUNQ_CONTENTION_SHARE or busy >= CPU_SATURATED):
         return beside_others(f)
+    # the loop's wait on batches its workers made ahead (NOTE [the loop's receive]): the
+    # main process is the one short of CPU, its own pool among what takes it
+    ahead = (getattr(f, "receive_wait_share", None) or 0.0) >= AHEAD_SHARE
     each = f.worker_busy_threads
     if each is not None and each >= THREADS_AT_WORK and nw * each > cores:
         text = (f"each of the {nw} workers keeps {each:.1f} threads at work at once (a "
@@ -70,18 +81,38 @@ def threads_fight(f: Any) -> Finding | None:
                      "measured x4-18 on a reproducer, 2 workers of 2 threads on 2 cores)")
         return Finding(WORKER_THREADS, text, {"threads_a_worker": each, "workers": nw,
                                               "runq_share": waits}, (fix,),
-                       no_more_workers=True)
+                       no_more_workers=True, workers_unpredictable=True)
     main = f.main_busy_threads
     # the workers want a CPU at least half their time (on one, or waiting for one: the
     # pool's threads take the CPU they would use, so their use alone reads low: 0.45 a core
     # each, waiting 41% of their time, beside 2 main threads on 2 cores)
     wanted = (f.loading_cpu_per_wall or 0.0) + waits
-    if main is not None and main >= THREADS_AT_WORK and main + nw > cores and wanted >= 0.5:
+    if main is not None and main >= THREADS_AT_WORK and main + nw > cores and (
+            wanted >= 0.5 or ahead):
         keep = max(1, cores - nw)
-        faster = min((main + nw) / (keep + nw), 1 / max(1e-9, 1 - waits),
-                     1 / max(1e-9, 1 - f.starved_share))
+        # the cores shared alike among the threads at work: the loaders (or, ahead, the
+        # loop's own thread receiving) get (main + nw) / (keep + nw) more, at most all of
+        # their wait for a CPU back, and the loop at most all of its data wait
+        faster = min((main + nw) / (keep + nw), 1 / max(1e-9, 1 - f.starved_share),
+                     math.inf if ahead else 1 / max(1e-9, 1 - waits))
         rate = f.throughput
         pred = rate * faster if rate == rate and rate > 0 and faster > 1 else None
+        if ahead:
+            # beside other processes' busy threads each operator also waits for its slowest
+            # thread: a stall no CPU figure shows (x2.0-2.8 bare against x1.2 so predicted)
+            others = (f.other_cpu_cores or 0.0) >= OTHERS_BUSY_CORES
+            return _main_pool(
+                main, keep, None if others else pred, f"beside {nw} busy workers on {cores} "
+                f"usable cores: the workers keep ahead ({f.receive_wait_share:.0%} of the "
+                "data wait was on batches already made), and the loop's own thread, "
+                "receiving them, waits for a CPU among them",
+                "gives the loop's thread its core back while it receives each batch; more "
+                "workers only queue more" + (
+                    " (the gain is not predicted beside other processes' busy threads, "
+                    "where each operator also waits for its slowest thread: measured x2.0-2.8 "
+                    "on a reproducer)" if others else ""),
+                {"workers": nw, "ahead_share": f.receive_wait_share}, leads=True,
+                no_more_workers=True)
         return _main_pool(
             main, keep, pred, f"beside {nw} busy workers on {cores} usable cores: they take "
             f"the workers' CPU, and the loaders wait {waits:.0%} of their time for one",
@@ -117,7 +148,8 @@ def beside_others(f: Any) -> Finding | None:
 
 
 def _main_pool(main: float, keep: int, pred: float | None, beside: str, why: str,
-               numbers: dict[str, Any], leads: bool) -> Finding:
+               numbers: dict[str, Any], leads: bool, no_more_workers: bool = False
+               ) -> Finding:
     """The main process's pool named, `beside` what, with torch.set_num_threads(keep)."""
     text = (f"the main process keeps {main:.1f} threads at work (torch's intra-op pool: one a "
             f"core by default) {beside}")
@@ -125,4 +157,5 @@ def _main_pool(main: float, keep: int, pred: float | None, beside: str, why: str
                  f"in the training script, before the loop: torch.set_num_threads({keep}) "
                  + why)
     return Finding(MAIN_THREADS, text, {"main_threads": main, "threads_kept": keep,
-                                        **numbers}, (fix,), leads=leads)
+                                        **numbers}, (fix,), leads=leads,
+                   no_more_workers=no_more_workers, workers_unpredictable=True)
