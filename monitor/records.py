@@ -82,7 +82,7 @@ STEP_FIELDS: tuple[StepField, ...] = (
     StepField("held", "int | None", "finished batches held behind this one (in-order queue)"),
     # ... and the finished batches still queued, not yet received, when this one was: the
     # workers ahead of the loop (a backlog), or not (none: the loop waits for a worker)
-    StepField("ready", "int | None", "finished batches queued behind this one, unreceived"),
+    StepField("ready", "int | None", "finished batches queued, unreceived, at the ask"),
     # the step's phases (monitor/probe/phases.py): device time where device_span_s is set
     # (CUDA events), else host time; None where not measured
     StepField("forward_s", "float | None", "forward pass (outermost modules)", "s"),

@@ -576,8 +576,8 @@ def test_tiny_samples_in_big_batches_are_per_sample_overhead(tmp_path, no_leaks)
 @pytest.mark.slow
 def test_batches_made_ahead_that_the_loop_receives_slowly_are_the_wait_not_workers(
         tmp_path, no_leaks):
-    """Samples of 20 small tensors, cheap to make: the workers keep ahead (finished batches
-    still queued as the loop takes each: the steps' `ready`), and the loop's own receiving
+    """Samples of 20 small tensors, cheap to make: the workers keep ahead (a finished batch
+    already queued as the loop asks for each: the steps' `ready`), and the loop's own receiving
     of each batch (a descriptor fetched from a worker for each tensor) is the wait. The
     verdict names it, the advice is file_system sharing and fewer tensors a batch, never
     more workers; the workers' idle time is not called blocked (a sleep, a lock). Bare,

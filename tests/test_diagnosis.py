@@ -334,8 +334,8 @@ def test_features_derive_loading_costs_from_frames():
 
 
 def test_a_wait_on_batches_made_ahead_is_the_loops_own_not_blocked_workers():
-    """Two workers, 60% of the step waiting: where each step was received with finished
-    batches still queued behind it, the wait was the loop receiving them, so the workers'
+    """Two workers, 60% of the step waiting: where each step was asked for with a finished
+    batch already queued, the wait was the loop receiving them, so the workers'
     idle time is not called blocked, no more workers are predicted to help, and the
     loop-receive finding names it; the same waits with nothing queued (the loop waits for
     its workers) or with later batches held behind a slow one (head-of-line) are not it."""

@@ -148,10 +148,12 @@ def slower_with_more(history: Sequence[dict[str, Any]], workers_now: int,
 # A batch a worker made reaches the loop through a queue: the loop unpickles it and, with
 # torch's default sharing strategy (file_descriptor), fetches each tensor's shared memory as
 # a descriptor from the worker's sharer thread, a round trip a tensor. Where that is the
-# wait, the workers are ahead of the loop: as it receives its batch, finished ones are still
-# queued behind it (the steps' `ready`, counted by monitor/probe/workers.py), where a loop
-# that waits for its workers finds none, and a slow sample holding the in-order queue has
-# later batches held (`held`). When most of the data wait is on such steps (AHEAD_SHARE:
+# wait, the workers are ahead of the loop: as it asks for its batch, a finished one is
+# already queued (the steps' `ready`, counted by monitor/probe/workers.py at the ask: at
+# the receipt, 2 workers in step put a second batch behind the first while the loop waited
+# for both, and a remote-read loader's wait read 47% made ahead, 1% at the ask), where a
+# loop that waits for its workers finds none, and a slow sample holding the in-order queue
+# has later batches held (`held`). When most of the data wait is on such steps (AHEAD_SHARE:
 # monitor/diagnosis/loading.py receive), the workers' idle time is waiting for work, not
 # storage or a lock (loading.py gives them no wall time), the bound model takes that wait a
 # step as the loop's own overhead (bound.py, o), and more workers only queue more. Bare on
@@ -180,8 +182,8 @@ def loop_receive(report: dict[str, Any] | None, f: Any) -> Finding | None:
     up_to = batch / max(step, 1e-9)
     them = f"{nw} workers keep" if nw != 1 else "one worker keeps"
     text = (f"the loop's own receiving is the wait: its {them} ahead ({ahead:.0%} of the "
-            "data wait was on batches received with finished ones still queued behind "
-            f"them), and the loop takes {wait * 1e3:.1f} ms to receive each (unpickling "
+            "data wait was on batches asked for with a finished one already queued), and "
+            f"the loop takes {wait * 1e3:.1f} ms to receive each (unpickling "
             f"it{how}); more workers only queue more batches.")
     advice = []
     if fds and tensors > 1:  # (one tensor a batch: -8% and +13% bare, beside others and not)

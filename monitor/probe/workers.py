@@ -7,9 +7,10 @@ the training process (standard library only; torch read from sys.modules).
   batch; nothing of torch's is patched). `held` counts batches already finished by other
   workers that the in-order queue keeps until this one arrives: a slow sample holding the
   loop (head-of-line) shows as waits with batches held. `ready` counts the finished
-  batches still queued, not yet received, when this one is: workers ahead of a loop that
-  spends its wait receiving each batch (NOTE [the loop's receive] in
-  monitor/diagnosis/costs.py), where a loop that waits for its workers finds none.
+  batches queued, not yet received, when the loop asks for this one (the iterator's
+  `_next_data`, wrapped the same way): workers ahead of a loop that spends its wait
+  receiving each batch (NOTE [the loop's receive] in monitor/diagnosis/costs.py), where a
+  loop that waits for its workers finds none.
 - Once an epoch, at its first batch, the figures a batch's journey depends on: its bytes and
   tensor count, the workers and prefetch in flight, /dev/shm's size and free space (batches
   pass through it), the open-files limit and descriptors open now (torch's default
@@ -46,10 +47,11 @@ MAX_WALK = 256  # items looked at when counting a batch's tensors and bytes
 # function and a weak reference keep the bare loader's lifetime.
 def hook(it: Any, probe: Any, t_start: float | None = None) -> bool:
     """Count per batch which worker produced it (probe.batch_worker), the finished batches
-    held behind it (probe.batch_held) and those still queued (probe.batch_ready); once
-    every worker has delivered its first batch, hand their times from `t_start` (the
-    epoch's iter()) to probe.on_workers_ready. False when `it` is no multiprocessing
-    DataLoader iterator (0 workers, a generator, another library's loader)."""
+    held behind it (probe.batch_held) and those queued as the loop asked for it
+    (probe.batch_ready); once every worker has delivered its first batch, hand their times
+    from `t_start` (the epoch's iter()) to probe.on_workers_ready. False when `it` is no
+    multiprocessing DataLoader iterator (0 workers, a generator, another library's
+    loader)."""
     orig = getattr(it, "_process_data", None)
     info = getattr(it, "_task_info", None)
     if orig is None or not isinstance(info, dict) or getattr(orig, "_starvation_hook", False):
@@ -63,15 +65,8 @@ def hook(it: Any, probe: Any, t_start: float | None = None) -> bool:
         qsize()  # type: ignore[misc]
     except Exception:
         qsize = None
-    # (NOTE [no cycle through the iterator])
-    if "_process_data" in vars(it):  # another wrapper already on the instance: call it
-        call = orig
-    else:
-        ref, fn = weakref.ref(it), type(it)._process_data
-        del orig
-
-        def call(*args: Any, **kwargs: Any) -> Any:
-            return fn(ref(), *args, **kwargs)
+    call = _unbound(it, "_process_data")
+    del orig
 
     def _process_data(*args: Any, **kwargs: Any) -> Any:
         # (data, worker_idx, ...): torchdata's StatefulDataLoader passes a state too, so
@@ -80,8 +75,6 @@ def hook(it: Any, probe: Any, t_start: float | None = None) -> bool:
             w = int(args[1])
             probe.batch_worker = w
             probe.batch_held = sum(1 for v in info.values() if len(v) == 2)
-            if qsize is not None:
-                probe.batch_ready = qsize()
             if t_start is not None and w not in first and len(first) < n:
                 first[w] = probe.clock() - t_start
                 ready = probe.on_workers_ready
@@ -93,7 +86,35 @@ def hook(it: Any, probe: Any, t_start: float | None = None) -> bool:
 
     _process_data._starvation_hook = True  # type: ignore[attr-defined]
     it._process_data = _process_data
+    if qsize is not None and callable(getattr(it, "_next_data", None)):
+        # counted as the loop asks: at the batch's receipt, a batch finished meanwhile by
+        # another worker (2 workers in step, each 120 ms a batch) is queued behind it,
+        # while the loop waited for the workers all the same (47% of such a wait read as
+        # made ahead at receipt, 1% at the ask)
+        ask = _unbound(it, "_next_data")
+
+        def _next_data(*args: Any, **kwargs: Any) -> Any:
+            try:
+                probe.batch_ready = qsize()
+            except Exception:  # never in the way of the batch
+                pass
+            return ask(*args, **kwargs)
+
+        it._next_data = _next_data
     return True
+
+
+def _unbound(it: Any, name: str) -> Any:
+    """`it`'s method `name` to call from a wrapper set on the instance, without holding `it`
+    (NOTE [no cycle through the iterator]); a wrapper already on the instance is called as
+    it is."""
+    if name in vars(it):
+        return getattr(it, name)
+    ref, fn = weakref.ref(it), getattr(type(it), name)
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        return fn(ref(), *args, **kwargs)
+    return call
 
 
 def batch_bytes(batch: Any) -> tuple[int, int]:
