@@ -15,8 +15,8 @@ unmodified script. Pure: frames and the probe's `loader` report in, findings out
   at a time: Python's per-sample call and collate are the cost; a batched fetch
   (`__getitems__`) is the fix, advised first (workers only share the cost out).
 - the loop's receive: workers ahead of the loop (a finished batch already queued as it
-  asks for each, the steps' `ready`) while it waits: receiving the batch (unpickling, a descriptor
-  fetched from the worker for each tensor) is the wait; not more workers.
+  asks for each, the steps' `ready`) while it waits: receiving the batch (unpickling, a
+  descriptor fetched from the worker for each tensor) is the wait; not more workers.
 - recompiles: steps stalled while torch.compile compiled again for new shapes
   (monitor/diagnosis/compiles.py); host syncs on CUDA: the GPU idle inside steps that stop
   the host at synchronizing calls (monitor/diagnosis/syncs.py).

@@ -15,11 +15,11 @@ from monitor.thresholds import AHEAD_MIN_STEPS, AHEAD_SHARE, STARVING_SHARE
 def receive(steps: pd.DataFrame) -> tuple[float | None, float | None]:
     """(share, seconds): the share of the data wait spent on steps asked for with a finished
     batch already queued and none held out of order (the steps' `ready` and `held`, from
-    the probe): what the loop waited for batches its workers had made
-    ahead, receiving them; and that wait per such step. (None, None) where too few steps
-    measured it (no workers, not a multiprocessing loader, an older run). A slow sample
-    holding the in-order queue (head-of-line) has its wait on held steps, a loop waiting for
-    its workers on steps with nothing queued: neither is the loop's own receiving."""
+    the probe): what the loop waited for batches its workers had made ahead, receiving
+    them; and that wait per such step. (None, None) where too few steps measured it (no
+    workers, not a multiprocessing loader, an older run). A slow sample holding the
+    in-order queue (head-of-line) has its wait on held steps, a loop waiting for its
+    workers on steps with nothing queued: neither is the loop's own receiving."""
     if steps.empty or "ready" not in steps.columns:
         return None, None
     ready = pd.to_numeric(steps["ready"], errors="coerce")
