@@ -240,7 +240,7 @@ def test_a_death_raised_by_torchs_handler_inside_the_wait_for_its_exit_code_is_n
 
 
 class _Reads:
-    """Each sample a 10 ms read (a sleep: no CPU), as a remote or cold store gives, of 20
+    """Each sample a 50 ms read (a sleep: no CPU), as a remote or cold store gives, of 20
     fields (a batch's receipt then takes the loop a few ms: a tensor's shared memory is
     fetched from its worker one at a time)."""
 
@@ -251,16 +251,17 @@ class _Reads:
         import time
 
         import torch
-        time.sleep(0.01)  # sleep-ok: the modelled read, not a wait for a condition
+        time.sleep(0.05)  # sleep-ok: the modelled read, not a wait for a condition
         return {f"f{k}": torch.full((4,), i) for k in range(20)}
 
 
 def test_batches_queued_are_counted_as_the_loop_asks_not_as_it_receives(store, no_leaks):
-    """Two workers in step (each batch 4 reads of 10 ms): the loop waits for both, and the
+    """Two workers in step (each batch 4 reads of 50 ms): the loop waits for both, and the
     second lands behind the first as the loop receives it. Counted at the receipt, each
     long wait read a batch queued (a remote-read loader's wait read 47% made ahead, and was
     named loop-receive); at the ask, a wait for the workers finds none queued, and the next
-    step, asked with one queued, is short."""
+    step, asked with one queued, is short (on a box whose cores are busy, a receipt takes
+    the loop 20-30 ms: a wait for the workers is one of 100 ms or more)."""
     from torch.utils.data import DataLoader
 
     from monitor.diagnosis.loading import receive
@@ -274,10 +275,8 @@ def test_batches_queued_are_counted_as_the_loop_asks_not_as_it_receives(store, n
     steps = store.steps(run)
     assert steps["ready"].notna().sum() >= 20, steps[["wait_s", "ready"]]
     # (where the second worker's batch came first, it was held: the wait is still theirs)
-    waited = steps[steps["wait_s"] > 0.02].iloc[1:]
+    waited = steps[steps["wait_s"] > 0.1].iloc[1:]
     assert len(waited) >= 4, steps[["wait_s", "ready", "held"]]
-    # (a wait behind a queued batch is the loop's own receiving: only a descheduled loop
-    # thread, on a busy box, makes one long)
     assert (waited["ready"] >= 1).mean() <= 0.25, steps[["wait_s", "ready", "held"]]
     share, _ = receive(steps)
     assert share is not None and share < 0.5, (share, steps[["wait_s", "ready", "held"]])
