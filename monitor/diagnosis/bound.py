@@ -91,8 +91,8 @@ import math
 from dataclasses import dataclass, field, replace
 
 from monitor.diagnosis.features import Features
+from monitor.diagnosis.loading import made_ahead
 from monitor.thresholds import (
-    AHEAD_SHARE,
     CORES_TIE_X,
     DEFAULT_OVERHEAD_S,
     KNEE_SHARE,
@@ -306,7 +306,7 @@ def fit_bound(f: Features, scales: dict[str, float] | None = None) -> BoundModel
     overhead = DEFAULT_OVERHEAD_S
     if nw > 0 and f.data_wait_share < STARVING_SHARE:
         overhead = max(overhead, f.wait_per_step_s)
-    elif nw > 0 and (f.receive_wait_share or 0.0) >= AHEAD_SHARE and f.receive_wait_s:
+    elif nw > 0 and made_ahead(f.receive_wait_share) and f.receive_wait_s:
         # the wait was for batches made ahead: the loop's own (NOTE [the loop's receive])
         overhead = max(overhead, f.receive_wait_s)
     # in units of one task alone (NOTE [the CPUs' capacity]): the CPU seconds measured at

@@ -13,9 +13,9 @@ from typing import Any
 import pandas as pd
 
 from monitor.diagnosis.finding import Advice, Finding
+from monitor.diagnosis.loading import made_ahead
 from monitor.frames.analysis import data_wait_share, epoch_stalls, loop_rate
 from monitor.thresholds import (
-    AHEAD_SHARE,
     HISTORY_MIN_STEPS,
     PER_SAMPLE_MAX_S,
     PER_SAMPLE_MIN_BATCH,
@@ -170,7 +170,7 @@ def loop_receive(report: dict[str, Any] | None, f: Any) -> Finding | None:
     r = report or {}
     nw = int(r.get("num_workers") or 0)
     ahead = getattr(f, "receive_wait_share", None)
-    if nw == 0 or ahead is None or ahead < AHEAD_SHARE or not f.receive_wait_s or f.fed:
+    if nw == 0 or not made_ahead(ahead) or not f.receive_wait_s or f.fed:
         return None  # (fed: the verdict's own line, its noise included)
     wait, step = f.receive_wait_s, f.compute_per_step_s
     batch = f.throughput * f.window_s / max(f.steps, 1)

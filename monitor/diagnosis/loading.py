@@ -36,6 +36,12 @@ def receive(steps: pd.DataFrame) -> tuple[float | None, float | None]:
     return share, (float(own.mean()) if len(own) else None)
 
 
+def made_ahead(share: float | None) -> bool:
+    """Most of the loop's data wait was on batches its workers had made ahead (receive()'s
+    share at least AHEAD_SHARE): the loop's own receiving, not the workers, was waited for."""
+    return share is not None and share >= AHEAD_SHARE
+
+
 def loading(steps: pd.DataFrame, nw: int, cpu: dict, span_s: float, share: float,
             ahead: float | None = None) -> tuple[float | None, float | None]:
     """(CPU seconds, wall seconds) of loading one sample by one loader process. The wall
@@ -53,7 +59,7 @@ def loading(steps: pd.DataFrame, nw: int, cpu: dict, span_s: float, share: float
     else:
         if cpu["workers"] is not None:
             cpu_s = cpu["workers"] * span_s / samples
-        if share >= STARVING_SHARE and not (ahead is not None and ahead >= AHEAD_SHARE):
+        if share >= STARVING_SHARE and not made_ahead(ahead):
             wall_s = nw * span_s / samples
     if cpu_s is not None and wall_s is not None:
         cpu_s = min(cpu_s, wall_s)

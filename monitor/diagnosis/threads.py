@@ -39,8 +39,8 @@ import math
 from typing import Any
 
 from monitor.diagnosis.finding import Advice, Finding
+from monitor.diagnosis.loading import made_ahead
 from monitor.thresholds import (
-    AHEAD_SHARE,
     CPU_SATURATED,
     MAIN_CPU_GOT,
     OTHERS_BUSY_CORES,
@@ -64,7 +64,7 @@ def threads_fight(f: Any) -> Finding | None:
         return beside_others(f)
     # the loop's wait on batches its workers made ahead (NOTE [the loop's receive]): the
     # main process is the one short of CPU, its own pool among what takes it
-    ahead = (getattr(f, "receive_wait_share", None) or 0.0) >= AHEAD_SHARE
+    ahead = made_ahead(getattr(f, "receive_wait_share", None))
     each = f.worker_busy_threads
     if each is not None and each >= THREADS_AT_WORK and nw * each > cores:
         text = (f"each of the {nw} workers keeps {each:.1f} threads at work at once (a "
