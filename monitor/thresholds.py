@@ -86,6 +86,10 @@ MAIN_RECEIVE_S = 0.0007
 # top of it when the CPUs are busy (each waits for one): 2.3 ms beyond the step at 2 busy
 # workers against 0.9 ms with idle CPUs, bare on the 2-core box (bound.py, o)
 MAIN_HANDOFF_S = 0.0015
+# A step "on the host's CPU" (bound.py, NOTE [a step on the loaders' CPUs]) keeps at least
+# this share of a core busy through its time: a torch model's forward and backward on the
+# CPU read 1.7-1.8 cores (two threads), a modelled step that sleeps ~0.
+STEP_ON_CPU = 0.5
 # A device gap shorter than this between two steps is not counted as idle (timer noise).
 IDLE_GAP_MIN_S = 0.005
 # A busy series is a sawtooth when it varies (std >= SAWTOOTH_MIN_STD) and repeats

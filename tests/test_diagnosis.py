@@ -17,7 +17,7 @@ from monitor.diagnosis import (
     fit_bound,
 )
 from monitor.records import CpuBudget
-from monitor.thresholds import MAIN_IDLE_CORES
+from monitor.thresholds import MAIN_HANDOFF_S, MAIN_IDLE_CORES
 from tests.test_analysis import steps_frame
 
 BUDGET = CpuBudget(affinity=2, quota=None, usable=2, throttled=None, throttled_s=None)
@@ -595,3 +595,41 @@ def test_the_noise_of_a_verdicts_figures_is_measured_from_the_window():
     assert 0.02 < got["cpu_busy_se"] < 0.06
     assert got["loaders_runq_se"] == pytest.approx(0.3 * (host["workers_runq_pct"].std()
                                                          / 6 ** 0.5) / 30)
+
+
+def test_a_step_on_the_hosts_cpu_is_not_the_loops_own_time_and_has_the_cores_at_no_workers():
+    """A CPU step on torch's two threads beside two workers (a plain script's 3-layer
+    MLP, 32 a batch, measured: 728 samples/s, 0 workers 926-973 bare). The main process's
+    CPU in the step is the step's, not the loop's own receiving (at most the wait), so the
+    bound reproduces the window; at num_workers=0 the step gets the cores the workers took
+    (NOTE [a step on the loaders' CPUs]). A step that sleeps keeps its time; from a window
+    at 0, workers are predicted to slow the step they share the CPUs with."""
+    cfg = LoaderConfig.build(num_workers=2, batch_size=32)
+    cpu_step = dict(accelerator="cpu", steps=100, window_s=100 * 32 / 728, throughput=728.0,
+                    data_wait_share=0.066, wait_per_step_s=0.0029, compute_per_step_s=0.0395,
+                    host_cpu_cores=1.93, main_cpu_cores=1.59, workers_cpu_cores=0.294,
+                    other_cpu_cores=0.0365, main_busy_threads=2.0, cpu_per_sample_s=0.0004,
+                    wall_per_sample_s=None, receive_wait_share=0.89, workers_live=2)
+    f = feat(cfg, **cpu_step)
+    m, dg = fit_bound(f), diagnose(f)
+    assert m.step_threads == 2.0
+    assert m.overhead_at(2) <= 0.0029 + MAIN_HANDOFF_S  # the loop's own: the wait, at most
+    assert dg.bound["predicted_now"] == pytest.approx(728, rel=0.1), dg.bound
+    assert m.step_time(0, 32) < 0.75 * 0.0395
+    assert m.predict(0)[0] > 728, m.predict(0)
+    assert [(a.param, a.value) for a in dg.advice][:1] == [("num_workers", 0)], dg.advice
+    # the same window with the step asleep (the main process idle through it)
+    asleep = fit_bound(feat(cfg, **{**cpu_step, "main_cpu_cores": 0.1}))
+    assert asleep.step_threads == 0 and asleep.step_time(0, 32) == pytest.approx(0.0395)
+    assert asleep.predict(0)[0] < 728
+    # a window at num_workers=0: the CPU step alone, loading in turn (964 samples/s, 2
+    # workers measured 728-765): its workers' CPU comes out of the step's
+    cfg0 = LoaderConfig.build(num_workers=0, batch_size=32)
+    alone = dict(cpu_step, window_s=100 * 32 / 964, throughput=964.0, data_wait_share=0.23,
+                 wait_per_step_s=0.0075, compute_per_step_s=0.025, main_cpu_cores=1.98,
+                 workers_cpu_cores=0.0, other_cpu_cores=0.01, cpu_per_sample_s=0.00023,
+                 wall_per_sample_s=0.00023, receive_wait_share=None, workers_live=0)
+    m0 = fit_bound(feat(cfg0, **alone))
+    slept = fit_bound(feat(cfg0, **{**alone, "main_cpu_cores": 0.2}))
+    assert m0.step_time(2, 32, loaders_cpu=0.3) > 1.2 * 0.025
+    assert m0.predict(2)[0] < 0.9 * slept.predict(2)[0]

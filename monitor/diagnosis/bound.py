@@ -31,10 +31,13 @@ Symbols, and what each is measured from (Features):
         schedstat, then 0 (the model never invents storage time).
     d   device seconds per batch at the measured batch size B: the median compute per step.
         On a real device (CUDA, or a CPU step) d scales with the batch size, d(b) = d b / B;
-        the simulated device takes d whatever the batch.
+        the simulated device takes d whatever the batch. A step on the host's CPU also
+        takes longer as the loaders' CPU beside it grows (NOTE [a step on the loaders'
+        CPUs]): at num_workers=0 it gets back what the workers took.
     o   main-process seconds per step with workers on (receive, unpickle, rebuild the
         tensors, the loop), in series with the step: its CPU per step o_cpu (measured beside
-        workers; MAIN_RECEIVE_S a batch from a window at num_workers=0, 0.55-0.7 ms here)
+        workers, outside its step: at most the data wait a step; MAIN_RECEIVE_S a batch from
+        a window at num_workers=0, 0.55-0.7 ms here)
         spread by its share of a core, plus the hand-offs a batch takes between the worker
         and the main process (the tensors' descriptors passed through the worker's sharer
         thread), each waiting for a CPU as busy as the loaders and the others keep them:
@@ -101,7 +104,24 @@ from monitor.thresholds import (
     MAIN_RECEIVE_S,
     MIN_LOADER_CORES,
     STARVING_SHARE,
+    STEP_ON_CPU,
 )
+
+# NOTE [a step on the loaders' CPUs]
+# Where the step itself runs on the host's CPU (no GPU: a model's forward and backward on
+# torch's intra-op pool), the loaders take their cores from the step, and a pool's P
+# threads move in lockstep: the step waits whenever one of them waits. Beside loaders
+# keeping L cores of U busy (their CPU, and the other processes'), the step has all its
+# threads on a CPU (1 - L / U) ^ P of the time, so d at a setting is d x free(L then) /
+# free(L now). With workers on both sides the loaders' CPU is what feeds the same rate, and
+# d stands; at num_workers=0 their CPU goes (loading takes turns with the step); from a
+# window at 0, theirs at a setting is its rate x c, at most K. Measured bare on the 2-core
+# box (a 3-layer MLP on two threads, 32 samples a batch): the step took 39.5 ms beside two
+# workers using 0.29 cores and 25.0 ms without them (x1.58; the lockstep x1.43, a
+# proportional share x1.20); a torchvision mobilenet step 60.9 ms beside 0.16 cores of
+# workers, 50.3 ms alone (x1.21; the lockstep x1.20). Without it, num_workers=0 was
+# predicted at the step's time beside the workers: 610 samples/s from 728 where it measured
+# 926-973. A step that sleeps, or runs on a GPU, keeps d.
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,6 +155,10 @@ class BoundModel:
     main_cpu_s: float | None = None  # o_cpu: main-process CPU per step beside workers
     other_cpu: float = 0.0  # the others' CPU over the window (cores): how busy the CPUs are
     monitor_cpu: float = 0.0  # the monitor's own processes' CPU over the window (cores)
+    # a step on the host's CPU (P, NOTE [a step on the loaders' CPUs]): the main process's
+    # threads it runs on, 0 where it does not (a device, a sleep); the loaders' CPU beside it
+    step_threads: float = 0.0
+    loaders_cpu: float = 0.0
 
     def _share(self, tasks: list[float]) -> list[float]:
         """The cores each of this job's `tasks` (their demands, in cores) gets beside the
@@ -177,6 +201,23 @@ class BoundModel:
 
     def device_time(self, batch_size: int) -> float:
         return self.device_s * (batch_size / self.batch_size if self.device_scales else 1.0)
+
+    def _free(self, busy: float) -> float:
+        """The share of the time a step on P threads in lockstep has all of them on a CPU,
+        beside `busy` cores of other work spread over U: (1 - busy / U) ^ P."""
+        return max(0.05, 1.0 - min(busy, self.usable) / self.usable) ** self.step_threads
+
+    def step_time(self, num_workers: int, b: int, loaders_cpu: float | None = None) -> float:
+        """d at a setting: a step on the host's CPU waits for the cores the loaders take
+        beside it (NOTE [a step on the loaders' CPUs]); `loaders_cpu`: theirs at the
+        setting, from a window at num_workers=0. A device's step, or a sleep: d."""
+        d = self.device_time(b)
+        if not self.step_threads or (num_workers > 0) == (self.fit_workers > 0):
+            return d
+        if num_workers == 0:  # the loaders' CPU leaves with them; loading takes turns
+            return d * self._free(self.loaders_cpu + self.other_cpu) / self._free(self.other_cpu)
+        return d * self._free(self.other_cpu) / self._free((loaders_cpu or 0.0)
+                                                           + self.other_cpu)
 
     def cores_for(self, num_workers: int) -> float:
         """K at num_workers: with the scheduling groups measured, what the loaders get of
@@ -246,6 +287,7 @@ class BoundModel:
         d = self.device_time(b)
         per_sample = self.cpu_s + self.latency_s
         if num_workers == 0:  # the main process loads, at its share of a core
+            d = self.step_time(0, b)
             load = b * (self.cpu_s / self.main_share(0) + self.latency_s)
             return b / (load + d), ("main process" if load > d else "device")
         rates = {
@@ -253,6 +295,11 @@ class BoundModel:
             "workers": num_workers / per_sample if per_sample > 0 else math.inf,
             "cores": self.cores_for(num_workers) / self.cpu_s if self.cpu_s > 0 else math.inf,
         }
+        for _ in range(3 if self.step_threads and self.fit_workers == 0 else 0):
+            # the loaders' CPU at the rate they feed slows a step on the same CPUs
+            busy = min(self.cores_for(num_workers), min(rates.values()) * self.cpu_s)
+            rates["device"] = b / (self.step_time(num_workers, b, busy)
+                                   + self.overhead_at(num_workers))
         limit = min(rates, key=rates.get)
         if limit == "workers" and rates["cores"] <= CORES_TIE_X * rates["workers"]:
             limit = "cores"
@@ -329,7 +376,21 @@ def fit_bound(f: Features, scales: dict[str, float] | None = None) -> BoundModel
         device_scales=not f.simulated, overhead_s=overhead, cores=cores, fit_workers=nw,
         scales=dict(scales or {}), others_runnable=f.others_runnable,
         usable=usable, main_runnable=main, local_ranks=max(1, f.local_ranks),
+        step_threads=_step_threads(f), loaders_cpu=f.workers_cpu_cores or 0.0,
     )
+
+
+def _step_threads(f: Features) -> float:
+    """P: the threads of the main process a step on the host's CPU runs on (its busy
+    threads, at most the usable cores), where the step keeps at least STEP_ON_CPU of a core
+    busy (its CPU per step, less the data wait's, against its time); else 0."""
+    if f.accelerator != "cpu" or f.main_cpu_cores is None or f.steps <= 0 \
+            or not f.compute_per_step_s or math.isnan(f.wait_per_step_s):
+        return 0.0
+    step_cpu = f.main_cpu_cores * f.window_s / f.steps - f.wait_per_step_s
+    if step_cpu / f.compute_per_step_s < STEP_ON_CPU:
+        return 0.0
+    return max(1.0, min(f.main_busy_threads or 1.0, float(f.usable_cores)))
 
 
 def capacity_at(k: float, cores: float, usable: int, physical: int | None) -> float:
@@ -347,15 +408,26 @@ def capacity_at(k: float, cores: float, usable: int, physical: int | None) -> fl
 
 
 def _main_per_step(f: Features) -> float | None:
-    """o_cpu: the main process's CPU per step beside workers (receiving, unpickling,
-    collating, the loop itself), the step's own CPU taken off where the step runs on the
-    host's CPU; at num_workers=0 (not measurable: the main process loads) MAIN_RECEIVE_S a
-    batch, as measured on this box (bench/predictions.py)."""
+    """o_cpu: the main process's CPU per step beside workers outside its step (receiving,
+    unpickling, rebuilding the tensors), at most the data wait a step, where that work
+    happens (the probe's wait is the `next()` that receives; the loop's own code after it
+    is in the step's time, d). Where the step runs on the host's CPU its own CPU is taken
+    off: the step's time on each of the main process's threads at work (torch's intra-op
+    pool runs it on all of them). At num_workers=0 (not measurable: the main process loads)
+    MAIN_RECEIVE_S a batch, as measured on this box (bench/predictions.py).
+
+    Without the cap and the threads, a CPU step on a pool of two (torchvision's mobilenet,
+    tests/scripts/vision_train.py -j 2) read as 113 ms of "the loop's own time" beside a
+    61 ms step: the bound said 46 samples/s where the run measured 116, and every other
+    setting with workers was predicted at less than half its speed."""
     if f.num_workers == 0 or f.main_cpu_cores is None or f.steps <= 0:
         return MAIN_RECEIVE_S if f.steps > 0 else None
     per = f.main_cpu_cores * f.window_s / f.steps
     if f.accelerator == "cpu":
-        per -= f.compute_per_step_s
+        per -= f.compute_per_step_s * max(1.0, min(f.main_busy_threads or 1.0,
+                                                   float(f.usable_cores)))
+    if not math.isnan(f.wait_per_step_s):
+        per = min(per, f.wait_per_step_s)
     return max(0.0, per)
 
 
