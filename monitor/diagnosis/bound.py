@@ -204,7 +204,8 @@ class BoundModel:
 
     def _free(self, busy: float) -> float:
         """The share of the time a step on P threads in lockstep has all of them on a CPU,
-        beside `busy` cores of other work spread over U: (1 - busy / U) ^ P."""
+        beside `busy` cores of other work spread over U: (1 - busy / U) ^ P, each thread's
+        share at least 0.05 (a step never stops)."""
         return max(0.05, 1.0 - min(busy, self.usable) / self.usable) ** self.step_threads
 
     def step_time(self, num_workers: int, b: int, loaders_cpu: float | None = None) -> float:
@@ -388,8 +389,11 @@ def _step_threads(f: Features) -> float:
             or not f.compute_per_step_s or math.isnan(f.wait_per_step_s):
         return 0.0
     step_cpu = f.main_cpu_cores * f.window_s / f.steps - f.wait_per_step_s
-    if step_cpu / f.compute_per_step_s < STEP_ON_CPU:
-        return 0.0
+    return _pool(f) if step_cpu / f.compute_per_step_s >= STEP_ON_CPU else 0.0
+
+
+def _pool(f: Features) -> float:
+    """The main process's threads at work, at least one, at most the usable cores."""
     return max(1.0, min(f.main_busy_threads or 1.0, float(f.usable_cores)))
 
 
@@ -424,8 +428,7 @@ def _main_per_step(f: Features) -> float | None:
         return MAIN_RECEIVE_S if f.steps > 0 else None
     per = f.main_cpu_cores * f.window_s / f.steps
     if f.accelerator == "cpu":
-        per -= f.compute_per_step_s * max(1.0, min(f.main_busy_threads or 1.0,
-                                                   float(f.usable_cores)))
+        per -= f.compute_per_step_s * _pool(f)
     if not math.isnan(f.wait_per_step_s):
         per = min(per, f.wait_per_step_s)
     return max(0.0, per)
