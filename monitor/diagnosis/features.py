@@ -52,6 +52,7 @@ class Features:
     epoch_starts: int = ev("epoch starts", "{}", 0)
     epoch_stall_s: float = ev(default=0.0)
     epoch_stall_share: float = ev("time lost at epoch starts", "{:.1%}", math.nan)
+    epoch_stall_step_s: float = ev(default=0.0)  # of it, in the epochs' first steps
     first_batch_s: float | None = ev("time to first batch (s)", "{:.2f}")
     step_p50_s: float | None = ev("step time, median (s)", "{:.3f}")
     step_p99_s: float | None = ev("step time, p99 (s)", "{:.3f}")
@@ -343,7 +344,8 @@ def features(
     busy = analysis.busy_series(steps, start=start, end=end)
     period, duty = analysis.sawtooth(busy)
     gaps, gap_med = analysis.idle_gaps(steps)
-    n_epochs, stall, first = analysis.epoch_stalls(steps)
+    n_epochs, stall, first = analysis.epoch_stalls(steps, step_too=accelerator == "cpu")
+    in_step = stall - analysis.epoch_stalls(steps)[1] if accelerator == "cpu" else 0.0
     span_s = max(end - start, 1e-9)
     h = host[(host["ts"] >= start) & (host["ts"] <= end)] if not host.empty else host
     cpu = _cpu(h)
@@ -383,7 +385,7 @@ def features(
         idle_gaps=gaps, idle_gap_median_s=gap_med, period_s=period, duty_cycle=duty,
         wait_per_step_s=math.nan if empty else float(steps["wait_s"].mean()),
         compute_per_step_s=math.nan if empty else float(steps["compute_s"].median()),
-        epoch_starts=n_epochs, epoch_stall_s=stall,
+        epoch_starts=n_epochs, epoch_stall_s=stall, epoch_stall_step_s=in_step,
         epoch_stall_share=math.nan if empty else stall / span_s, first_batch_s=first,
         step_p50_s=tail["p50"], step_p99_s=tail["p99"],
         tail_ratio=(tail["p99"] / tail["p50"]) if tail["p50"] else None,

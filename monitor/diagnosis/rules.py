@@ -265,9 +265,13 @@ def epoch_stall(c: Ctx) -> str | None:
     c.add("persistent_workers", True, pred, "keeps workers (and what they opened) alive "
           f"between epochs: up to {f.epoch_stall_s:.1f} s back in this window, "
           f"{gain(pred, c.base)}")
+    step = ""
+    if f.epoch_stall_step_s > 0.5 * f.epoch_stall_s:
+        step = (f"; each epoch's first step then took {f.epoch_stall_step_s / f.epoch_starts:.2f}"
+                " s longer than a typical one, the starting workers on its CPUs")
     return (f"Epoch stalls: {f.epoch_stall_share:.0%} of the time is lost at "
-            f"{f.epoch_starts} epoch start(s) (first batch after {f.first_batch_s or 0:.2f} s)"
-            " while workers restart.")
+            f"{f.epoch_starts} epoch start(s) (first batch after {f.first_batch_s or 0:.2f} s"
+            f"{step}) while workers restart.")
 
 
 def oversubscribed(c: Ctx) -> str | None:
@@ -373,7 +377,9 @@ def starving(c: Ctx) -> str:
 
 RULES: tuple[tuple[str, Rule], ...] = (
     (MEMORY_PRESSURE, memory_pressure), (TRANSFER_BOUND, transfer_bound), (WARM_UP, warm_up),
-    (HEALTHY, healthy), (EPOCH_STALL, epoch_stall), (OVERSUBSCRIBED, oversubscribed),
+    # epoch stalls before healthy: where the step runs on the host's CPU a restart can cost
+    # the epoch's first step, not its wait (analysis.epoch_stalls), and the device is "fed"
+    (EPOCH_STALL, epoch_stall), (HEALTHY, healthy), (OVERSUBSCRIBED, oversubscribed),
     (CPU_BOUND, cpu_bound), (IO_BOUND, io_bound), (TAIL_STALLS, tail_stalls),
     (STARVING, starving),
 )

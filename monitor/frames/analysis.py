@@ -246,24 +246,32 @@ def sawtooth(busy: pd.DataFrame, bin_s: float = BUSY_BIN_S) -> tuple[float | Non
 
 
 def epoch_stalls(steps: pd.DataFrame, first_over_s: float | None = None,
-                 ) -> tuple[int, float, float | None]:
+                 step_too: bool = False) -> tuple[int, float, float | None]:
     """(epoch starts seen, seconds lost at them, median time to first batch).
 
     An epoch's first wait includes starting its workers and filling the prefetch queue; what
     it costs beyond a typical step's wait is lost to every epoch. The window's first epoch
     may have started before it and is left out, unless its first wait is at least
-    `first_over_s` (plainly a start)."""
+    `first_over_s` (plainly a start). `step_too`: the step runs on the host's CPU, where the
+    workers starting take the cores from the epoch's first step: what that step took beyond
+    a typical one is lost too (tests/scripts/vision_train.py -j 2, 6 steps an epoch: a
+    first step of 0.31 s against 0.05 s, its batch there after 0.05 s; persistent workers
+    halved the epoch, 0.64 to 0.33 s bare)."""
     if steps.empty or "epoch" not in steps.columns:
         return 0, 0.0, None
-    typical = float(steps["wait_s"].median())
-    first = steps.sort_values("ts").groupby("epoch")["wait_s"].first()
+    ordered = steps.sort_values("ts").groupby("epoch")
+    first, first_step = ordered["wait_s"].first(), ordered["compute_s"].first()
     epochs = steps.groupby("epoch")["step"].min()
     if first_over_s is not None and len(first) and first.iloc[0] >= first_over_s:
-        starts = first
+        index = first.index
     else:
-        starts = first[epochs.index[epochs.index > steps["epoch"].min()]] if len(first) > 1 \
-            else first.iloc[0:0]
-    lost = float(np.clip(starts - typical, 0, None).sum())
+        index = epochs.index[epochs.index > steps["epoch"].min()] if len(first) > 1 \
+            else first.index[0:0]
+    starts = first[index]
+    lost = float(np.clip(starts - float(steps["wait_s"].median()), 0, None).sum())
+    if step_too:
+        lost += float(np.clip(first_step[index] - float(steps["compute_s"].median()), 0,
+                              None).sum())
     return int(len(starts)), lost, (float(starts.median()) if len(starts) else None)
 
 
