@@ -388,8 +388,13 @@ def _step_threads(f: Features) -> float:
     if f.accelerator != "cpu" or f.main_cpu_cores is None or f.steps <= 0 \
             or not f.compute_per_step_s or math.isnan(f.wait_per_step_s):
         return 0.0
-    step_cpu = f.main_cpu_cores * f.window_s / f.steps - f.wait_per_step_s
+    step_cpu = _main_cpu_a_step(f) - f.wait_per_step_s
     return _pool(f) if step_cpu / f.compute_per_step_s >= STEP_ON_CPU else 0.0
+
+
+def _main_cpu_a_step(f: Features) -> float:
+    """The main process's CPU seconds a step over the window (main CPU cores measured)."""
+    return (f.main_cpu_cores or 0.0) * f.window_s / f.steps
 
 
 def _pool(f: Features) -> float:
@@ -426,7 +431,7 @@ def _main_per_step(f: Features) -> float | None:
     setting with workers was predicted at less than half its speed."""
     if f.num_workers == 0 or f.main_cpu_cores is None or f.steps <= 0:
         return MAIN_RECEIVE_S if f.steps > 0 else None
-    per = f.main_cpu_cores * f.window_s / f.steps
+    per = _main_cpu_a_step(f)
     if f.accelerator == "cpu":
         per -= f.compute_per_step_s * _pool(f)
     if not math.isnan(f.wait_per_step_s):

@@ -61,7 +61,7 @@ from monitor.diagnosis.limits import (
 )
 from monitor.diagnosis.per_rank import CACHE_PER_RANK
 from monitor.diagnosis.remote import REMOTE_READS, remote_reads
-from monitor.diagnosis.rules import PREDICTED_AT
+from monitor.diagnosis.rules import without_prediction
 from monitor.diagnosis.syncs import HOST_SYNCS, host_syncs
 from monitor.diagnosis.threads import MAIN_THREADS, WORKER_THREADS, threads_fight
 from monitor.thresholds import (
@@ -108,9 +108,7 @@ def find(steps: pd.DataFrame, host: pd.DataFrame, report: dict[str, Any] | None,
               remote_reads(host, steps, features) if features is not None else None,
               threads_fight(features) if features is not None else None]
     seen = {f.cause for f in happened}  # a failure that happened says what the warning would
-    if any(f is not None and f.cause == MAIN_THREADS and "ahead_share" in f.numbers
-           for f in coming):
-        seen.add(RECEIVE)  # the loop receives slowly for want of a CPU its own pool takes
+    seen |= {c for f in coming if f is not None for c in f.supersedes}
     return tuple(happened + [f for f in coming if f is not None and f.cause not in seen])
 
 
@@ -351,7 +349,7 @@ def with_findings(dg: Diagnosis, found: tuple[Finding, ...], f: Any,
     advice = merge(dg.advice, found, workers_now)
     bound, first = dg.bound, next(iter(dg.advice), None)
     if first is not None and first.param == "num_workers" and first not in advice:
-        bound = {**bound, "text": str(bound.get("text") or "").split(PREDICTED_AT)[0]}
+        bound = without_prediction(bound)
     return dataclasses.replace(dg, headline=headline(dg.headline, found, f), advice=advice,
                                bound=bound, cause=lead(found).cause)
 

@@ -100,7 +100,7 @@ def startup(steps: pd.DataFrame, report: dict[str, Any] | None,
     if ready:
         parts.append("the workers' first batches came at " + ", ".join(
             f"{t:.2f}" for t in ready) + " s")
-    n, lost, _ = epoch_stalls(steps, first_over_s=STARTUP_STEPS_X * max(step, 1e-6))
+    n, lost, _, _ = epoch_stalls(steps, first_over_s=STARTUP_STEPS_X * max(step, 1e-6))
     loop = float((steps["wait_s"] + steps["compute_s"]).sum())
     pred = float(steps["samples"].sum()) / (loop - lost) if n and loop > lost > 0 else None
     gain = f": {lost:.1f} s of this window back, {(pred / throughput - 1) * 100:+.0f}%" \

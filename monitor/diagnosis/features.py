@@ -344,8 +344,8 @@ def features(
     busy = analysis.busy_series(steps, start=start, end=end)
     period, duty = analysis.sawtooth(busy)
     gaps, gap_med = analysis.idle_gaps(steps)
-    n_epochs, stall, first = analysis.epoch_stalls(steps, step_too=accelerator == "cpu")
-    in_step = stall - analysis.epoch_stalls(steps)[1] if accelerator == "cpu" else 0.0
+    n_epochs, stall, first, in_step = analysis.epoch_stalls(steps,
+                                                            step_too=accelerator == "cpu")
     span_s = max(end - start, 1e-9)
     h = host[(host["ts"] >= start) & (host["ts"] <= end)] if not host.empty else host
     cpu = _cpu(h)

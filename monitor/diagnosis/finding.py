@@ -56,8 +56,12 @@ class Finding:
     # pool's threads spinning: NOTE [threads at work]): no num_workers change is advised
     # beside it; its own fix first, and the next window predicts from figures without it
     workers_unpredictable: bool = False
+    # the causes this finding explains, left out beside it (causes.find): the main process's
+    # pool, where its loop's thread receives slowly for want of a CPU, is the loop-receive
+    supersedes: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["advice"] = [a.to_dict() for a in self.advice]
+        del d["supersedes"]  # how findings are chosen, not what one says
         return d

@@ -388,6 +388,12 @@ RULES: tuple[tuple[str, Rule], ...] = (
 PREDICTED_AT = "; predicted at num_workers="  # the bound's text: its first advice's figure
 
 
+def without_prediction(bound: dict[str, Any]) -> dict[str, Any]:
+    """The bound with its text's figure for the first advice (bound_text) taken off: where
+    that advice was dropped (causes.with_findings)."""
+    return {**bound, "text": str(bound.get("text") or "").split(PREDICTED_AT)[0]}
+
+
 def bound_text(c: Ctx) -> dict[str, Any]:
     """The bound for the JSON and the page: throughput now, the limit, the prediction."""
     f = c.f

@@ -38,6 +38,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from monitor.diagnosis.costs import RECEIVE
 from monitor.diagnosis.finding import Advice, Finding
 from monitor.diagnosis.loading import made_ahead
 from monitor.thresholds import (
@@ -112,7 +113,7 @@ def threads_fight(f: Any) -> Finding | None:
                     "where each operator also waits for its slowest thread: measured x2.0-2.8 "
                     "on a reproducer)" if others else ""),
                 {"workers": nw, "ahead_share": f.receive_wait_share}, leads=True,
-                no_more_workers=True)
+                no_more_workers=True, supersedes=(RECEIVE,))
         return _main_pool(
             main, keep, pred, f"beside {nw} busy workers on {cores} usable cores: they take "
             f"the workers' CPU, and the loaders wait {waits:.0%} of their time for one",
@@ -148,8 +149,8 @@ def beside_others(f: Any) -> Finding | None:
 
 
 def _main_pool(main: float, keep: int, pred: float | None, beside: str, why: str,
-               numbers: dict[str, Any], leads: bool, no_more_workers: bool = False
-               ) -> Finding:
+               numbers: dict[str, Any], leads: bool, no_more_workers: bool = False,
+               supersedes: tuple[str, ...] = ()) -> Finding:
     """The main process's pool named, `beside` what, with torch.set_num_threads(keep)."""
     text = (f"the main process keeps {main:.1f} threads at work (torch's intra-op pool: one a "
             f"core by default) {beside}")
@@ -158,4 +159,5 @@ def _main_pool(main: float, keep: int, pred: float | None, beside: str, why: str
                  + why)
     return Finding(MAIN_THREADS, text, {"main_threads": main, "threads_kept": keep,
                                         **numbers}, (fix,), leads=leads,
-                   no_more_workers=no_more_workers, workers_unpredictable=True)
+                   no_more_workers=no_more_workers, workers_unpredictable=True,
+                   supersedes=supersedes)

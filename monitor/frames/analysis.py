@@ -246,8 +246,9 @@ def sawtooth(busy: pd.DataFrame, bin_s: float = BUSY_BIN_S) -> tuple[float | Non
 
 
 def epoch_stalls(steps: pd.DataFrame, first_over_s: float | None = None,
-                 step_too: bool = False) -> tuple[int, float, float | None]:
-    """(epoch starts seen, seconds lost at them, median time to first batch).
+                 step_too: bool = False) -> tuple[int, float, float | None, float]:
+    """(epoch starts seen, seconds lost at them, median time to first batch, of the seconds
+    lost those in the epochs' first steps).
 
     An epoch's first wait includes starting its workers and filling the prefetch queue; what
     it costs beyond a typical step's wait is lost to every epoch. The window's first epoch
@@ -258,7 +259,7 @@ def epoch_stalls(steps: pd.DataFrame, first_over_s: float | None = None,
     first step of 0.31 s against 0.05 s, its batch there after 0.05 s; persistent workers
     halved the epoch, 0.64 to 0.33 s bare)."""
     if steps.empty or "epoch" not in steps.columns:
-        return 0, 0.0, None
+        return 0, 0.0, None, 0.0
     ordered = steps.sort_values("ts").groupby("epoch")
     first, first_step = ordered["wait_s"].first(), ordered["compute_s"].first()
     epochs = steps.groupby("epoch")["step"].min()
@@ -269,10 +270,10 @@ def epoch_stalls(steps: pd.DataFrame, first_over_s: float | None = None,
             else first.index[0:0]
     starts = first[index]
     lost = float(np.clip(starts - float(steps["wait_s"].median()), 0, None).sum())
-    if step_too:
-        lost += float(np.clip(first_step[index] - float(steps["compute_s"].median()), 0,
-                              None).sum())
-    return int(len(starts)), lost, (float(starts.median()) if len(starts) else None)
+    in_step = float(np.clip(first_step[index] - float(steps["compute_s"].median()), 0,
+                            None).sum()) if step_too else 0.0
+    return (int(len(starts)), lost + in_step,
+            (float(starts.median()) if len(starts) else None), in_step)
 
 
 def device_timing(steps: pd.DataFrame) -> dict[str, float] | None:
