@@ -105,14 +105,16 @@ def bare(args: argparse.Namespace, kind: str, workers: int, job: Path | None) ->
     return float(json.loads(r.stdout.strip().splitlines()[-1])["throughput"])
 
 
-def monitored(args: argparse.Namespace, kind: str, workers: int, job: Path | None) -> dict:
-    with tempfile.TemporaryDirectory() as tmp:
-        r = subprocess.run([*_join(job), sys.executable, "-m", "monitor", "run", "--db",
-                            f"{tmp}/p.db", "--json", "--no-live", "--", sys.executable,
-                            str(REPRO), "--kind", kind, "--workers", str(workers),
-                            "--seconds", str(args.seconds)],
-                           capture_output=True, text=True, cwd=ROOT,
-                           env={**os.environ, "PYTHONPATH": str(ROOT)})
+def monitored(args: argparse.Namespace, kind: str, workers: int, job: Path | None,
+              db: Path) -> dict:
+    """One monitored run into `db`: a cell's identical runs share one store, as a user's
+    runs share the default one (NOTE [identical runs])."""
+    r = subprocess.run([*_join(job), sys.executable, "-m", "monitor", "run", "--db",
+                        str(db), "--json", "--no-live", "--", sys.executable,
+                        str(REPRO), "--kind", kind, "--workers", str(workers),
+                        "--seconds", str(args.seconds)],
+                       capture_output=True, text=True, cwd=ROOT,
+                       env={**os.environ, "PYTHONPATH": str(ROOT)})
     if r.returncode != 0 or not r.stdout.strip():
         raise RuntimeError(r.stderr[-2000:])
     return json.loads(r.stdout.strip().splitlines()[-1])
@@ -125,8 +127,11 @@ def said(d: dict) -> str:
 
 
 def cell(args: argparse.Namespace, kind: str, workers: int, hood: Neighbours) -> dict:
-    d = monitored(args, kind, workers, hood.job_cg)
-    again = [said(monitored(args, kind, workers, hood.job_cg)) for _ in range(args.repeat - 1)]
+    with tempfile.TemporaryDirectory() as tmp:
+        db = Path(tmp) / "p.db"
+        d = monitored(args, kind, workers, hood.job_cg, db)
+        again = [said(monitored(args, kind, workers, hood.job_cg, db))
+                 for _ in range(args.repeat - 1)]
     adv = next((a for a in d.get("advice") or [] if a["param"] == "num_workers"), None)
     out = {"kind": kind, "workers": workers, "neighbours": hood.kind,
            "verdict": d.get("verdict"), "limit": (d.get("bound") or {}).get("limit"),

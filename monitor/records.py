@@ -25,6 +25,7 @@ SHM = "shm"  # /dev/shm segments of killed processes removed: the run's events
 TRACKER = "tracker"  # what an output could not send to its tracker: the run's events
 COMPILE = "compile"  # torch.compile's graphs new since the probe's last look: assess/window.py
 SYNCS = "syncs"  # the host's CUDA syncs on a sample of steps (probe/syncs.py): assess/window.py
+JUDGED = "judged"  # the verdict's line as a run ended: assess/same_runs.py, for later runs
 # Event kinds of the stall watchdog (monitor/probe/watchdog.py writes, assess/stall.py reads).
 STALLED, RESUMED = "stalled", "resumed"
 STALL_KINDS = (STALLED, RESUMED)

@@ -138,6 +138,11 @@ OUTCOME_SCALE_MEMORY = 10
 # 95% for normal part-to-part noise.
 NOISE_PARTS = 5
 NOISE_Z = 2.0
+# Identical runs (the same command, settings and host) spread wider than one run's own
+# standard error says: their data-wait shares differ by this much more, from run to run
+# (NOTE [identical runs] in monitor/assess/same_runs.py: ten quiet runs of one loop read
+# 9.94-11.20%, a standard deviation of 0.43 points, each run's own error 0.06-0.23).
+RUN_TO_RUN_WAIT = 0.004
 # The regression gate knows the host: a slower run B is "inconclusive", not a regression, when
 # its host was busier than A's by at least HOST_BUSIER_CORES of other processes' CPU, or its
 # loaders waited for a CPU at least HOST_BUSIER_RUNQ more of their time (on a saturated host

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from monitor.assess import same_runs
 from monitor.store import Store
 from tests.conftest import wait_for
 
@@ -52,6 +53,31 @@ def test_attached_script_is_recorded_and_its_exit_code_passes_through(tmp_path, 
     assert 0.02 < per_step < 0.5  # 8 samples x 4 ms of loading
     assert steps["compute_s"].median() >= 0.009  # the script's 10 ms step
     assert run["config"]["batch_size"] == 8
+    # the same command again, into the same store: it meets the first run's end (NOTE
+    # [identical runs]); the first run's JUDGED record holds the line its verdict read
+    again = start(db, "3")
+    out, err = again.communicate(timeout=180)
+    assert again.returncode == 3, err
+    second = store.run(json.loads(out.strip().splitlines()[-1])["run_id"])
+    assert second["identity"] == run["identity"] and run["identity"].startswith("attached:")
+    (first,) = same_runs.earlier(store, second)
+    assert first["run"] == run["id"] and first["config"]["batch_size"] == 8
+    assert first["share"] == pytest.approx(summary["data_wait_share"])
+    assert first["verdict"] == summary["verdict"]
+    assert same_runs.earlier(store, run) == ()
+
+
+def test_an_identity_is_what_ran_its_files_too(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text("print(1)\n")
+    one = same_runs.attached_identity(["python", "train.py"], cwd=str(tmp_path))
+    assert one == same_runs.attached_identity(["python", "train.py"], cwd=str(tmp_path))
+    assert one != same_runs.attached_identity(["python", "train.py", "--lr", "1"],
+                                              cwd=str(tmp_path))
+    assert one != same_runs.attached_identity(["python", "train.py"], ["--no-phases"],
+                                              cwd=str(tmp_path))
+    script.write_text("print(2)\n")  # the script edited: another run
+    assert one != same_runs.attached_identity(["python", "train.py"], cwd=str(tmp_path))
 
 
 def test_change_requested_in_epoch_0_lands_at_epoch_1(tmp_path, no_leaks):

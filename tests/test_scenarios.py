@@ -93,9 +93,13 @@ def supported(verdict: str, ev: dict, nw: int) -> bool:
     runq, blocked = ev.get("loaders_runq_share") or 0.0, ev.get("loaders_blocked_share") or 0.0
     full = busy >= CPU_SATURATED - NOISE_Z * max(ev.get("cpu_busy_se") or 0.0, CPU_BUSY_NOISE)
     waits = runq >= RUNQ_CONTENTION_SHARE - NOISE_Z * (ev.get("loaders_runq_se") or 0.0)
+    # an earlier identical cell's side of the line, where its share was within the runs'
+    # spread of this one's (NOTE [identical runs]): the cells share one store
+    side = (ev.get("judged_as") or {}).get("fed")
     return {
-        "healthy": share < STARVING_SHARE + NOISE_Z * (ev.get("data_wait_se") or 0.0),
-        "starving": share >= STARVING_SHARE,
+        "healthy": share < STARVING_SHARE + NOISE_Z * (ev.get("data_wait_se") or 0.0)
+        if side is None else side,
+        "starving": share >= STARVING_SHARE if side is None else not side,
         "cpu-bound": share >= STARVING_SHARE and (full or waits),
         "oversubscribed": nw > ev["usable_cores"] and full,
         "io-bound": blocked >= LOADERS_BLOCKED_SHARE

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
-from monitor.assess import history
+from monitor.assess import history, same_runs
 from monitor.assess import phases as step_phases
 from monitor.assess.devices import window_gpu_util
 from monitor.diagnosis import Diagnosis, Features, causes, diagnose, features
@@ -83,6 +83,7 @@ class Window:
     history: tuple[dict[str, Any], ...] = ()
     note: str = ""  # a sentence the verdict carries about the window (settings it lacks)
     gpu_util: float | None = None  # NVML's utilisation of the run's GPU over it (0..100)
+    same_runs: tuple[dict[str, Any], ...] = ()  # earlier identical runs' ends (same_runs.py)
 
     @property
     def accelerator(self) -> str:
@@ -188,7 +189,7 @@ def steady_window(store: Store, run_id: int) -> Window | None:
     return Window(run, steps, _host_of(store, run_id, start, end), caption,
                   store.ranks(run_id), _warmup(store, run_id, steps, last), report, errors,
                   run_history(store, run_id, steps, events), note,
-                  window_gpu_util(store, run, start, end))
+                  window_gpu_util(store, run, start, end), same_runs.earlier(store, run))
 
 
 def run_history(store: Store, run_id: int, steps: pd.DataFrame,
@@ -290,6 +291,7 @@ def _one(window: Window, ctx: Context, config: dict[str, Any], host: pd.DataFram
          steps: pd.DataFrame) -> tuple[Features, Diagnosis]:
     f = features(steps, host, config, ctx.budget, window.accelerator, ctx.memory_budget_mb,
                  window.warmup)
+    f = same_runs.anchor(f, window.same_runs)  # NOTE [identical runs]
     return f, diagnose(f, ctx.max_workers, ctx.prediction_scales)
 
 
@@ -314,8 +316,8 @@ def assess(window: Window, ctx: Context, parts: int = 1) -> Assessment:
                             window.history, f.loaders_runq_share, f, window.gpu_util)
         dg = causes.with_findings(dg, found, f, int(f.config.get("num_workers") or 0))
         dg = in_loader_terms(_fed_phases(dg, base["phases"]), f.config)
-        if window.note:
-            dg = dataclasses.replace(dg, headline=f"{dg.headline} {window.note}")
+        for said in (same_runs.sentence(f) if f.judged_as else "", window.note):
+            dg = dataclasses.replace(dg, headline=f"{dg.headline} {said}") if said else dg
         return Assessment(features=f, diagnosis=dg, findings=found,
                           workers=causes.worker_table(steps, host, report), ranks=tuple(
             _figures(window, r, f) for r in ranks) if ranks else (), **base)

@@ -108,6 +108,9 @@ class Features:
     data_wait_se: float | None = ev()
     cpu_busy_se: float | None = ev()
     loaders_runq_se: float | None = ev()
+    # an earlier identical run's side of the line, where it decides this run's
+    # (assess/same_runs.py, NOTE [identical runs]): {"run", "share", "fed"}
+    judged_as: dict[str, Any] | None = ev()
     main_busy_threads: float | None = ev("main process threads at work", "{:.1f}")
     worker_busy_threads: float | None = ev("threads at work a worker", "{:.1f}")
     missing_evidence: tuple[str, ...] = ev(default=())
@@ -155,7 +158,10 @@ class Features:
 
     @property
     def fed(self) -> bool:
-        """The device is fed: its starved share under the line, or within its noise."""
+        """The device is fed: its starved share under the line, or within its noise (or as
+        an earlier identical run was judged: NOTE [identical runs])."""
+        if self.judged_as is not None:
+            return bool(self.judged_as["fed"])
         return not self.starved_share >= STARVING_SHARE + self.starving_noise
 
     @property

@@ -249,10 +249,12 @@ def healthy(c: Ctx) -> str | None:
     if f.device_idle_share is not None:
         return (f"Healthy: the device is idle {f.device_idle_share:.0%} of the time between "
                 f"steps (CUDA events; below {STARVING_SHARE:.0%}); it is fed.")
+    # one decimal: a share by the line reads as itself ("10% (below 10%)" was 9.6%)
     where = (f"below {STARVING_SHARE:.0%}" if f.data_wait_share < STARVING_SHARE else
-             f"within the noise of the {STARVING_SHARE:.0%} line: ±{noise:.0%} between "
+             f"within identical runs' spread of the {STARVING_SHARE:.0%} line" if f.judged_as
+             else f"within the noise of the {STARVING_SHARE:.0%} line: ±{noise:.1%} between "
              "parts of the window")
-    return (f"Healthy: data wait is {f.data_wait_share:.0%} of step time ({where}); the "
+    return (f"Healthy: data wait is {f.data_wait_share:.1%} of step time ({where}); the "
             "device is fed.")
 
 

@@ -211,6 +211,10 @@ def run_attached(args: argparse.Namespace) -> int:
         print(f"error: could not start {cmd[0]!r}: {exc}", file=sys.stderr)
         return 127
     pid_kept = _record_pid(store, run_id, proc)
+    if not args.autotune:  # what ran, for a later identical run (NOTE [identical runs])
+        from monitor.assess import same_runs
+        store.update_run(run_id, identity=same_runs.attached_identity(
+            cmd, options=[] if args.phases else ["--no-phases"]))
     # the script is starting: what only follows it is imported now
     from monitor.manage.runtime import Runtime
     from monitor.tuning.live import Cadence, LiveTuner
@@ -255,7 +259,7 @@ def run_attached(args: argparse.Namespace) -> int:
         if named:  # the loader's error says what ran out: that is the reason, not the exit
             error = f"{named} (then: {error})"
         store.finish_run(run_id, status, error)
-        result = summary(store, run_id, rt.context())
+        result = summary(store, run_id, rt.context(), remember=tuner is None)
         if tuner is not None:
             result["autotune"] = tuner.summary()
         result["outcomes"] = outcomes.of_run(store, run_id)

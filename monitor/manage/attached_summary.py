@@ -8,7 +8,7 @@ import time
 from typing import Any
 
 from monitor import control
-from monitor.assess import outcomes
+from monitor.assess import outcomes, same_runs
 from monitor.assess import probe_notes as notes
 from monitor.assess.window import LOADER_KINDS, Context, assess_run, loader_notes
 from monitor.diagnosis import NO_DATA, limits
@@ -20,11 +20,15 @@ from monitor.tuning.policy import describe_settings as _desc
 from monitor.tuning.policy import outcome
 
 
-def summary(store: Store, run_id: int, ctx: Context) -> dict[str, Any]:
+def summary(store: Store, run_id: int, ctx: Context, remember: bool = False
+            ) -> dict[str, Any]:
     """What `run --json` prints: the same keys as `measure --json`, over the steady state of
-    the script's final loader settings (monitor/assess/window.py steady_window)."""
+    the script's final loader settings (monitor/assess/window.py steady_window); `remember`:
+    the run has ended as itself, kept for later identical runs (NOTE [identical runs])."""
     run = store.run(run_id) or {}
     a = assess_run(store, run_id, ctx)
+    if remember:
+        same_runs.remember(store, run_id, a)
     out = result(run_id, run.get("status"), a, gpu_figures(store, run, a), run.get("error"),
                  run.get("accelerator"), run.get("config") or {})
     steps = store.steps(run_id)

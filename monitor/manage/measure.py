@@ -7,6 +7,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
+from monitor.assess import same_runs
 from monitor.assess.stall import STALL_KINDS, active_stall
 from monitor.assess.window import Assessment, Context, assess_run
 from monitor.config import LoaderConfig
@@ -177,7 +178,10 @@ def measure(rt: Lab, config: LoaderConfig, seconds: float, name: str | None = No
         raise StoreError(rt.manager.last_error or f"run {run_id} ended but the store "
                          f"{rt.store.path} could not record it")
     cancelled = cancel is not None and cancel.is_set()
-    return summarise(rt.store, run_id, config, rt.context(), parts, cancelled)
+    m = summarise(rt.store, run_id, config, rt.context(), parts, cancelled)
+    if not cancelled:  # kept for a later identical run (NOTE [identical runs])
+        same_runs.remember(rt.store, run_id, m.assessment)
+    return m
 
 
 def summarise(store: Store, run_id: int, config: LoaderConfig, ctx: Context, parts: int = 1,

@@ -24,6 +24,7 @@ from typing import Any
 import psutil
 
 from monitor import control
+from monitor.assess.same_runs import managed_identity
 from monitor.config import ConfigError, LoaderConfig
 from monitor.manage import spawn
 from monitor.periodic import Periodic
@@ -129,7 +130,8 @@ class SessionManager:
             proc = self._spawn(run_id, cfg)
             self._proc, self.run_id, self.started_once = proc, run_id, True
             self._children = {}
-            self.store.update_run(run_id, pid=proc.pid)
+            self.store.update_run(run_id, pid=proc.pid,
+                                  identity=managed_identity(cfg.to_dict()))
             if self.on_start is not None:
                 self.on_start(proc.pid, run_id)
             return run_id

@@ -130,7 +130,7 @@ class Db:
             )
         conn.executescript(SCHEMA)
         have = {r[1] for r in conn.execute("PRAGMA table_info(runs)")}
-        for col in ("device", "accelerator_kind"):  # columns added since 0.1
+        for col in ("device", "accelerator_kind", "identity"):  # columns added since 0.1
             if col not in have:
                 conn.execute(f"ALTER TABLE runs ADD COLUMN {col} TEXT")
         have = {r[1] for r in conn.execute("PRAGMA table_info(ranks)")}

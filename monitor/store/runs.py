@@ -22,7 +22,7 @@ RUNNING, FINISHED, STOPPED, FAILED = "running", "finished", "stopped", "failed"
 RUN_STATUSES = (RUNNING, FINISHED, STOPPED, FAILED)
 MANAGED, ATTACHED = "managed", "attached"  # our workload; a user's script under the probe
 RUN_KINDS = (MANAGED, ATTACHED)
-UPDATABLE = ("pid", "accelerator", "accelerator_kind", "config", "name", "device")
+UPDATABLE = ("pid", "accelerator", "accelerator_kind", "config", "name", "device", "identity")
 
 
 def _pid_alive(pid: int) -> bool:
@@ -195,6 +195,15 @@ class Runs:
         row = self.db.conn().execute("SELECT MAX(id) FROM runs WHERE id < ?",
                                      (int(run_id),)).fetchone()
         return int(row[0]) if row and row[0] is not None else None
+
+    def judged_before(self, identity: str, run_id: int, kind: str) -> list[dict[str, Any]]:
+        """The `kind` event's data (the verdict's line as each ended: assess/same_runs.py)
+        of the runs before `run_id` with the same identity, oldest first."""
+        rows = self.db.conn().execute(
+            "SELECT e.run_id, e.data FROM events e JOIN runs r ON r.id = e.run_id "
+            "WHERE r.identity = ? AND r.id < ? AND e.kind = ? ORDER BY r.id, e.id",
+            (identity, int(run_id), kind)).fetchall()
+        return [{**_json_or(d, dict), "run": int(i)} for i, d in rows]
 
     # -- a distributed job ------------------------------------------------------------------
     def job_run(self, key: str, name: str, config: dict[str, Any]) -> int:

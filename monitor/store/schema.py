@@ -16,7 +16,8 @@ CREATE TABLE IF NOT EXISTS runs (
     error TEXT,
     pid INTEGER,
     started_at REAL NOT NULL,
-    ended_at REAL
+    ended_at REAL,
+    identity TEXT
 );
 CREATE TABLE IF NOT EXISTS events (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
