@@ -36,7 +36,7 @@ from monitor.thresholds import NOISE_Z, RUN_TO_RUN_WAIT, STARVING_SHARE
 # judged on its own. Not remembered: a run the auto-tuner changed, a job of several ranks,
 # a run with no steps; a module the script imports is not in its identity.
 THREAD_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "CUDA_VISIBLE_DEVICES")
-FILE_MAX_BYTES = 64 << 20  # larger files named on the command line: their size and mtime
+FILE_MAX_BYTES = 8 << 20  # larger files named on the command line (data): size and mtime
 
 
 def _host() -> list[Any]:
@@ -118,12 +118,12 @@ def sentence(f: Any) -> str:
             f"one's ({f.starved_share:.1%}), with the {STARVING_SHARE:.0%} line inside it.")
 
 
-def remember(store: Any, run_id: int, a: Any, tuned: bool = False) -> None:
+def remember(store: Any, run_id: int, a: Any) -> None:
     """Store the verdict's line as run `run_id` ended (assessment `a`), for later identical
-    runs; nothing for a run with no identity, no steps, several ranks or retuned."""
+    runs; nothing for a run with no identity (one the auto-tuner changed), no steps or
+    several ranks."""
     run = store.run(run_id) or {}
-    if a is None or tuned or not run.get("identity") or not a.features.steps or \
-            len(a.ranks) > 1:
+    if a is None or not run.get("identity") or not a.features.steps or len(a.ranks) > 1:
         return
     f = a.features
     share = f.starved_share

@@ -259,7 +259,7 @@ def run_attached(args: argparse.Namespace) -> int:
         if named:  # the loader's error says what ran out: that is the reason, not the exit
             error = f"{named} (then: {error})"
         store.finish_run(run_id, status, error)
-        result = summary(store, run_id, rt.context(), remember=tuner is None)
+        result = summary(store, run_id, rt.context(), remember=True)
         if tuner is not None:
             result["autotune"] = tuner.summary()
         result["outcomes"] = outcomes.of_run(store, run_id)
