@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from monitor.records import JUDGED
-from monitor.thresholds import NOISE_Z, RUN_TO_RUN_WAIT, STARVING_SHARE
+from monitor.thresholds import NOISE_Z, RUN_TO_RUN_WAIT, STARVING_SHARE, noise_band
 
 # NOTE [identical runs]
 # A verdict's main line (STARVING_SHARE, the starved share) is judged within a run's own
@@ -76,8 +76,9 @@ def _settings(config: dict[str, Any]) -> str:
 
 
 def _error(f: Any) -> float:
-    """The starved share's own standard error (the device's idle from CUDA events: none)."""
-    return float(f.data_wait_se or 0.0) if f.device_idle_share is None else 0.0
+    """The starved share's own standard error (the line's noise, features.starving_noise,
+    is NOISE_Z of it; the device's idle from CUDA events has none)."""
+    return f.starving_noise / NOISE_Z
 
 
 def earlier(store: Any, run: dict[str, Any]) -> tuple[dict[str, Any], ...]:
@@ -98,8 +99,7 @@ def anchor(f: Any, before: tuple[dict[str, Any], ...]) -> Any:
     for e in before:
         if e.get("share") is None or _settings(e.get("config") or {}) != mine:
             continue
-        noise = NOISE_Z * math.sqrt(_error(f) ** 2 + float(e.get("se") or 0.0) ** 2
-                                    + 2 * RUN_TO_RUN_WAIT ** 2)
+        noise = noise_band([_error(f), e.get("se"), RUN_TO_RUN_WAIT, RUN_TO_RUN_WAIT])
         if abs(share - float(e["share"])) > noise:
             continue
         if bool(e.get("fed")) == f.fed:
