@@ -58,8 +58,11 @@ SCENARIOS = [  # name, settings, memory budget, busy cores, verdicts accepted
     ("short epochs, workers restarted", dict(preset="healthy", num_workers=2,
                                              step_time_ms=20.0, epoch_samples=256),
      None, 0, {"epoch-stall", "cpu-bound", "starving"}),
+    # a budget below what it uses: forked from the fork server, its main process's RSS reads
+    # ~50 MB less than spawned (213 against 264 MB; 454 against 517 MB in all, quiet), and
+    # 600 MB read 0.61-0.76 of the budget forked, under the 0.85 line
     ("memory-heavy, small budget", dict(preset="memory-heavy", num_workers=2,
-                                        prefetch_factor=4), 600.0, 0, {"memory-pressure"}),
+                                        prefetch_factor=4), 450.0, 0, {"memory-pressure"}),
     # with a competing load of our own
     ("starving@0, 1 core busy", dict(preset="starving", num_workers=0), None, 1, ANY_LOAD),
     ("cpu-bound@2, 1 core busy", dict(preset="cpu-bound", num_workers=2), None, 1,
