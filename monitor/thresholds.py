@@ -219,6 +219,13 @@ def noise_band(errors: list[float | None]) -> float:
     return NOISE_Z * math.sqrt(sum(e * e for e in known)) if known else 0.0
 
 
+def by_the_line(share: float, line: float = STARVING_SHARE) -> str:
+    """A share as a percentage to a tenth, or a hundredth where a tenth would round it onto
+    the line it is judged against ("10.0% (below 10%)" was 9.95%)."""
+    text = f"{share:.1%}"
+    return f"{share:.2%}" if (share < line) != (float(text[:-1]) / 100 < line) else text
+
+
 def warmup_seconds(seconds: float) -> float:
     """Warm-up to discard from a window of `seconds`."""
     return min(WARMUP_MAX_S, WARMUP_FRACTION * max(0.0, seconds))

@@ -795,7 +795,7 @@ def test_the_main_pools_gain_is_the_workers_share_of_the_cores_given_back():
 
     base = dict(num_workers=2, usable_cores=2, loaders_runq_share=0.39, cpu_busy_fraction=1.0,
                 starved_share=0.6, worker_busy_threads=1.0, main_busy_threads=2.0,
-                loading_cpu_per_wall=0.45, throughput=200.0)
+                loading_cpu_per_wall=0.45, throughput=200.0, fed=False)
     f = threads_fight(SimpleNamespace(**base))
     assert f.cause == MAIN_THREADS and f.advice[0].value == "torch.set_num_threads(1)"
     assert f.advice[0].predicted_throughput == pytest.approx(200.0 * 4 / 3)
@@ -830,7 +830,7 @@ def test_a_main_pool_beside_workers_ahead_of_the_loop_is_the_loops_cpu_and_its_f
                  cpu_busy_fraction=0.95, starved_share=0.37, worker_busy_threads=1.0,
                  main_busy_threads=2.0, loading_cpu_per_wall=None, throughput=460.0,
                  receive_wait_share=0.65, other_cpu_cores=0.01, main_cpu_cores=0.87,
-                 workers_cpu_cores=1.0, accelerator="cpu")
+                 workers_cpu_cores=1.0, accelerator="cpu", fed=False)
     f = threads_fight(SimpleNamespace(**ahead))
     assert f.cause == MAIN_THREADS and f.no_more_workers and f.workers_unpredictable
     assert f.numbers["ahead_share"] == 0.65 and "keep ahead (65%" in f.text
@@ -868,7 +868,7 @@ def test_the_main_pool_beside_other_processes_is_named_fed_or_not():
     busy = dict(num_workers=2, usable_cores=2, loaders_runq_share=0.0, cpu_busy_fraction=1.0,
                 starved_share=0.02, worker_busy_threads=0.7, main_busy_threads=2.0,
                 loading_cpu_per_wall=None, throughput=48.0, other_cpu_cores=1.0,
-                main_cpu_cores=0.86, workers_cpu_cores=0.13, accelerator="cpu")
+                main_cpu_cores=0.86, workers_cpu_cores=0.13, accelerator="cpu", fed=True)
     f = threads_fight(SimpleNamespace(**busy))
     assert f.cause == MAIN_THREADS and f.leads and f.numbers["others_cores"] == 1.0
     assert f.advice[0].value == "torch.set_num_threads(1)"

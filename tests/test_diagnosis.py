@@ -693,3 +693,36 @@ def test_an_identical_run_by_the_line_is_judged_as_the_first_was():
     # the same side: nothing to say
     assert same_runs.anchor(feat(cfg, data_wait_share=0.098, data_wait_se=0.001,
                                  **fed_params), (first,)).judged_as is None
+
+
+def test_identical_runs_by_the_line_with_a_main_pool_read_one_cause():
+    """NOTE [threads at work], NOTE [identical runs]: the main process's pool is named only
+    where the device is not fed by the verdict's own line. Two identical runs beside a main
+    pool at 9.95% and 10.56% data wait, the second judged fed as the first was: both
+    healthy, neither with the pool's cause (the second read `main-threads` under a healthy
+    verdict when the finding checked the raw 10% line); past the line and its noise, named."""
+    from monitor.diagnosis import causes
+    from monitor.diagnosis.threads import MAIN_THREADS, threads_fight
+
+    cfg = LoaderConfig.build(num_workers=2)
+    pool = dict(host_cpu_cores=1.9, workers_cpu_cores=0.9, main_cpu_cores=1.0,
+                cpu_busy_fraction=0.97, loaders_runq_share=0.35, worker_busy_threads=1.0,
+                main_busy_threads=2.0, loading_cpu_per_wall=0.45)
+
+    def read(f: Features):
+        found = tuple(x for x in (threads_fight(f),) if x is not None)
+        return causes.with_findings(diagnose(f), found, f, 2)
+
+    first = feat(cfg, data_wait_share=0.0995, data_wait_se=0.0012, **pool)
+    record = {"run": 1, "share": 0.0995, "se": 0.0012, "fed": first.fed,
+              "config": cfg.to_dict(), "verdict": "healthy"}
+    second = same_runs.anchor(feat(cfg, data_wait_share=0.1056, data_wait_se=0.0015, **pool),
+                              (record,))
+    assert first.fed and second.judged_as is not None
+    one, two = read(first), read(second)
+    assert (one.verdict, one.cause) == (two.verdict, two.cause) == ("healthy", None), \
+        (one.headline, two.headline)
+    # a share a tenth would round onto the line reads with its hundredths
+    assert "data wait is 9.95% of step time (below 10%)" in one.headline, one.headline
+    starved = read(feat(cfg, data_wait_share=0.16, data_wait_se=0.0015, **pool))
+    assert starved.cause == MAIN_THREADS, starved.headline

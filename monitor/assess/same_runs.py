@@ -13,7 +13,13 @@ from pathlib import Path
 from typing import Any
 
 from monitor.records import JUDGED
-from monitor.thresholds import NOISE_Z, RUN_TO_RUN_WAIT, STARVING_SHARE, noise_band
+from monitor.thresholds import (
+    NOISE_Z,
+    RUN_TO_RUN_WAIT,
+    STARVING_SHARE,
+    by_the_line,
+    noise_band,
+)
 
 # NOTE [identical runs]
 # A verdict's main line (STARVING_SHARE, the starved share) is judged within a run's own
@@ -114,8 +120,9 @@ def sentence(f: Any) -> str:
     j = f.judged_as
     side = "fed" if j["fed"] else "starved"
     return (f"Judged {side}, as run {j['run']} was: the same command, settings and host, and "
-            f"its starved share ({j['share']:.1%}) lies within identical runs' spread of this "
-            f"one's ({f.starved_share:.1%}), with the {STARVING_SHARE:.0%} line inside it.")
+            f"its starved share ({by_the_line(j['share'])}) lies within identical runs' "
+            f"spread of this one's ({by_the_line(f.starved_share)}), with the "
+            f"{STARVING_SHARE:.0%} line inside it.")
 
 
 def remember(store: Any, run_id: int, a: Any) -> None:

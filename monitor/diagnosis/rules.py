@@ -43,6 +43,7 @@ from monitor.thresholds import (
     TRANSFER_SHARE,
     VERDICT_MIN_STEPS,
     WARMUP_DOMINANT_SHARE,
+    by_the_line,
 )
 
 # The one verdict vocabulary (a closed set): every JSON, chart and banner uses these names.
@@ -254,7 +255,7 @@ def healthy(c: Ctx) -> str | None:
              f"within identical runs' spread of the {STARVING_SHARE:.0%} line" if f.judged_as
              else f"within the noise of the {STARVING_SHARE:.0%} line: ±{noise:.1%} between "
              "parts of the window")
-    return (f"Healthy: data wait is {f.data_wait_share:.1%} of step time ({where}); the "
+    return (f"Healthy: data wait is {by_the_line(f.data_wait_share)} of step time ({where}); the "
             "device is fed.")
 
 

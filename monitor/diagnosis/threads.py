@@ -10,7 +10,9 @@ Features in, a finding out."""
 # threads of each process that wanted a CPU at least a fifth of it (procfs
 # busy_threads_since: on one, or waiting for one); over the window a worker's mean above
 # THREADS_AT_WORK, or the main process's beside busy workers, with the loaders waiting for a
-# CPU and the device waiting for data, is named with the fix: one thread a worker
+# CPU and the device waiting for data (not fed: Features.fed, the verdict's own line, so a
+# run judged fed by the line, alone or as an identical run was, has no cause its twin
+# lacks), is named with the fix: one thread a worker
 # (worker_init_fn), torch.set_num_threads(cores - workers) in the main process. A pool in
 # every worker has no predicted gain: threads that wait for each other spin, so neither the
 # loaders' CPU wait (4%) nor their CPU use says what one thread a worker gives (x4-18 bare
@@ -46,7 +48,6 @@ from monitor.thresholds import (
     MAIN_CPU_GOT,
     OTHERS_BUSY_CORES,
     RUNQ_CONTENTION_SHARE,
-    STARVING_SHARE,
     THREADS_AT_WORK,
 )
 
@@ -60,7 +61,7 @@ def threads_fight(f: Any) -> Finding | None:
     # the cores full, or the loaders waiting for one: a pool's threads spin on a CPU (an
     # OpenMP pool waits on one: 2 workers x 2 threads, 2 cores, the loaders waited 3% and
     # ran 14-30x slower than with one thread each)
-    if nw < 1 or not f.starved_share >= STARVING_SHARE or not (
+    if nw < 1 or f.fed or not (
             waits >= RUNQ_CONTENTION_SHARE or busy >= CPU_SATURATED):
         return beside_others(f)
     # the loop's wait on batches its workers made ahead (NOTE [the loop's receive]): the
