@@ -525,10 +525,12 @@ def test_a_change_that_recorded_no_step_leaves_the_verdict_with_the_settings_bef
 
 
 def test_advice_for_a_torchdata_nodes_pipeline_is_in_its_terms():
-    """No persistent_workers (the API has none); num_workers is the ParallelMapper's, and a
-    thread mapper's gain is not the process-measured model's to promise."""
+    """No persistent_workers (the API has none): for process workers, one iterator over
+    every epoch, with its prediction; for threads, nothing (none start). num_workers is the
+    ParallelMapper's, and a thread mapper's gain is not the process-measured model's to
+    promise."""
     from monitor.diagnosis.finding import Advice, Diagnosis
-    from monitor.diagnosis.kinds import in_loader_terms
+    from monitor.diagnosis.kinds import ONE_PASS, in_loader_terms
 
     dg = Diagnosis("starving", "Starving.", {}, (
         Advice("num_workers", 4, 900.0, "more workers", "cpu", 700.0, 1000.0),
@@ -536,12 +538,16 @@ def test_advice_for_a_torchdata_nodes_pipeline_is_in_its_terms():
         Advice("prefetch_factor", 4, None, "deeper")))
     cfg = {"loader_kind": "torchdata.nodes", "worker_method": "process"}
     got = in_loader_terms(dg, cfg).advice
-    assert [a.param for a in got] == ["num_workers", "prefetch_factor"]
+    assert [(a.param, a.value) for a in got] == [
+        ("num_workers", 4), ("dataset", ONE_PASS), ("prefetch_factor", 4)]
     assert got[0].reason == "ParallelMapper(num_workers=4): more workers"
     assert got[0].predicted_throughput == 900.0
-    assert got[1].reason.startswith("Prefetcher(prefetch_factor=4): ")
-    thread = in_loader_terms(dg, {**cfg, "worker_method": "thread"}).advice[0]
-    assert thread.predicted_throughput is None and thread.uncertain
+    assert got[1].predicted_throughput == 800.0 and "itertools.islice" in got[1].reason \
+        and got[1].reason.endswith("; it keeps workers"), got[1].reason
+    assert got[2].reason.startswith("Prefetcher(prefetch_factor=4): ")
+    thread = in_loader_terms(dg, {**cfg, "worker_method": "thread"}).advice
+    assert [a.param for a in thread] == ["num_workers", "prefetch_factor"]
+    assert thread[0].predicted_throughput is None and thread[0].uncertain
     assert in_loader_terms(dg, {"num_workers": 2}) is dg  # a DataLoader's: as it was
 
 

@@ -89,13 +89,17 @@ def startup(steps: pd.DataFrame, report: dict[str, Any] | None,
         return None
     method, iter_s = r.get("start_method") or "fork", float(r.get("iter_s") or 0.0)
     pickled = r.get("dataset_pickled_bytes")
-    parts = [f"each epoch starts its {nw} workers again (start method {method}, "
-             f"persistent_workers off): the first batch came {first:.2f} s after iter()"]
+    # a torchdata.nodes pipeline: its ParallelMapper's processes, sent its map function
+    nodes = r.get("loader_kind") == "torchdata.nodes"
+    obj = "map function's object" if nodes else "dataset object"
+    parts = [f"each epoch starts its {nw} workers again (start method {method}, " + (
+        "a torchdata.nodes ParallelMapper's, started at each iter(loader)" if nodes else
+        "persistent_workers off") + f"): the first batch came {first:.2f} s after iter()"]
     if method in ("spawn", "forkserver"):
         size = f" ({pickled / 1e6:,.1f} MB pickled)" if pickled else ""
         parts.append(f"iter() itself took {iter_s:.2f} s: {method} starts the workers in "
-                     "turn, each a new interpreter that imports torch and unpickles the "
-                     f"dataset object{size}")
+                     f"turn, each a new interpreter that imports torch and unpickles the "
+                     f"{obj}{size}")
     ready = r.get("ready_s") or []
     if ready:
         parts.append("the workers' first batches came at " + ", ".join(
@@ -108,10 +112,13 @@ def startup(steps: pd.DataFrame, report: dict[str, Any] | None,
     advice = [Advice("persistent_workers", True, pred, "keeps the workers between epochs, "
                      f"so their start-up is paid once{gain}")]
     if method in ("spawn", "forkserver") and pickled and pickled > 10e6:
-        advice.append(Advice("dataset", "a small dataset object", None, "hold paths or "
-                             "offsets in the dataset and open the data in the worker (lazily "
-                             "in __getitem__, or in worker_init_fn): every worker receives "
-                             f"the whole object, {pickled / 1e6:,.0f} MB, pickled"))
+        where = ("the map function's object and open the data in the worker (lazily, at "
+                 "its first call)") if nodes else ("the dataset and open the data in the "
+                                                  "worker (lazily in __getitem__, or in "
+                                                  "worker_init_fn)")
+        advice.append(Advice("dataset", f"a small {obj}", None, f"hold paths or offsets in "
+                             f"{where}: every worker receives the whole object, "
+                             f"{pickled / 1e6:,.0f} MB, pickled"))
     return Finding(STARTUP, "; ".join(parts) + ".",
                    {"first_batch_s": first, "iter_s": iter_s, "ready_s": list(ready),
                     "start_method": method, "pickled_bytes": pickled, "epoch_starts": n,

@@ -50,6 +50,31 @@ def pipeline_nodes(loader: Any) -> list[Any]:
     return out
 
 
+def nodes_mapper(loader: Any) -> Any:
+    """A torchdata.nodes pipeline's outermost ParallelMapper (its workers), or None."""
+    return next((n for n in pipeline_nodes(loader) if type(n).__name__ == "ParallelMapper"),
+                None)
+
+
+def workers_of(loader: Any) -> Any:
+    """What holds a loader's worker settings (num_workers, multiprocessing_context): the
+    loader itself, or a torchdata.nodes pipeline's ParallelMapper where its method is
+    'process' (None for threads: no process starts)."""
+    if not is_nodes_loader(loader):
+        return loader
+    mapper = nodes_mapper(loader)
+    return mapper if getattr(mapper, "method", None) == "process" else None
+
+
+def shipped(loader: Any) -> Any:
+    """The object each worker process receives, pickled where it is spawned: a DataLoader's
+    dataset; a torchdata.nodes ParallelMapper's map_fn (its source stays in the main
+    process, which feeds the workers the items)."""
+    if is_nodes_loader(loader):
+        return getattr(nodes_mapper(loader), "map_fn", None)
+    return getattr(loader, "dataset", None)
+
+
 def nodes_settings(loader: Any) -> dict[str, Any]:
     """A torchdata.nodes pipeline's settings in the store's terms: the (outermost)
     ParallelMapper's num_workers, method and in_order, the Batcher's batch size, the

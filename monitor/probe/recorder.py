@@ -30,6 +30,7 @@ from monitor.probe.loaders import (
     is_nodes_loader,
     loader_settings,
     not_retunable,
+    shipped,
     weakly,
     worker_procs,
 )
@@ -180,11 +181,10 @@ class Recorder(LoaderRequests):
                 batch, batch_size(base if base is not None else loader))
         if self.probe.samples_from is not None:
             figures["samples_from"] = self.probe.samples_from
-        it = self.open
-        if it is not None:  # what the epoch's start took: iter(), then the first batch
+        if (it := self.open) is not None:  # the epoch's start: iter(), then the first batch
             figures["iter_s"] = it.iter_s
             figures["first_batch_s"] = self.probe.clock() - it.t_start
-        ds = getattr(base if base is not None else loader, "dataset", None)
+        ds = shipped(base if base is not None else loader)  # what each worker receives
         if figures.get("start_method") in ("spawn", "forkserver") and ds is not None:
             if id(ds) not in self.pickled:  # once a dataset: a worker's pickle, counted
                 self.pickled[id(ds)] = workers.pickled_bytes(ds)

@@ -34,6 +34,7 @@ import weakref
 from typing import Any
 
 from monitor.config import in_flight
+from monitor.probe.loaders import is_nodes_loader, workers_of
 
 MAX_WALK = 256  # items looked at when counting a batch's tensors and bytes
 
@@ -257,7 +258,11 @@ def start_method(loader: Any) -> str | None:
 def report(loader: Any, batch: Any) -> dict[str, Any]:
     """The epoch's figures (at its first batch): see the module's docstring."""
     nbytes, tensors = batch_bytes(batch)
-    nw = int(getattr(loader, "num_workers", 0) or 0)
+    # a torchdata.nodes pipeline's worker processes are its ParallelMapper's, started at
+    # each iter(loader): it has no persistent workers
+    nodes = is_nodes_loader(loader)
+    procs = workers_of(loader)
+    nw = int(getattr(procs, "num_workers", 0) or 0)
     pf = getattr(loader, "prefetch_factor", None) if nw > 0 else None
     shm_total, shm_free = _shm()
     soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -286,8 +291,9 @@ def report(loader: Any, batch: Any) -> dict[str, Any]:
         "shm_total_mb": shm_total, "shm_free_mb": shm_free,
         "nofile_limit": None if soft == resource.RLIM_INFINITY else int(soft),
         "open_fds": _open_fds(), "sharing_strategy": sharing,
-        "start_method": start_method(loader) if nw > 0 else None,
+        "start_method": start_method(procs) if nw > 0 else None,
         "persistent_workers": bool(getattr(loader, "persistent_workers", False)),
+        "loader_kind": "torchdata.nodes" if nodes else None,
         "iterable": bool(iterable is not None and isinstance(ds, iterable)),
         "dataset": type(ds).__name__ if ds is not None else None, "shards": shards,
     }
