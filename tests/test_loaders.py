@@ -239,3 +239,33 @@ def test_a_nodes_pipeline_that_starts_its_workers_each_epoch_is_told_to_keep_one
     assert "itertools.islice" in first["reason"] and first["predicted_throughput"] > \
         d["throughput"], first
     assert not [a for a in d["advice"] if a["param"] == "persistent_workers"], d["advice"]
+
+
+def test_a_nodes_pipelines_workers_and_what_each_receives_are_its_mappers():
+    """A torchdata.nodes Loader's worker settings are its ParallelMapper's where it runs
+    processes (threads start none), and what each worker receives is the map function, or
+    the object a bound one holds (a dataset's __getitem__: the dataset)."""
+    import torch
+    import torchdata.nodes as tn
+
+    from monitor.probe.loaders import shipped, workers_of
+
+    class Data:
+        def __getitem__(self, i: int) -> int:
+            return i
+
+    data = Data()
+
+    def pipeline(fn, method: str) -> tn.Loader:
+        return tn.Loader(tn.Batcher(tn.ParallelMapper(
+            tn.SamplerWrapper(range(8)), map_fn=fn, num_workers=2, method=method,
+            multiprocessing_context="spawn"), batch_size=4))
+
+    bound = pipeline(data.__getitem__, "process")
+    assert shipped(bound) is data
+    assert getattr(workers_of(bound), "num_workers", None) == 2
+    assert getattr(workers_of(bound), "multiprocessing_context", None) == "spawn"
+    assert shipped(pipeline(abs, "process")) is abs
+    assert workers_of(pipeline(abs, "thread")) is None
+    loader = torch.utils.data.DataLoader(range(8), num_workers=2)
+    assert workers_of(loader) is loader and shipped(loader) is loader.dataset

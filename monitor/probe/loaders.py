@@ -10,6 +10,7 @@ Standard library only; torch is read from sys.modules (the probe's fence)."""
 from __future__ import annotations
 
 import sys
+import types
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -69,9 +70,11 @@ def workers_of(loader: Any) -> Any:
 def shipped(loader: Any) -> Any:
     """The object each worker process receives, pickled where it is spawned: a DataLoader's
     dataset; a torchdata.nodes ParallelMapper's map_fn (its source stays in the main
-    process, which feeds the workers the items)."""
+    process, which feeds the workers the items), or the object a bound map_fn holds (a
+    dataset's __getitem__: the dataset)."""
     if is_nodes_loader(loader):
-        return getattr(nodes_mapper(loader), "map_fn", None)
+        fn = getattr(nodes_mapper(loader), "map_fn", None)
+        return fn.__self__ if isinstance(fn, types.MethodType) else fn
     return getattr(loader, "dataset", None)
 
 
