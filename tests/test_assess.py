@@ -222,3 +222,53 @@ def test_a_timed_loader_that_delivered_nothing_is_not_called_no_loader(store):
     bare = store.create_run("attached", "attached", {"num_workers": 2})
     store.finish_run(bare, "failed", "the script ended with exit code 0")
     assert "no torch DataLoader was iterated" in summary(store, bare, context())["verdict_text"]
+
+
+def test_a_live_window_by_the_line_is_judged_as_the_runs_final_verdict_will_be(store):
+    """NOTE [identical runs]: a running run's live window (the page's banner, Prometheus's
+    verdict, the terminal view: assess/recent.py) is judged against the ends of earlier
+    identical runs as its final verdict is: at 10.6% data wait beside an identical run that
+    ended fed at 10.2%, healthy with the sentence that says why; a run of another identity,
+    or with no earlier run, alone."""
+    from monitor.assess import same_runs
+    from monitor.assess.recent import read_recent
+    from monitor.assess.window import assess
+    from monitor.records import JUDGED
+
+    cfg = LoaderConfig.build(preset="starving", num_workers=0, batch_size=32,
+                             step_time_ms=40.0).to_dict()
+    now = 1_700_000_000.0
+
+    def running(identity: str) -> int:
+        run = store.create_run("synthetic", "attached", cfg)
+        store.update_run(run, accelerator_kind="simulated", accelerator="test device",
+                         identity=identity)
+        t, steps = now - 20.0, []
+        for i in range(400):  # 10.6% of each step waits for data, ~2% either way
+            wait = 0.00475 * (1.0 + 0.02 * ((i % 3) - 1))
+            steps.append(StepRecord(run, i, 0, t + wait, wait, 0.04, 32, 0))
+            t += wait + 0.04
+        store.insert(steps)
+        store.insert([HostSample(ts=now - 20.0 + k * 0.25, run_id=run, cpu_total_pct=50.0,
+                                 cpu_per_core=json.dumps([95.0, 5.0]), mem_used_mb=4000.0,
+                                 mem_total_mb=24000.0, mem_available_mb=20000.0,
+                                 shm_used_mb=1.0, proc_cpu_pct=95.0, proc_rss_mb=300.0,
+                                 workers=0, workers_cpu_pct=0.0, workers_rss_mb=0.0,
+                                 workers_uss_mb=0.0) for k in range(80)])
+        return run
+
+    first = store.create_run("synthetic", "attached", cfg)
+    store.update_run(first, identity="the same script")
+    store.add_event(first, JUDGED, "ended healthy", {
+        "share": 0.1016, "se": 0.0012, "fed": True, "config": cfg, "verdict": "healthy"})
+    store.finish_run(first, "stopped")
+    ctx = context()
+    alone = assess(read_recent(store, running("another script"), now).window(0), ctx)
+    assert 0.10 < alone.features.data_wait_share < 0.11, alone.features.data_wait_share
+    assert not alone.features.fed and alone.verdict != "healthy", alone.diagnosis.headline
+    twin = read_recent(store, running("the same script"), now).window(0)
+    assert twin.same_runs == tuple(same_runs.earlier(store, twin.run)) != ()
+    live = assess(twin, ctx)
+    assert live.verdict == "healthy" and live.features.judged_as["run"] == first, \
+        live.diagnosis.headline
+    assert f"as run {first} was" in live.diagnosis.headline

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
+from monitor.assess import same_runs
 from monitor.assess.devices import window_gpu_util
 from monitor.assess.window import Assessment, Window, recent_window, run_history
 from monitor.diagnosis import NO_DATA
@@ -52,8 +53,16 @@ class Recent:
         w = recent_window(self.run, steps, host, self.events, self.end, self.ranks)
         util = window_gpu_util(self.store, self.run, *analysis.span(w.steps)) \
             if not w.steps.empty else None
-        return dataclasses.replace(w, history=run_history(self.store, int(self.run["id"]),
-                                                          w.steps, self.events), gpu_util=util)
+        return dataclasses.replace(of_the_run(self.store, w, self.events), gpu_util=util)
+
+
+def of_the_run(store: Store, w: Window, events: pd.DataFrame | None = None) -> Window:
+    """A live window with what the store holds of its run: its ended generations, and the
+    ends of earlier identical runs, so that a live window by the line is judged as its final
+    verdict will be (NOTE [identical runs])."""
+    return dataclasses.replace(
+        w, history=run_history(store, int(w.run["id"]), w.steps, events),
+        same_runs=same_runs.earlier(store, w.run))
 
 
 def read_recent(store: Store, run_id: int, end: float) -> Recent | None:

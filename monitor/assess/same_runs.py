@@ -40,7 +40,10 @@ from monitor.thresholds import (
 # such run decides, so a third run agrees with the first. A run whose figures moved
 # further (another job beside it, a changed dataset the command line does not show) is
 # judged on its own. Not remembered: a run the auto-tuner changed, a job of several ranks,
-# a run with no steps; a module the script imports is not in its identity.
+# a run with no steps; a module the script imports is not in its identity. A running run's
+# live windows (assess/recent.py of_the_run: the page's banner, Prometheus's verdict and
+# cause, the terminal view) are judged against the same ends, with their own, wider error:
+# the banner by the line says what the run's final verdict will.
 THREAD_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "CUDA_VISIBLE_DEVICES")
 FILE_MAX_BYTES = 8 << 20  # larger files named on the command line (data): size and mtime
 

@@ -15,12 +15,11 @@ from typing import Any
 import pandas as pd
 
 from monitor.assess import outcomes
-from monitor.assess.recent import READ_MARGIN_S
+from monitor.assess.recent import READ_MARGIN_S, of_the_run
 from monitor.assess.stall import STALL_KINDS, active_stall
 from monitor.assess.window import (
     Window,
     recent_window,
-    run_history,
     steady_window,
 )
 from monitor.frames import analysis
@@ -209,8 +208,8 @@ def assessed_window(store: Store, view: View) -> Window:
     steady state (the same window `measure` and `run --json` report)."""
     ranks = store.ranks(int(view.run["id"]))
     if view.run["status"] == RUNNING:
-        w = recent_window(view.run, view.steps, view.host, view.events, view.end, ranks)
-        return dataclasses.replace(w, history=run_history(store, int(view.run["id"]), w.steps))
+        return of_the_run(store, recent_window(view.run, view.steps, view.host, view.events,
+                                               view.end, ranks))
     return steady_window(store, int(view.run["id"])) or recent_window(
         view.run, view.steps, view.host, view.events, view.end, ranks)
 
