@@ -213,15 +213,21 @@ def std_error(values: list[float]) -> float | None:
     return statistics.stdev(vals) / math.sqrt(len(vals))
 
 
+BY_THE_LINE = 0.02  # a share this near STARVING_SHARE is written to a tenth (by_the_line)
+
+
 def noise_band(errors: list[float | None]) -> float:
     """NOISE_Z x the combined standard error of the measurements whose errors are known."""
     known = [e for e in errors if e is not None]
     return NOISE_Z * math.sqrt(sum(e * e for e in known)) if known else 0.0
 
 
-def by_the_line(share: float, line: float = STARVING_SHARE) -> str:
+def by_the_line(share: float, line: float = STARVING_SHARE, near: float = math.inf) -> str:
     """A share as a percentage to a tenth, or a hundredth where a tenth would round it onto
-    the line it is judged against ("10.0% (below 10%)" was 9.95%)."""
+    the line it is judged against ("10.0% (below 10%)" was 9.95%); further than `near` from
+    the line, whole ("starving: waits for data 10%" was 10.4%, "61%" stays 61%)."""
+    if abs(share - line) >= near:
+        return f"{share:.0%}"
     text = f"{share:.1%}"
     return f"{share:.2%}" if (share < line) != (float(text[:-1]) / 100 < line) else text
 

@@ -266,6 +266,9 @@ def test_a_live_window_by_the_line_is_judged_as_the_runs_final_verdict_will_be(s
     alone = assess(read_recent(store, running("another script"), now).window(0), ctx)
     assert 0.10 < alone.features.data_wait_share < 0.11, alone.features.data_wait_share
     assert not alone.features.fed and alone.verdict != "healthy", alone.diagnosis.headline
+    # by the line, the share to a tenth ("waits for data 10%" read as at the line)
+    assert re.search(r"waits for data 10\.\d% of step time", alone.diagnosis.headline), \
+        alone.diagnosis.headline
     twin = read_recent(store, running("the same script"), now).window(0)
     assert twin.same_runs == tuple(same_runs.earlier(store, twin.run)) != ()
     live = assess(twin, ctx)

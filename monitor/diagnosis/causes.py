@@ -65,6 +65,7 @@ from monitor.diagnosis.rules import without_prediction
 from monitor.diagnosis.syncs import HOST_SYNCS, host_syncs
 from monitor.diagnosis.threads import MAIN_THREADS, WORKER_THREADS, threads_fight
 from monitor.thresholds import (
+    BY_THE_LINE,
     HOL_BATCH_X,
     HOL_SHARE,
     HOL_WAIT_X,
@@ -72,6 +73,7 @@ from monitor.thresholds import (
     MEM_GROWTH_MB_MIN,
     MEM_GROWTH_MIN_S,
     MEM_GROWTH_MIN_TOTAL_MB,
+    by_the_line,
 )
 
 IDLE_WORKERS, MEMORY_GROWTH, HEAD_OF_LINE = (
@@ -326,8 +328,8 @@ def headline(text: str, findings: tuple[Finding, ...], f: Any) -> str:
     if (first := next((x for x in findings if x.no_more_workers), None) or
             next((x for x in findings if x.leads), None)) is not None:
         share = getattr(f, "data_wait_share", math.nan)
-        wait = f" The device waits for data {share:.0%} of step time." \
-            if isinstance(share, float) and not math.isnan(share) else ""
+        wait = "" if not isinstance(share, float) or math.isnan(share) else (
+            f" The device waits for data {by_the_line(share, near=BY_THE_LINE)} of step time.")
         kept = [] if first.no_more_workers else [text]
         rest = [_sentence(x.text) for x in findings if x is not first]
         return " ".join([_sentence(first.text) + wait, *kept, *rest])

@@ -24,6 +24,7 @@ from monitor.diagnosis.bound import BoundModel, best_workers, fit_bound
 from monitor.diagnosis.features import Features
 from monitor.diagnosis.finding import Advice, Diagnosis
 from monitor.thresholds import (
+    BY_THE_LINE,
     CPU_BUSY_NOISE,
     CPU_SATURATED,
     CPU_THROTTLED_SHARE,
@@ -366,7 +367,8 @@ def starving(c: Ctx) -> str:
     where = "loading runs in the main process" if nw == 0 else "the workers"
     seen = (f"is idle {f.device_idle_share:.0%} of the time between steps (CUDA events; "
             f"host data wait {f.data_wait_share:.0%})" if f.device_idle_share is not None
-            else f"waits for data {f.data_wait_share:.0%} of step time")
+            else f"waits for data {by_the_line(f.data_wait_share, near=BY_THE_LINE)} of step "
+            "time")
     text = (f"Starving: the device {seen}; "
             f"{where} cannot keep up ({loader:.1f} of {f.usable_cores} cores busy loading).")
     if c.blocked:
