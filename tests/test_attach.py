@@ -254,3 +254,40 @@ def test_the_probe_is_imported_when_the_script_imports_a_loader_not_before(tmp_p
     lines = r.stdout.splitlines()
     assert "before False False" in lines and "after True" in lines, r.stdout
     assert json.loads(lines[-1])["steps"] >= 3 and len(Store(db).steps(1)) >= 3
+
+
+def test_a_loader_built_each_epoch_is_timed_every_epoch_and_keeps_what_was_changed(tmp_path,
+                                                                                  no_leaks):
+    """NOTE [a loader built each epoch]: a plain loop that builds its DataLoader inside the
+    epoch loop has every epoch's steps stored (only the first epoch's were: "later ones
+    (validation) are not timed"), not its evaluation over the same data with gradients
+    off; a change requested live holds in the loaders the script builds after it, as the
+    store says it does."""
+    db = tmp_path / "b.db"
+    p = subprocess.Popen(
+        [sys.executable, "-m", "monitor", "run", "--db", str(db), "--", sys.executable,
+         str(SCRIPTS / "built_each_epoch.py"), "3", "1.5"],
+        cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True)
+    store = Store(db) if wait_for(db.exists, timeout=90) else None
+    run_id = wait_for(lambda: len(store.runs()) and int(store.runs()["id"].iloc[0]), timeout=90)
+    assert wait_for(lambda: len(store.steps(run_id)) >= 3, timeout=90)
+    ok = store.request_control(run_id, "config", {"num_workers": 2})
+    out, err = p.communicate(timeout=180)
+    assert p.returncode == 0, err[-3000:]
+    assert "epoch 0 done: 96 samples, num_workers=0" in out, out
+    # the loader built after the change, and the one after it, run with it
+    assert "epoch 1 done: 96 samples, num_workers=2" in out, (out, err[-2000:])
+    assert "epoch 2 done: 96 samples, num_workers=2" in out, (out, err[-2000:])
+    applied, result = store.control_result(ok)
+    assert applied and result == "ok: applied at epoch 1", result
+    steps = store.steps(run_id)
+    # every training step of the three loaders, once; none of the evaluations' (3 a pass)
+    assert steps.groupby("epoch").size().to_dict() == {0: 12, 1: 12, 2: 12}, \
+        steps.groupby("epoch").size()
+    assert set(steps[steps["epoch"] == 0]["config_seq"]) == {0}
+    assert set(steps[steps["epoch"] > 0]["config_seq"]) == {1}
+    said = store.events(run_id, kinds=("probe",))["label"].tolist()
+    assert any(s.startswith("the training loader is built again each epoch") for s in said), \
+        said
+    assert "the training loader is built again each epoch" in err

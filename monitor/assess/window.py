@@ -132,7 +132,9 @@ class Assessment:
             "throughput_spread": self.throughput_spread,
             "peak_memory_mb": f["workload_peak_mb"], "accelerator_kind": f["accelerator"],
             "bound": dg.bound, "advice": [a.to_dict() for a in dg.advice],
-            "evidence": {k: v for k, v in f.items() if k != "config"},
+            # (fed: the verdict's own line, its noise and identical runs' ends included)
+            "evidence": {**{k: v for k, v in f.items() if k != "config"},
+                         "fed": self.features.fed},
             "world_size": max(1, len(self.ranks), self.world_size),
             "ranks_held": [r.rank for r in self.ranks],
             "findings": [x.to_dict() for x in self.findings],

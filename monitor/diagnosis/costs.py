@@ -16,6 +16,7 @@ from monitor.diagnosis.finding import Advice, Finding
 from monitor.diagnosis.loading import made_ahead
 from monitor.frames.analysis import data_wait_share, epoch_stalls, loop_rate
 from monitor.thresholds import (
+    EPOCH_STALL_SHARE,
     HISTORY_MIN_STEPS,
     PER_SAMPLE_MAX_S,
     PER_SAMPLE_MIN_BATCH,
@@ -26,6 +27,7 @@ from monitor.thresholds import (
 )
 
 PER_SAMPLE, STARTUP, SLOWER = "per-sample-overhead", "worker-startup", "more-workers-slower"
+ONE_LOADER = "one DataLoader for every epoch"  # the fix for a loader built each epoch
 RECEIVE = "loop-receive"
 
 
@@ -81,12 +83,19 @@ def startup(steps: pd.DataFrame, report: dict[str, Any] | None,
     """Workers started again at each epoch, and what that start is made of."""
     r = report or {}
     nw, first = int(r.get("num_workers") or 0), r.get("first_batch_s")
-    if nw == 0 or r.get("persistent_workers") or first is None or steps.empty or \
-            "epoch" not in steps.columns or steps["epoch"].nunique() < 2:
+    # a DataLoader built again each epoch starts its workers whatever its settings say
+    # (NOTE [a loader built each epoch] in monitor/probe/choice.py)
+    again = bool(r.get("built_again"))
+    if nw == 0 or (r.get("persistent_workers") and not again) or first is None or \
+            steps.empty or "epoch" not in steps.columns or steps["epoch"].nunique() < 2:
         return None  # one epoch: its workers started once, as persistent ones would
     step = float((steps["wait_s"] + steps["compute_s"]).median())
-    if first < max(STARTUP_MIN_S, STARTUP_STEPS_X * step):
-        return None
+    n, lost, _, _ = epoch_stalls(steps, first_over_s=STARTUP_STEPS_X * max(step, 1e-6))
+    loop = float((steps["wait_s"] + steps["compute_s"]).sum())
+    if first < max(STARTUP_MIN_S, STARTUP_STEPS_X * step) and not (
+            again and loop > 0 and lost / loop >= EPOCH_STALL_SHARE):
+        return None  # (a loader built again: its stalls, where the epoch-stall verdict,
+        # which reads the settings, does not see them)
     method, iter_s = r.get("start_method") or "fork", float(r.get("iter_s") or 0.0)
     pickled = r.get("dataset_pickled_bytes")
     # a torchdata.nodes pipeline: its ParallelMapper's processes, sent its map function
@@ -94,7 +103,9 @@ def startup(steps: pd.DataFrame, report: dict[str, Any] | None,
     obj = "map function's object" if nodes else "dataset object"
     parts = [f"each epoch starts its {nw} workers again (start method {method}, " + (
         "a torchdata.nodes ParallelMapper's, started at each iter(loader)" if nodes else
-        "persistent_workers off") + f"): the first batch came {first:.2f} s after iter()"]
+        "the script builds a new DataLoader each epoch, and persistent_workers keeps a "
+        "loader's workers, not a new loader's" if again else "persistent_workers off") +
+        f"): the first batch came {first:.2f} s after iter()"]
     if method in ("spawn", "forkserver"):
         size = f" ({pickled / 1e6:,.1f} MB pickled)" if pickled else ""
         parts.append(f"iter() itself took {iter_s:.2f} s: {method} starts the workers in "
@@ -104,13 +115,18 @@ def startup(steps: pd.DataFrame, report: dict[str, Any] | None,
     if ready:
         parts.append("the workers' first batches came at " + ", ".join(
             f"{t:.2f}" for t in ready) + " s")
-    n, lost, _, _ = epoch_stalls(steps, first_over_s=STARTUP_STEPS_X * max(step, 1e-6))
-    loop = float((steps["wait_s"] + steps["compute_s"]).sum())
     pred = float(steps["samples"].sum()) / (loop - lost) if n and loop > lost > 0 else None
     gain = f": {lost:.1f} s of this window back, {(pred / throughput - 1) * 100:+.0f}%" \
         if pred and throughput > 0 else ""
     advice = [Advice("persistent_workers", True, pred, "keeps the workers between epochs, "
                      f"so their start-up is paid once{gain}")]
+    if again:
+        advice = [Advice("dataset", ONE_LOADER, pred, "build the DataLoader once, before the "
+                         "epoch loop, with persistent_workers=True: its workers then start "
+                         f"once, where each new loader starts its own{gain}")]
+        if not r.get("persistent_workers"):
+            advice.append(Advice("persistent_workers", True, None, f"with {ONE_LOADER} "
+                                 "(alone it keeps nothing: each epoch's loader is new)"))
     if method in ("spawn", "forkserver") and pickled and pickled > 10e6:
         where = ("the map function's object and open the data in the worker (lazily, at "
                  "its first call)") if nodes else ("the dataset and open the data in the "

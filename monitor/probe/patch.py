@@ -201,11 +201,11 @@ def _plan(rec: Recorder, loader: Any, explicit: bool, caller: Any) -> float | No
             rec.skip(loader, why if role == EVAL else
                      "a later loader of a plain loop (validation?); the first one is timed")
             return None
-        if rec.loader_id != id(loader):
+        if not rec.timed(loader):
             rec.follow(loader, role, why)
         elif rec.evaluation_pass(loader):
             return None
-    elif rec.loader_id != id(loader):
+    elif not rec.timed(loader):
         rec.follow(loader, None, "watch()")
     t0 = rec.probe.clock()
     rec.start_epoch(loader)

@@ -18,23 +18,17 @@ from typing import Any
 
 from monitor import control
 from monitor.probe import lifeline, workers
+from monitor.probe.choice import LoaderChoice, grad_enabled
 from monitor.probe.compiles import CompileWatch
 from monitor.probe.identity import rank_identity
 from monitor.probe.loaders import (
     base_loader,
     batch_size,
-    batches_itself,
-    describe_loader,
     held_iterator,
-    is_fastai_loader,
-    is_nodes_loader,
     loader_settings,
-    not_retunable,
     shipped,
-    weakly,
     worker_procs,
 )
-from monitor.probe.loops import TRAIN
 from monitor.probe.phases_attach import attach as attach_phases
 from monitor.probe.requests import LoaderRequests
 from monitor.probe.samples import sample_counter
@@ -44,7 +38,6 @@ from monitor.probe.writer import relay_ring
 from monitor.records import (
     COMPILE,
     EPOCH,
-    EVALUATION,
     LOADER,
     LOADER_ERROR,
     PROBE,
@@ -55,17 +48,7 @@ from monitor.store import Store
 FLUSH_S, FLUSH_STEADY_S = 0.5, 2.0  # writes while young, then (NOTE [the writer's wake])
 
 
-def _grad_enabled() -> bool:
-    """Whether autograd records here (False under no_grad and inference_mode); True where
-    torch cannot say."""
-    torch = sys.modules.get("torch")  # (the script's own: the probe never imports it)
-    try:
-        return bool(torch.is_grad_enabled()) if torch is not None else True
-    except Exception:
-        return True
-
-
-class Recorder(LoaderRequests):
+class Recorder(LoaderChoice, LoaderRequests):
     """One run's epochs and control in a user's process; the steps themselves go through a
     Probe (the same records and batching as the managed workload)."""
 
@@ -85,6 +68,11 @@ class Recorder(LoaderRequests):
         self.fixed: str | None = None  # why the timed loader cannot be re-tuned live
         self.batch_filled = False
         self._timed: Callable[[], Any] = lambda: None  # the loader followed (a weak ref)
+        self._timed_data: Callable[[], Any] = lambda: None  # ... its dataset (a weak ref)
+        self._timed_kind: tuple[str, int | None] | None = None  # ... its class and length
+        self.built = 0  # training loaders built again, followed (choice.py)
+        self._starting: Any = None  # the epoch's loader until its first batch is reported
+        self.standing: dict[str, Any] = {}  # settings changed live (requests.py)
         self.batchless = False  # ... batches in its dataset: its batch size filled at exit
         self.reported: dict[str, Any] = {}  # its settings as last reported
         self.worker_procs: list[Any] = []  # the timed epoch's workers (note_workers)
@@ -172,7 +160,8 @@ class Recorder(LoaderRequests):
         """An epoch's first batch: its size, the workers and prefetch in flight, /dev/shm,
         the open-files limit, the sharing strategy and the start method, as a `loader`
         event (the causes in monitor/diagnosis/causes.py read it)."""
-        loader = self._timed()
+        loader = self._starting if self._starting is not None else self._timed()
+        self._starting = None  # (never `a or b`: bool() calls a loader's len())
         base = base_loader(loader) if loader is not None else None
         figures = workers.report(base if base is not None else loader, batch)
         self._hook_held(loader, base)
@@ -185,6 +174,7 @@ class Recorder(LoaderRequests):
             figures["iter_s"] = it.iter_s
             figures["first_batch_s"] = self.probe.clock() - it.t_start
         ds = shipped(base if base is not None else loader)  # what each worker receives
+        figures["built_again"] = self.built  # NOTE [a loader built each epoch]
         if figures.get("start_method") in ("spawn", "forkserver") and ds is not None:
             if id(ds) not in self.pickled:  # once a dataset: a worker's pickle, counted
                 self.pickled[id(ds)] = workers.pickled_bytes(ds)
@@ -253,80 +243,6 @@ class Recorder(LoaderRequests):
                                         "error": why, "at_step": self.probe.step})
         except Exception:  # nothing of ours reaches the loop, even from here
             pass
-
-    # -- which loader is timed -----------------------------------------------------------
-    def should_follow(self, loader: Any, role: str | None) -> bool:
-        """The loader the probe times: the one the training loop iterates when the loop can
-        be told (a new training loader replaces an earlier one), else the first iterated."""
-        if self.loader_id is None or self.loader_id == id(loader):
-            return True
-        return role == TRAIN
-
-    def follow(self, loader: Any, role: str | None, why: str) -> None:
-        """Time this loader from now on; say which and why (once, and on a switch to the
-        training loader)."""
-        first, before = self.loader_id is None, self.loader_role
-        self.loader_id, self.loader_role = id(loader), role
-        self.loader_cls = type(loader).__name__
-        self._timed, self.batchless = weakly(loader), batches_itself(loader)
-        self.skipped.discard(id(loader))
-        self.fixed = None
-        self._check_retunable(loader)
-        if not (first or (role == TRAIN and before != TRAIN)):
-            return
-        what = describe_loader(loader)
-        if is_nodes_loader(loader):
-            text = (f"timing {what} ({why}): its settings read from its nodes; they change "
-                    "in the script")
-        elif is_fastai_loader(loader):
-            text = f"timing the training loader ({why}): {what}"
-        elif base_loader(loader) is None:
-            text = f"timing {what} ({why}): not a torch DataLoader, only its wait is timed"
-        elif role == TRAIN:
-            text = f"timing the training loader ({why}): {what}"
-        elif why == "watch()":
-            text = f"timing {what} (watch())"
-        else:
-            text = (f"timing {what}: the first loader iterated ({why}); later ones "
-                    "(validation) are not timed")
-        self._say(text)
-        self._event(PROBE, text)
-
-    def evaluation_pass(self, loader: Any) -> bool:
-        """Whether this iter() of the training loader is an evaluation pass, not training:
-        the loop trained on it before (an epoch with gradients on) and iterates it now with
-        gradients off (`@torch.no_grad()`, `torch.inference_mode()`), as PyG's mutag_gin
-        calls `test(train_loader)` after each `train()`. Counted apart, in its own event,
-        and said once; its batches are not training steps, nor its pass an epoch."""
-        if id(loader) != self.loader_id or not self.trained or _grad_enabled():
-            return False
-        self.eval_passes += 1
-        text = (f"evaluation pass over the training loader ({describe_loader(loader)}, "
-                "gradients off): not a training epoch, not timed")
-        if self.eval_passes == 1:
-            self._say(text)
-        self._event(EVALUATION, f"{text} ({self.eval_passes} so far)",
-                    {"passes": self.eval_passes, "after_epoch": self.epoch})
-        return True
-
-    def skip(self, loader: Any, why: str) -> None:
-        """A loader not timed: said once per loader, in the run's events."""
-        if id(loader) in self.skipped or id(loader) == self.loader_id:
-            return
-        self.skipped.add(id(loader))
-        self._event(PROBE, f"not timed: {describe_loader(loader)}: {why}")
-
-    def inside_timed(self, loader: Any) -> bool:
-        """Whether iter(loader) runs inside the timed loader's own iter() or next(): a stage
-        of it (WebLoader's DataLoader, a CombinedLoader's), timed as part of its wait."""
-        return (self.probe.waiting_since is not None and self.loader_id is not None
-                and self.loader_id != id(loader))
-
-    def end_open_step(self) -> None:
-        """Another iter(): the timed epoch's pending step ends now."""
-        it = self.open
-        if it is not None and not it.ended:
-            it.finish()
 
     def _say_phases(self, text: str, loud: bool = True) -> None:
         """What the phase hooks met (monitor/probe/phases.py), once each: on stderr too
@@ -402,13 +318,16 @@ class Recorder(LoaderRequests):
         it = self.open
         if (n := it.delivered if it is not None else self.let_go) is None or n > 0:
             self.epoch += 1
+        # held until the epoch's first batch is reported: `for b in DataLoader(...)` drops
+        # the loader once its iterator is made (0 workers were reported for its 2)
+        self._starting = loader
         self.look_at_compiles()
         for hook in self.epoch_hooks:
             try:
                 hook(self)
             except Exception:  # a hook's failure is its own
                 pass
-        self.trained = self.trained or _grad_enabled()
+        self.trained = self.trained or grad_enabled()
         ph = self.probe.phases
         if ph is not None and ph.note:  # (the optimizer is not a torch one: said once)
             self._say_phases(f"step phases: {ph.note}")
@@ -422,16 +341,6 @@ class Recorder(LoaderRequests):
             self._epoch_control(loader)
         except Exception as exc:  # the store failed: the training goes on without us
             self._stop_recording(exc)
-
-    def _check_retunable(self, loader: Any) -> None:
-        """Say once when requested settings cannot reach the timed loader: read at its
-        first iter() and again at each epoch (timm's MultiEpochsDataLoader makes its one
-        iterator lazily, at its first batch)."""
-        if self.fixed is None:
-            self.fixed = not_retunable(loader)
-            if self.fixed is not None:
-                self._event(PROBE, f"not re-tunable live: {self.fixed}",
-                            {"retunable": False, "why": self.fixed})
 
     def _fill_batch_size(self, loader: Any) -> None:
         """A loader that batches in its dataset reports no batch size: the first batch's

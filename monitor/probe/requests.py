@@ -32,6 +32,7 @@ class LoaderRequests:
     epoch: int
     last_control: int
     reported: dict[str, Any]  # the last settings _report sent
+    standing: dict[str, Any]  # the settings changed live, by apply()
     said_no_midepoch: bool
     stopped: str | None
     script: str
@@ -100,6 +101,13 @@ class LoaderRequests:
                 continue
             self.store.mark_control(cid, self.apply(loader, payload, at_step))
 
+    def carry_changes(self, loader: Any) -> None:
+        """The settings changed live, applied to the training loader the script built again
+        (NOTE [a loader built each epoch] in monitor/probe/choice.py): its constructor
+        would undo them each epoch, while the store says they hold."""
+        if self.standing:
+            change_loader(loader, dict(self.standing))
+
     def _report(self, settings: dict[str, Any]) -> None:
         """This process's rank, loader settings and accelerator, for the store; rank 0 (or a
         single process) also speaks for the run record. Under the relay `monitor run`'s
@@ -136,6 +144,7 @@ class LoaderRequests:
         if refused is not None:
             return refused
         self.probe.config_seq += 1
+        self.standing.update({k: v for k, v in after.items() if before.get(k) != v})
         label = control.change_label(describe_change(before, after) or "settings", source)
         where = f"epoch {self.epoch}" + (f", step {at_step}" if at_step else "")
         self.store.add_event(self.run_id, control.CONFIG, label if self.world_size == 1 else
