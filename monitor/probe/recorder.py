@@ -132,6 +132,7 @@ class Recorder(LoaderChoice, LoaderRequests):
     def close(self) -> None:
         """At exit: the last step of an epoch that was delivered whole is recorded (a loop
         that stops by length never asks again); a loop left mid-epoch drops its last."""
+        self._starting = None
         it = self.open
         try:
             if it is not None:
@@ -211,6 +212,7 @@ class Recorder(LoaderChoice, LoaderRequests):
     def _loader_error(self, exc: BaseException) -> None:
         """The loader raised into the loop (its own error, passed on untouched). Failed
         only once its event is written: a failure before that leaves the death to close()."""
+        self._starting = None  # (no first batch to report: the loader is the script's)
         text = workers.error_text(exc)
         if "killed by signal" not in text and (how := workers.exit_note(self.worker_procs, exc)):
             text = f"{text}; {how}"
