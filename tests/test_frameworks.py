@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -60,6 +61,32 @@ def test_lightning_times_the_training_loader_and_every_step(tmp_path, no_leaks):
     assert d["phases"]["forward"] > 0
     assert any(x.startswith("not timed:") and "batch 64" in x and "evaluation loop" in x
                for x in labels), labels
+
+
+def test_lightning_reloading_its_loader_each_epoch_keeps_a_change_made_live(tmp_path,
+                                                                           no_leaks):
+    """NOTE [a loader built each epoch]: under reload_dataloaders_every_n_epochs=1 Lightning
+    builds a new training DataLoader each epoch from the module's hook; a num_workers change
+    requested after epoch 0 reaches epoch 1's loader and, where the new loader of epoch 2
+    would undo it, that one too; every epoch's steps are stored."""
+    db, go = tmp_path / "r.db", tmp_path / "go"
+    p = start(db, sys.executable, "lightning_fit.py", "--epochs", "3", "--samples", "192",
+              "--work", "5", "--no-val", "--reload", "--hold-after-epoch0", str(go))
+    store = Store(db) if wait_for(db.exists, timeout=120) else None
+    assert wait_for(lambda: len(store.steps(1)) >= 3, timeout=120), p.stderr
+    cid = store.request_control(1, "config", {"num_workers": 2})
+    go.touch()
+    out, err, d = finish(p)
+    workers = dict(re.findall(r"rank 0 epoch (\d): 192 samples, [\d.]+ samples/s, "
+                              r"num_workers=(\d)", out))
+    assert workers == {"0": "0", "1": "2", "2": "2"}, (out, err[-2000:])
+    applied, result = store.control_result(cid)
+    assert applied and result == "ok: applied at epoch 1", result
+    steps = store.steps(d["run_id"])
+    assert steps.groupby("epoch").size().to_dict() == {0: 6, 1: 6, 2: 6}, err[-2000:]
+    assert set(steps[steps["epoch"] > 0]["config_seq"]) == {1}
+    assert any(x.startswith("the training loader is built again (Lightning's fit loop")
+               for x in probe_events(store, d["run_id"])), probe_events(store, d["run_id"])
 
 
 def test_lightning_ddp_launcher_records_each_rank_and_requests_reach_one(tmp_path, no_leaks):
@@ -195,8 +222,6 @@ def test_ray_train_stores_every_step_of_both_ranks_with_host_evidence(tmp_path, 
     iterator from the DataLoader it wraps at every epoch). Ray on a saturated 2-core box can
     fail by its own timeouts ("GetTimeoutError", seen beside a busy suite): the steps it ran
     are still the steps stored, and the run says it failed."""
-    import re
-
     db = tmp_path / "ray.db"
     p = subprocess.Popen(
         [sys.executable, "-m", "monitor", "run", "--db", str(db), "--json", "--",

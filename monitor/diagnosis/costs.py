@@ -86,6 +86,8 @@ def startup(steps: pd.DataFrame, report: dict[str, Any] | None,
     # a DataLoader built again each epoch starts its workers whatever its settings say
     # (NOTE [a loader built each epoch] in monitor/probe/choice.py)
     again = bool(r.get("built_again"))
+    lightning = "Lightning" in str(r.get("built_by") or "")
+    builder = "Lightning" if lightning else "the script"
     if nw == 0 or (r.get("persistent_workers") and not again) or first is None or \
             steps.empty or "epoch" not in steps.columns or steps["epoch"].nunique() < 2:
         return None  # one epoch: its workers started once, as persistent ones would
@@ -103,7 +105,7 @@ def startup(steps: pd.DataFrame, report: dict[str, Any] | None,
     obj = "map function's object" if nodes else "dataset object"
     parts = [f"each epoch starts its {nw} workers again (start method {method}, " + (
         "a torchdata.nodes ParallelMapper's, started at each iter(loader)" if nodes else
-        "the script builds a new DataLoader each epoch, and persistent_workers keeps a "
+        f"{builder} builds a new DataLoader each epoch, and persistent_workers keeps a "
         "loader's workers, not a new loader's" if again else "persistent_workers off") +
         f"): the first batch came {first:.2f} s after iter()"]
     if method in ("spawn", "forkserver"):
@@ -121,9 +123,12 @@ def startup(steps: pd.DataFrame, report: dict[str, Any] | None,
     advice = [Advice("persistent_workers", True, pred, "keeps the workers between epochs, "
                      f"so their start-up is paid once{gain}")]
     if again:
-        advice = [Advice("dataset", ONE_LOADER, pred, "build the DataLoader once, before the "
-                         "epoch loop, with persistent_workers=True: its workers then start "
-                         f"once, where each new loader starts its own{gain}")]
+        how = ("Trainer(reload_dataloaders_every_n_epochs=0), so that Lightning builds the "
+               "training loader once" if lightning else "build the DataLoader once, before "
+               "the epoch loop")
+        advice = [Advice("dataset", ONE_LOADER, pred, f"{how}, with persistent_workers=True: "
+                         f"its workers then start once, where each new loader starts its "
+                         f"own{gain}")]
         if not r.get("persistent_workers"):
             advice.append(Advice("persistent_workers", True, None, f"with {ONE_LOADER} "
                                  "(alone it keeps nothing: each epoch's loader is new)"))

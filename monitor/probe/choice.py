@@ -43,8 +43,10 @@ def grad_enabled() -> bool:
 # over the dataset object the timed one read, iterated with gradients on after the timed
 # one trained, is that training loader built again: it is timed from then on, the
 # settings changed live are applied to it too (the script's constructor would otherwise
-# undo them each epoch), and its report says so (`built_again`), for the workers'
-# start-up finding (monitor/diagnosis/costs.py). A validation loader reads another
+# undo them each epoch), and its report says so (`built_again`, `built_by`), for the
+# workers' start-up finding (monitor/diagnosis/costs.py). A framework's training loop that
+# builds its loader again (Lightning's reload_dataloaders_every_n_epochs) is followed as
+# before, and its new loaders take the live changes too. A validation loader reads another
 # dataset, or runs with gradients off; one over the training data with gradients on is
 # taken for training (an evaluation without no_grad is rare, and costs its backward).
 def _kind(data: Any) -> tuple[str, int | None] | None:
@@ -71,6 +73,7 @@ class LoaderChoice:
     batchless: bool
     probe: Any
     built: int  # training loaders built again, followed (NOTE [a loader built each epoch])
+    built_by: str | None  # ... by which loop (loops.loop_role's words)
     _timed: Callable[[], Any]
     _timed_data: Callable[[], Any]  # what the timed loader's workers receive (its dataset)
     _timed_kind: tuple[str, int | None] | None  # ... its class and length
@@ -103,7 +106,10 @@ class LoaderChoice:
         """Time this loader from now on; say which and why (once, and on a switch to the
         training loader)."""
         first, before = self.loader_id is None, self.loader_role
-        again = not first and self.built_again(loader, role)
+        # (a framework's loop that builds its training loader again: Lightning's
+        # reload_dataloaders_every_n_epochs)
+        again = not first and (self.built_again(loader, role) or
+                               role == TRAIN and before == TRAIN)
         self.loader_id, self.loader_role = id(loader), role
         self.loader_cls = type(loader).__name__
         self._timed, self.batchless = weakly(loader), batches_itself(loader)
@@ -114,11 +120,11 @@ class LoaderChoice:
         self.fixed = None
         self._check_retunable(loader)
         if again:
-            self.built += 1
+            self.built, self.built_by = self.built + 1, why
             self.carry_changes(loader)
             if self.built == 1:
-                text = (f"the training loader is built again each epoch (a new "
-                        f"{type(loader).__name__} over the same dataset): each one is timed, "
+                text = (f"the training loader is built again ({why}: a new "
+                        f"{type(loader).__name__} over the same data): each one is timed, "
                         "and settings changed live are applied to each")
                 self._say(text)
                 self._event(PROBE, text)

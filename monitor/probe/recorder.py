@@ -70,7 +70,7 @@ class Recorder(LoaderChoice, LoaderRequests):
         self._timed: Callable[[], Any] = lambda: None  # the loader followed (a weak ref)
         self._timed_data: Callable[[], Any] = lambda: None  # ... its dataset (a weak ref)
         self._timed_kind: tuple[str, int | None] | None = None  # ... its class and length
-        self.built = 0  # training loaders built again, followed (choice.py)
+        self.built, self.built_by = 0, None  # training loaders built again (choice.py)
         self._starting: Any = None  # the epoch's loader until its first batch is reported
         self.standing: dict[str, Any] = {}  # settings changed live (requests.py)
         self.batchless = False  # ... batches in its dataset: its batch size filled at exit
@@ -175,7 +175,8 @@ class Recorder(LoaderChoice, LoaderRequests):
             figures["iter_s"] = it.iter_s
             figures["first_batch_s"] = self.probe.clock() - it.t_start
         ds = shipped(base if base is not None else loader)  # what each worker receives
-        figures["built_again"] = self.built  # NOTE [a loader built each epoch]
+        # the training loader built again, by which loop (NOTE [a loader built each epoch])
+        figures["built_again"], figures["built_by"] = self.built, self.built_by
         if figures.get("start_method") in ("spawn", "forkserver") and ds is not None:
             if id(ds) not in self.pickled:  # once a dataset: a worker's pickle, counted
                 self.pickled[id(ds)] = workers.pickled_bytes(ds)

@@ -45,6 +45,18 @@ class Model(L.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.01)
 
 
+class Reloaded(Model):
+    """The training loader from the module's own hook, which the Trainer calls again each
+    epoch under reload_dataloaders_every_n_epochs=1 (--reload)."""
+
+    def __init__(self, make) -> None:
+        super().__init__()
+        self.make = make
+
+    def train_dataloader(self):
+        return self.make()
+
+
 class EpochRate(L.Callback):
     def __init__(self, hold: str | None = None) -> None:
         self.hold = hold  # a file each rank waits for after epoch 0 (a test's request first)
@@ -57,8 +69,9 @@ class EpochRate(L.Callback):
 
     def on_train_epoch_end(self, trainer, module) -> None:
         rate = self.n / (time.perf_counter() - self.t0)
+        workers = getattr(trainer.train_dataloader, "num_workers", "?")
         print(f"rank {trainer.global_rank} epoch {trainer.current_epoch}: {self.n} samples, "
-              f"{rate:.1f} samples/s", flush=True)
+              f"{rate:.1f} samples/s, num_workers={workers}", flush=True)
         if self.hold and trainer.current_epoch == 0:
             deadline = time.monotonic() + 120
             while not os.path.exists(self.hold) and time.monotonic() < deadline:
@@ -76,20 +89,29 @@ def main() -> None:
     p.add_argument("--work", type=int, default=20)
     p.add_argument("--devices", type=int, default=1)
     p.add_argument("--no-val", action="store_true")
+    p.add_argument("--reload", action="store_true",
+                   help="the training loader from the module, built again each epoch")
     p.add_argument("--hold-after-epoch0", default=None, metavar="FILE",
                    help="each rank waits for FILE to exist after its first epoch")
     a = p.parse_args()
     torch.set_num_threads(1)
-    train = DataLoader(Images(a.samples, a.work), batch_size=a.batch_size, shuffle=True,
-                       num_workers=a.num_workers,
-                       persistent_workers=a.persistent_workers and a.num_workers > 0)
+    data = Images(a.samples, a.work)
+
+    def make() -> DataLoader:
+        return DataLoader(data, batch_size=a.batch_size, shuffle=True,
+                          num_workers=a.num_workers,
+                          persistent_workers=a.persistent_workers and a.num_workers > 0)
     val = None if a.no_val else DataLoader(Images(a.samples // 4, a.work),
                                            batch_size=a.val_batch_size)
     trainer = L.Trainer(max_epochs=a.epochs, accelerator="cpu", devices=a.devices,
                         strategy="ddp" if a.devices > 1 else "auto", logger=False,
                         enable_checkpointing=False, enable_progress_bar=False,
-                        enable_model_summary=False, callbacks=[EpochRate(a.hold_after_epoch0)])
-    trainer.fit(Model(), train, val)
+                        enable_model_summary=False, callbacks=[EpochRate(a.hold_after_epoch0)],
+                        reload_dataloaders_every_n_epochs=int(a.reload))
+    if a.reload:
+        trainer.fit(Reloaded(make), val_dataloaders=val)
+    else:
+        trainer.fit(Model(), make(), val)
 
 
 if __name__ == "__main__":
