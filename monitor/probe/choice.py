@@ -40,8 +40,10 @@ def grad_enabled() -> bool:
 # timed: 20 of 160 steps, "warm-up, 1,382 samples/s" for a run that made 76 (2 workers,
 # spawn, a 40 MB dataset, persistent_workers=True, which keeps a loader's workers, not
 # a new loader's: 16.75 s bare against 2.39 s with the loader built once). A later loader
-# over the dataset object the timed one read, iterated with gradients on after the timed
-# one trained, is that training loader built again: it is timed from then on, the
+# over the dataset object the timed one read (or, the timed loader gone, over a dataset of
+# its class and length: the dataset built again too), iterated with gradients on after the
+# timed one trained, is that training loader built again (not a torchdata.nodes pipeline's:
+# its map function is no dataset, and a validation pipeline may share it): it is timed from then on, the
 # settings changed live are applied to it too (the script's constructor would otherwise
 # undo them each epoch), and its report says so (`built_again`, `built_by`), for the
 # workers' start-up finding (monitor/diagnosis/costs.py). A framework's training loop that
@@ -96,11 +98,14 @@ class LoaderChoice:
         on after the timed one trained, over the timed one's dataset object, or, the timed
         loader gone, over a dataset of its kind and size (built again too)."""
         if role is not None or self.loader_role is not None or not self.trained or \
-                not grad_enabled():
-            return False
+                not grad_enabled() or is_nodes_loader(loader):
+            return False  # (a nodes pipeline's map function is no dataset: a validation
+            # pipeline may share it)
         data = shipped(loader)
+        kind = _kind(data)
         return data is not None and (data is self._timed_data() or (
-            self._timed() is None and _kind(data) == self._timed_kind))
+            self._timed() is None and kind is not None and kind[1] is not None and
+            kind == self._timed_kind))
 
     def follow(self, loader: Any, role: str | None, why: str) -> None:
         """Time this loader from now on; say which and why (once, and on a switch to the
