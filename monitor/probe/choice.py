@@ -43,9 +43,9 @@ def grad_enabled() -> bool:
 # over the dataset object the timed one read (or, the timed loader gone, over a dataset of
 # its class and length: the dataset built again too), iterated with gradients on after the
 # timed one trained, is that training loader built again (not a torchdata.nodes pipeline's:
-# its map function is no dataset, and a validation pipeline may share it): it is timed from then on, the
-# settings changed live are applied to it too (the script's constructor would otherwise
-# undo them each epoch), and its report says so (`built_again`, `built_by`), for the
+# its map function is no dataset, and a validation pipeline may share it): it is timed
+# from then on, the settings changed live are applied to it too (the script's constructor
+# would otherwise undo them each epoch), and its report says so (`built_again`, `built_by`), for the
 # workers' start-up finding (monitor/diagnosis/costs.py). A framework's training loop that
 # builds its loader again (Lightning's reload_dataloaders_every_n_epochs) is followed as
 # before, and its new loaders take the live changes too. A validation loader reads another
