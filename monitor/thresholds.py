@@ -14,6 +14,7 @@ import statistics
 # PyTorch profiler's and Lightning's own "dataloader bottleneck" hints start to fire, and
 # below it a loader change rarely buys more than the run-to-run noise on a shared host.
 STARVING_SHARE = 0.10
+BY_THE_LINE = 0.02  # a share this near STARVING_SHARE is written to a tenth (by_the_line)
 # Host CPU busy over the usable cores above which more loader processes cannot run in
 # parallel: 85% leaves room for the sampling jitter of 0.25 s psutil readings.
 CPU_SATURATED = 0.85
@@ -211,9 +212,6 @@ def std_error(values: list[float]) -> float | None:
     if len(vals) < 2:
         return None
     return statistics.stdev(vals) / math.sqrt(len(vals))
-
-
-BY_THE_LINE = 0.02  # a share this near STARVING_SHARE is written to a tenth (by_the_line)
 
 
 def noise_band(errors: list[float | None]) -> float:

@@ -44,6 +44,7 @@ class Recent:
     events: pd.DataFrame
     ranks: pd.DataFrame
     end: float
+    same: tuple[dict[str, Any], ...] = ()  # earlier identical runs' ends, read once a run
 
     def window(self, rank: int | None = None) -> Window:
         """The live window of one rank (None: the whole job), with the run's history."""
@@ -53,16 +54,19 @@ class Recent:
         w = recent_window(self.run, steps, host, self.events, self.end, self.ranks)
         util = window_gpu_util(self.store, self.run, *analysis.span(w.steps)) \
             if not w.steps.empty else None
-        return dataclasses.replace(of_the_run(self.store, w, self.events), gpu_util=util)
+        return dataclasses.replace(of_the_run(self.store, w, self.events, self.same),
+                                   gpu_util=util)
 
 
-def of_the_run(store: Store, w: Window, events: pd.DataFrame | None = None) -> Window:
+def of_the_run(store: Store, w: Window, events: pd.DataFrame | None = None,
+               same: tuple[dict[str, Any], ...] | None = None) -> Window:
     """A live window with what the store holds of its run: its ended generations, and the
-    ends of earlier identical runs, so that a live window by the line is judged as its final
-    verdict will be (NOTE [identical runs])."""
+    ends of earlier identical runs (`same`, where the caller read them already), so that a
+    live window by the line is judged as its final verdict will be (NOTE [identical
+    runs])."""
     return dataclasses.replace(
         w, history=run_history(store, int(w.run["id"]), w.steps, events),
-        same_runs=same_runs.earlier(store, w.run))
+        same_runs=same if same is not None else same_runs.earlier(store, w.run))
 
 
 def read_recent(store: Store, run_id: int, end: float) -> Recent | None:
@@ -73,7 +77,7 @@ def read_recent(store: Store, run_id: int, end: float) -> Recent | None:
     since = end - KPI_WINDOW_S - READ_MARGIN_S
     return Recent(store, run, store.steps(run_id, since=since, until=end),
                   run_rows(store.host_samples(since, end), run_id), store.events(run_id),
-                  store.ranks(run_id), end)
+                  store.ranks(run_id), end, same_runs.earlier(store, run))
 
 
 def steady_verdict(state: dict[str, Any], key: Any, a: Assessment, seq: Any,
