@@ -66,10 +66,15 @@ def test_every_training_step_is_stored_once_with_its_batch_size(kind, tmp_path, 
     if kind.startswith("multi_epochs"):  # one iterator kept across epochs (timm, and
         # Ultralytics' InfiniteDataLoader, made lazily): its batches' workers still read
         assert [w["batches"] > 0 for w in d["workers"]] == [True, True], d["workers"]
-    # an evaluation pass over the training loader is counted apart, never as training
-    assert d["evaluation_passes"] == (EPOCHS if kind == "eval_pass" else 0), d
+    # an evaluation pass over the training loader is counted apart, never as training:
+    # with gradients off, and with the model in eval mode and gradients on (a new loader
+    # over the training data in eval mode is not followed: its batches of 16 are not stored)
+    assert d["evaluation_passes"] == (2 * EPOCHS if kind == "eval_pass" else 0), d
     if kind == "eval_pass":
         assert "evaluation pass over the training loader" in err, err[-2000:]
+        passes = Store(db).events(d["run_id"], kinds=("evaluation",))["label"].tolist()
+        assert [("gradients off" in x, "the model in eval mode" in x) for x in passes] == \
+            [(True, False), (False, True)] * EPOCHS, passes
     retune = d["retune"]
     if kind in ("multi_epochs", "multi_epochs_lazy", "combined"):
         assert retune["possible"] is False and retune["why"], retune

@@ -280,3 +280,34 @@ def test_batches_queued_are_counted_as_the_loop_asks_not_as_it_receives(store, n
     assert (waited["ready"] >= 1).mean() <= 0.25, steps[["wait_s", "ready", "held"]]
     share, _ = receive(steps)
     assert share is not None and share < 0.5, (share, steps[["wait_s", "ready", "held"]])
+
+
+def test_the_models_mode_names_an_evaluation_only_where_the_model_trained_in_training_mode():
+    """model.eval() before a pass with gradients on is an evaluation (NOTE [a loader built
+    each epoch]): read from the step's outermost modules that hold parameters, and only
+    where they trained in training mode."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from monitor.probe.choice import LoaderChoice, training_mode
+
+    student, teacher, loss = torch.nn.Linear(2, 2), torch.nn.Linear(2, 2), torch.nn.MSELoss()
+    teacher.eval()  # a frozen teacher beside the model that trains: still training
+    assert training_mode([student, teacher, loss]) is True
+    assert training_mode([loss]) is None  # no parameters: no word
+    student.eval()
+    assert training_mode([student, teacher, loss]) is False
+    choice = LoaderChoice()
+    choice.probe = SimpleNamespace(phases=SimpleNamespace(
+        roots={1: student, 2: teacher, 3: loss}, trained_mode=True))
+    assert choice.model_in_eval()
+    choice.probe.phases.trained_mode = False  # it trained in eval mode (a frozen BatchNorm)
+    assert not choice.model_in_eval()
+    choice.probe.phases.trained_mode, choice.probe.phases.roots = True, {3: loss}
+    assert not choice.model_in_eval()
+    student.train()
+    choice.probe.phases.roots = {1: student, 2: teacher}
+    assert not choice.model_in_eval()
+    choice.probe.phases = None  # phases off: the gradients' word alone
+    assert not choice.model_in_eval()

@@ -49,8 +49,12 @@ def grad_enabled() -> bool:
 # workers' start-up finding (monitor/diagnosis/costs.py). A framework's training loop that
 # builds its loader again (Lightning's reload_dataloaders_every_n_epochs) is followed as
 # before, and its new loaders take the live changes too. A validation loader reads another
-# dataset, or runs with gradients off; one over the training data with gradients on is
-# taken for training (an evaluation without no_grad is rare, and costs its backward).
+# dataset, or runs with gradients off, or with the model in eval mode: model.eval() without
+# no_grad (a common omission) over the training loader made 9 "epochs" of a 3-epoch run
+# and an epoch-stall verdict (tests/scripts/loaders.py eval_pass). The mode is the model's
+# outermost modules' that hold parameters (monitor/probe/phases.py finds them), read only
+# where they trained in training mode: a script that trains in eval mode (a frozen
+# BatchNorm through model.eval()) keeps the gradients' word alone.
 def _kind(data: Any) -> tuple[str, int | None] | None:
     """A dataset's class and length (None where it has none): what a dataset built again
     each epoch keeps."""
@@ -61,6 +65,17 @@ def _kind(data: Any) -> tuple[str, int | None] | None:
     except Exception:  # an IterableDataset, or a length that fails
         size = None
     return type(data).__qualname__, size
+
+
+def training_mode(modules: Any) -> bool | None:
+    """Whether the model is in training mode: True where one of `modules` (the step's
+    outermost, monitor/probe/phases.py) that holds parameters is, False where all such are
+    in eval mode (model.eval()), None where none holds any or they cannot be read."""
+    try:
+        held = [m for m in list(modules) if next(m.parameters(), None) is not None]
+        return any(bool(m.training) for m in held) if held else None
+    except Exception:
+        return None
 
 
 class LoaderChoice:
@@ -98,7 +113,7 @@ class LoaderChoice:
         on after the timed one trained, over the timed one's dataset object, or, the timed
         loader gone, over a dataset of its kind and size (built again too)."""
         if role is not None or self.loader_role is not None or not self.trained or \
-                not grad_enabled() or is_nodes_loader(loader):
+                not grad_enabled() or self.model_in_eval() or is_nodes_loader(loader):
             return False  # (a nodes pipeline's map function is no dataset: a validation
             # pipeline may share it)
         data = shipped(loader)
@@ -160,16 +175,29 @@ class LoaderChoice:
         gradients off (`@torch.no_grad()`, `torch.inference_mode()`), as PyG's mutag_gin
         calls `test(train_loader)` after each `train()`. Counted apart, in its own event,
         and said once; its batches are not training steps, nor its pass an epoch."""
-        if not self.timed(loader) or not self.trained or grad_enabled():
+        if not self.timed(loader) or not self.trained:
+            return False
+        how = "gradients off" if not grad_enabled() else \
+            "the model in eval mode" if self.model_in_eval() else None
+        if how is None:
             return False
         self.eval_passes += 1
         text = (f"evaluation pass over the training loader ({describe_loader(loader)}, "
-                "gradients off): not a training epoch, not timed")
+                f"{how}): not a training epoch, not timed")
         if self.eval_passes == 1:
             self._say(text)
         self._event(EVALUATION, f"{text} ({self.eval_passes} so far)",
                     {"passes": self.eval_passes, "after_epoch": self.epoch})
         return True
+
+    def model_in_eval(self) -> bool:
+        """The model trained in training mode (its outermost modules when the phases found
+        them, during training) and is in eval mode now: model.eval() before a pass that
+        leaves gradients on (NOTE [a loader built each epoch]). False where the phases are
+        off or found no module with parameters."""
+        ph = self.probe.phases
+        return ph is not None and ph.trained_mode is True and \
+            training_mode(ph.roots.values()) is False
 
     def skip(self, loader: Any, why: str) -> None:
         """A loader not timed: said once per loader, in the run's events."""

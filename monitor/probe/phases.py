@@ -133,6 +133,7 @@ class Phases:
         self.failed: str | None = None
         self.note: str | None = None  # said once: the optimizer is not a torch one, ...
         self.on_roots: Callable[[list[str]], None] | None = None  # the roots, once found
+        self.trained_mode: bool | None = None  # their training mode then (probe/choice.py)
         # the probe (its waiting_since is set while the loop is inside next(loader)): a
         # module called there is the loader's work (a transform at 0 workers), never a root
         self.source: Any = None

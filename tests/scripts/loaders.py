@@ -14,7 +14,8 @@ CombinedLoader of two training loaders under Trainer.fit), boxes (Ultralytics' c
 dict whose first value, `batch_idx`, has one entry per box, 1-3 boxes an image), graphs
 (a graph batch object with `num_graphs`, as PyG's `Batch`: its tensors count nodes),
 eval_pass (each epoch trains, then evaluates over the same loader under torch.no_grad(),
-as PyG's mutag_gin.py calls `test(train_loader)`)."""
+as PyG's mutag_gin.py calls `test(train_loader)`, then in eval mode with gradients on, over
+the same loader and over a new one of the same dataset)."""
 from __future__ import annotations
 
 import argparse
@@ -205,11 +206,15 @@ def plain(kind: str, workers: int, epochs: int) -> None:
 
 
 def eval_pass(workers: int, epochs: int) -> None:
-    """Train an epoch, then evaluate on the same loader with gradients off."""
-    loader = DataLoader(Numbers(), batch_size=BATCH, num_workers=workers)
-    model = torch.nn.Linear(4, 1)
+    """Train an epoch, then evaluate on the same loader with gradients off; then again in
+    eval mode with gradients on (model.eval() without no_grad, a common omission), and over
+    a new loader of the same dataset the same way (a train-accuracy loader)."""
+    data = Numbers()
+    loader = DataLoader(data, batch_size=BATCH, num_workers=workers)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 1), torch.nn.Dropout(0.1))
     opt = torch.optim.SGD(model.parameters(), lr=0.001)
     for epoch in range(epochs):
+        model.train()
         batches = samples = total = 0
         for x, y in loader:
             loss = model(x).pow(2).mean()
@@ -220,6 +225,9 @@ def eval_pass(workers: int, epochs: int) -> None:
             batches, samples, total = batches + 1, samples + len(y), total + int(y.sum())
         with torch.no_grad():
             seen = sum(len(model(x)) for x, _ in loader)
+        model.eval()
+        seen += sum(len(model(x)) for x, _ in loader)
+        seen += sum(len(model(x)) for x, _ in DataLoader(data, batch_size=16))
         print(f"epoch {epoch}: {batches} batches, {samples} samples, checksum {total} "
               f"(evaluated {seen})", flush=True)
 
