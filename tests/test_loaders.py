@@ -38,7 +38,7 @@ def finish(p: subprocess.Popen) -> tuple[list[str], str, dict]:
 # kind: batches an epoch
 KINDS = {"multi_epochs": 6, "multi_epochs_lazy": 6, "inner_iter": 6, "stateful": 6,
          "webloader": 6, "hf_map": 6, "hf_stream": 6, "combined": 6, "boxes": 6, "graphs": 6,
-         "eval_pass": 6}
+         "eval_pass": 6, "train_in_step": 6}
 SAMPLES_FROM = {"boxes": "the leading dimension of batch['img']",
                 "graphs": "GraphBatch.num_graphs"}
 
@@ -75,6 +75,10 @@ def test_every_training_step_is_stored_once_with_its_batch_size(kind, tmp_path, 
         passes = Store(db).events(d["run_id"], kinds=("evaluation",))["label"].tolist()
         assert [("gradients off" in x, "the model in eval mode" in x) for x in passes] == \
             [(True, False), (False, True)] * EPOCHS, passes
+    # a step that puts the model back in training mode: its epochs are training, each step
+    # timed (the first after an evaluation waited for its second batch to say so)
+    assert ("puts the model in training mode inside its step" in err) == \
+        (kind == "train_in_step"), err[-2000:]
     retune = d["retune"]
     if kind in ("multi_epochs", "multi_epochs_lazy", "combined"):
         assert retune["possible"] is False and retune["why"], retune

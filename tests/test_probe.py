@@ -299,9 +299,13 @@ def test_the_models_mode_names_an_evaluation_only_where_the_model_trained_in_tra
     student.eval()
     assert training_mode([student, teacher, loss]) is False
     choice = LoaderChoice()
+    choice.mode_in_step = False
     choice.probe = SimpleNamespace(phases=SimpleNamespace(
         roots={1: student, 2: teacher, 3: loss}, trained_mode=True))
     assert choice.model_in_eval()
+    choice.mode_in_step = True  # the script's step sets the mode: not read again
+    assert not choice.model_in_eval()
+    choice.mode_in_step = False
     choice.probe.phases.trained_mode = False  # it trained in eval mode (a frozen BatchNorm)
     assert not choice.model_in_eval()
     choice.probe.phases.trained_mode, choice.probe.phases.roots = True, {3: loss}

@@ -6,7 +6,7 @@ attributes (loader_id, trained, epoch, ...) it reads."""
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from monitor.probe.loaders import (
@@ -49,12 +49,8 @@ def grad_enabled() -> bool:
 # workers' start-up finding (monitor/diagnosis/costs.py). A framework's training loop that
 # builds its loader again (Lightning's reload_dataloaders_every_n_epochs) is followed as
 # before, and its new loaders take the live changes too. A validation loader reads another
-# dataset, or runs with gradients off, or with the model in eval mode: model.eval() without
-# no_grad (a common omission) over the training loader made 9 "epochs" of a 3-epoch run
-# and an epoch-stall verdict (tests/scripts/loaders.py eval_pass). The mode is the model's
-# outermost modules' that hold parameters (monitor/probe/phases.py finds them), read only
-# where they trained in training mode: a script that trains in eval mode (a frozen
-# BatchNorm through model.eval()) keeps the gradients' word alone.
+# dataset, or runs with gradients off, or with the model in eval mode (NOTE [the model's
+# mode]).
 def _kind(data: Any) -> tuple[str, int | None] | None:
     """A dataset's class and length (None where it has none): what a dataset built again
     each epoch keeps."""
@@ -78,6 +74,19 @@ def training_mode(modules: Any) -> bool | None:
         return None
 
 
+# NOTE [the model's mode]
+# model.eval() without no_grad (a common omission) before a pass over the training loader:
+# a 3-epoch run stored 9 "epochs" and read epoch-stall (tests/scripts/loaders.py eval_pass).
+# The mode is read from the model's outermost modules that hold parameters (found by
+# monitor/probe/phases.py during training), and only where they trained in training mode:
+# a script that trains in eval mode (a frozen BatchNorm through model.eval()) keeps the
+# gradients' word alone. A plain loop's pass begun in eval mode is not timed until its
+# second batch is asked for: the model still in eval mode, it is an evaluation; put back in
+# training mode by the loop's step (model.train() inside a train_step, as the HF Trainer
+# does after its evaluation), it is a training epoch, timed from its first batch (its ask
+# and arrival kept), and the mode is not read again for that script. Deciding at iter()
+# alone lost every later epoch of such a script (tests/scripts/loaders.py train_in_step).
+# Frameworks' loops say their role and are not read this way.
 class LoaderChoice:
     loader_id: int | None
     loader_role: str | None
@@ -91,6 +100,8 @@ class LoaderChoice:
     probe: Any
     built: int  # training loaders built again, followed (NOTE [a loader built each epoch])
     built_by: str | None  # ... by which loop (loops.loop_role's words)
+    mode_in_step: bool  # the script's step sets the model's mode (NOTE [the model's mode])
+    fault: Callable[..., None]
     _timed: Callable[[], Any]
     _timed_data: Callable[[], Any]  # what the timed loader's workers receive (its dataset)
     _timed_kind: tuple[str, int | None] | None  # ... its class and length
@@ -113,7 +124,7 @@ class LoaderChoice:
         on after the timed one trained, over the timed one's dataset object, or, the timed
         loader gone, over a dataset of its kind and size (built again too)."""
         if role is not None or self.loader_role is not None or not self.trained or \
-                not grad_enabled() or self.model_in_eval() or is_nodes_loader(loader):
+                not grad_enabled() or is_nodes_loader(loader):
             return False  # (a nodes pipeline's map function is no dataset: a validation
             # pipeline may share it)
         data = shipped(loader)
@@ -175,12 +186,12 @@ class LoaderChoice:
         gradients off (`@torch.no_grad()`, `torch.inference_mode()`), as PyG's mutag_gin
         calls `test(train_loader)` after each `train()`. Counted apart, in its own event,
         and said once; its batches are not training steps, nor its pass an epoch."""
-        if not self.timed(loader) or not self.trained:
+        if not self.timed(loader) or not self.trained or grad_enabled():
             return False
-        how = "gradients off" if not grad_enabled() else \
-            "the model in eval mode" if self.model_in_eval() else None
-        if how is None:
-            return False
+        self._evaluated(loader, "gradients off")
+        return True
+
+    def _evaluated(self, loader: Any, how: str) -> None:
         self.eval_passes += 1
         text = (f"evaluation pass over the training loader ({describe_loader(loader)}, "
                 f"{how}): not a training epoch, not timed")
@@ -188,16 +199,42 @@ class LoaderChoice:
             self._say(text)
         self._event(EVALUATION, f"{text} ({self.eval_passes} so far)",
                     {"passes": self.eval_passes, "after_epoch": self.epoch})
-        return True
 
     def model_in_eval(self) -> bool:
         """The model trained in training mode (its outermost modules when the phases found
         them, during training) and is in eval mode now: model.eval() before a pass that
-        leaves gradients on (NOTE [a loader built each epoch]). False where the phases are
-        off or found no module with parameters."""
+        leaves gradients on (NOTE [the model's mode]). False where the phases are off or
+        found no module with parameters, and once the script's step was seen to set it."""
         ph = self.probe.phases
-        return ph is not None and ph.trained_mode is True and \
+        return ph is not None and ph.trained_mode is True and not self.mode_in_step and \
             training_mode(ph.roots.values()) is False
+
+    def on_probation(self, loader: Any, role: str | None) -> bool:
+        """Whether this iter() of the training loader (or of a new loader over its data)
+        waits for its second batch to say whether it trains (NOTE [the model's mode])."""
+        return role is None and self.trained and grad_enabled() and \
+            (self.timed(loader) or self.built_again(loader, role)) and self.model_in_eval()
+
+    def probation(self, loader: Any, inner: Iterator[Any], t_iter: float,
+                  time_rest: Callable[..., Iterator[Any]]) -> Probation:
+        return Probation(self, loader, inner, t_iter, time_rest)
+
+    def _resolved(self, loader: Any, training: bool) -> bool:
+        if not training:
+            if self.timed(loader):
+                self._evaluated(loader, "the model in eval mode")
+            else:
+                self.skip(loader, "a loader over the training data iterated with the model "
+                                  "in eval mode (an evaluation)")
+            return False
+        self.mode_in_step = True
+        text = ("the script puts the model in training mode inside its step (model.train() "
+                "after the epoch began): its mode no longer tells evaluations apart here")
+        self._say(text)
+        self._event(PROBE, text)
+        if not self.timed(loader):
+            self.follow(loader, None, "a plain loop")
+        return True
 
     def skip(self, loader: Any, why: str) -> None:
         """A loader not timed: said once per loader, in the run's events."""
@@ -227,3 +264,52 @@ class LoaderChoice:
             if self.fixed is not None:
                 self._event(PROBE, f"not re-tunable live: {self.fixed}",
                             {"retunable": False, "why": self.fixed})
+
+
+class Probation:
+    """An iterator begun (at `t_iter`) with the model in eval mode and gradients on,
+    untimed: an evaluation pass, unless the loop's step puts the model back in training mode
+    during the first batch; then the epoch is timed (`time_rest`: the rest, and the first
+    batch's times), and the mode is not read again (NOTE [the model's mode]). Its length and
+    attributes are the loader's iterator's, as a timed epoch's are."""
+
+    def __init__(self, choice: LoaderChoice, loader: Any, inner: Iterator[Any], t_iter: float,
+                 time_rest: Callable[..., Iterator[Any]]) -> None:
+        self._choice, self._loader, self._inner = choice, loader, inner
+        self._t_iter, self._time_rest = t_iter, time_rest
+        self._first: tuple[float, Any] | None = None  # its arrival and the first batch
+        self._rest: Iterator[Any] | None = None  # where later batches come from, once known
+
+    def __iter__(self) -> Probation:
+        return self
+
+    def __next__(self) -> Any:
+        if self._rest is not None:
+            return next(self._rest)
+        c = self._choice
+        if self._first is None:
+            try:
+                batch = next(self._inner)
+            except StopIteration:
+                self._rest = self._inner
+                c._resolved(self._loader, training=False)
+                raise
+            self._first = (c.probe.clock(), batch)
+            return batch
+        (t_got, batch), self._first, self._rest = self._first, None, self._inner
+        try:
+            if c._resolved(self._loader, training=training_mode(
+                    c.probe.phases.roots.values()) is True):
+                self._rest = self._time_rest(self._inner, (self._t_iter, t_got, batch))
+        except Exception as exc:  # nothing of ours reaches the loop
+            c.fault(exc, "at an epoch's second batch", self._loader)
+        self._loader = None
+        return next(self._rest)
+
+    def __len__(self) -> int:
+        return len(self._inner)  # type: ignore[arg-type]
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "_inner":
+            raise AttributeError(name)
+        return getattr(self._inner, name)

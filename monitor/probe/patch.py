@@ -157,6 +157,10 @@ def timed_iter(loader: Any, orig_iter: Any, explicit: bool = False) -> Iterator[
     try:
         rec = recorder()
         t0 = _plan(rec, loader, explicit, sys._getframe(1))
+        if t0 is PROBATION:
+            t_iter = rec.probe.clock()
+            return rec.probation(loader, orig(loader), t_iter,
+                                 lambda rest, first: _time_the_rest(rec, loader, rest, first))
         mid = (MidEpoch(loader, orig, rec.apply_pending, t0, resumable=rec.resumable)
                if t0 is not None and every_steps() and rec.resumable(loader) else None)
     except Exception as exc:
@@ -180,8 +184,24 @@ def timed_iter(loader: Any, orig_iter: Any, explicit: bool = False) -> Iterator[
     return it
 
 
+def _time_the_rest(rec: Recorder, loader: Any, rest: Iterator[Any],
+                   first: tuple[float, float, Any]) -> TimedIterator:
+    """An epoch found to train at its second batch (Recorder.probation): timed from its
+    first, `first` (asked, arrived, the batch)."""
+    rec.start_epoch(loader)
+    it = TimedIterator(rec.probe, rec.epoch, lambda: rest, t_start=first[0])
+    it.begun(*first)
+    rec.note_workers(loader, rest)
+    rec.open = it
+    return it
+
+
+PROBATION = -1.0  # _plan: untimed until the epoch's second batch (NOTE [the model's mode])
+
+
 def _plan(rec: Recorder, loader: Any, explicit: bool, caller: Any) -> float | None:
-    """Whether to time this iter(loader): its start time, or None to pass it through."""
+    """Whether to time this iter(loader): its start time, None to pass it through, or
+    PROBATION."""
     if rec.is_broken(loader):
         return None
     if not explicit and not on_training_thread(rec.loop_thread):
@@ -201,6 +221,8 @@ def _plan(rec: Recorder, loader: Any, explicit: bool, caller: Any) -> float | No
             rec.skip(loader, why if role == EVAL else
                      "a later loader of a plain loop (validation?); the first one is timed")
             return None
+        if rec.on_probation(loader, role):  # NOTE [the model's mode] (probe/choice.py)
+            return PROBATION
         if not rec.timed(loader):
             rec.follow(loader, role, why)
         elif rec.evaluation_pass(loader):

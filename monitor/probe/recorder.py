@@ -71,6 +71,7 @@ class Recorder(LoaderChoice, LoaderRequests):
         self._timed_data: Callable[[], Any] = lambda: None  # ... its dataset (a weak ref)
         self._timed_kind: tuple[str, int | None] | None = None  # ... its class and length
         self.built, self.built_by = 0, None  # training loaders built again (choice.py)
+        self.mode_in_step = False  # NOTE [the model's mode] in monitor/probe/choice.py
         self._starting: Any = None  # the epoch's loader until its first batch is reported
         self.standing: dict[str, Any] = {}  # settings changed live (requests.py)
         self.batchless = False  # ... batches in its dataset: its batch size filled at exit

@@ -269,6 +269,13 @@ class TimedIterator:
         except Exception:  # at a drop, never in the way of the user's code
             pass
 
+    def begun(self, t_req: float, t_got: float, batch: Any) -> None:
+        """Its first batch came before it was timed (Recorder.probation): that batch's ask
+        and arrival as if timed; its step is recorded at the next next()."""
+        self._t_req, self._t_got, self._batch, self.t_start = t_req, t_got, batch, t_req
+        self._first(batch)
+        self.delivered = 1
+
     def replace(self, inner: Iterator[Any]) -> None:
         self._inner = inner
         self._hook(inner)

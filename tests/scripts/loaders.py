@@ -15,7 +15,8 @@ dict whose first value, `batch_idx`, has one entry per box, 1-3 boxes an image),
 (a graph batch object with `num_graphs`, as PyG's `Batch`: its tensors count nodes),
 eval_pass (each epoch trains, then evaluates over the same loader under torch.no_grad(),
 as PyG's mutag_gin.py calls `test(train_loader)`, then in eval mode with gradients on, over
-the same loader and over a new one of the same dataset)."""
+the same loader and over a new one of the same dataset), train_in_step (model.train() in
+the step, after an evaluation of its own that leaves the model in eval mode)."""
 from __future__ import annotations
 
 import argparse
@@ -191,8 +192,8 @@ def plain(kind: str, workers: int, epochs: int) -> None:
     elif kind == "graphs":
         loader = DataLoader(Numbers(), batch_size=BATCH, num_workers=workers,
                             collate_fn=collate_graphs)
-    elif kind == "eval_pass":
-        return eval_pass(workers, epochs)
+    elif kind in ("eval_pass", "train_in_step"):
+        return eval_pass(workers, epochs, in_step=kind == "train_in_step")
     else:
         sys.exit(f"unknown kind {kind!r}")
     for epoch in range(epochs):
@@ -205,24 +206,36 @@ def plain(kind: str, workers: int, epochs: int) -> None:
               flush=True)
 
 
-def eval_pass(workers: int, epochs: int) -> None:
+def eval_pass(workers: int, epochs: int, in_step: bool = False) -> None:
     """Train an epoch, then evaluate on the same loader with gradients off; then again in
     eval mode with gradients on (model.eval() without no_grad, a common omission), and over
-    a new loader of the same dataset the same way (a train-accuracy loader)."""
+    a new loader of the same dataset the same way (a train-accuracy loader). `in_step`: the
+    step puts the model in training mode (as the HF Trainer's training_step does), after
+    an evaluation under no_grad over a loader of its own that leaves it in eval mode."""
     data = Numbers()
     loader = DataLoader(data, batch_size=BATCH, num_workers=workers)
     model = torch.nn.Sequential(torch.nn.Linear(4, 1), torch.nn.Dropout(0.1))
     opt = torch.optim.SGD(model.parameters(), lr=0.001)
     for epoch in range(epochs):
-        model.train()
+        if not in_step:
+            model.train()
         batches = samples = total = 0
         for x, y in loader:
+            if in_step:
+                model.train()
             loss = model(x).pow(2).mean()
             opt.zero_grad()
             loss.backward()
             opt.step()
             time.sleep(0.005)  # sleep-ok: the rest of the "step"
             batches, samples, total = batches + 1, samples + len(y), total + int(y.sum())
+        if in_step:
+            model.eval()
+            with torch.no_grad():
+                seen = sum(len(model(x)) for x, _ in DataLoader(Numbers(16), batch_size=4))
+            print(f"epoch {epoch}: {batches} batches, {samples} samples, checksum {total} "
+                  f"(evaluated {seen})", flush=True)
+            continue
         with torch.no_grad():
             seen = sum(len(model(x)) for x, _ in loader)
         model.eval()
