@@ -290,7 +290,8 @@ def test_the_models_mode_names_an_evaluation_only_where_the_model_trained_in_tra
 
     import torch
 
-    from monitor.probe.choice import LoaderChoice, training_mode
+    from monitor.probe.choice import LoaderChoice
+    from monitor.probe.loops import training_mode
 
     student, teacher, loss = torch.nn.Linear(2, 2), torch.nn.Linear(2, 2), torch.nn.MSELoss()
     teacher.eval()  # a frozen teacher beside the model that trains: still training

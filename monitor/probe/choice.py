@@ -19,7 +19,7 @@ from monitor.probe.loaders import (
     shipped,
     weakly,
 )
-from monitor.probe.loops import TRAIN
+from monitor.probe.loops import TRAIN, training_mode
 from monitor.records import EVALUATION, PROBE
 
 
@@ -63,22 +63,12 @@ def _kind(data: Any) -> tuple[str, int | None] | None:
     return type(data).__qualname__, size
 
 
-def training_mode(modules: Any) -> bool | None:
-    """Whether the model is in training mode: True where one of `modules` (the step's
-    outermost, monitor/probe/phases.py) that holds parameters is, False where all such are
-    in eval mode (model.eval()), None where none holds any or they cannot be read."""
-    try:
-        held = [m for m in list(modules) if next(m.parameters(), None) is not None]
-        return any(bool(m.training) for m in held) if held else None
-    except Exception:
-        return None
-
-
 # NOTE [the model's mode]
 # model.eval() without no_grad (a common omission) before a pass over the training loader:
 # a 3-epoch run stored 9 "epochs" and read epoch-stall (tests/scripts/loaders.py eval_pass).
 # The mode is read from the model's outermost modules that hold parameters (found by
-# monitor/probe/phases.py during training), and only where they trained in training mode:
+# monitor/probe/phases.py; their mode while training is read at the end of that discovery,
+# a compiled model's too), and only where they trained in training mode:
 # a script that trains in eval mode (a frozen BatchNorm through model.eval()) keeps the
 # gradients' word alone. A plain loop's pass begun in eval mode is not timed until its
 # second batch is asked for: the model still in eval mode, it is an evaluation; put back in

@@ -13,7 +13,8 @@ their own files and functions, so no framework is imported here.
   (fit's validation, `validate`, `get_preds`) does not.
 - Anything else is a plain loop: the first DataLoader iterated is followed (the usual
   `for epoch ...: for batch in train_loader` comes before any validation pass), and the probe
-  says so.
+  says so. There the model's mode (`training_mode`) tells an evaluation that leaves gradients
+  on (NOTE [the model's mode] in monitor/probe/choice.py).
 Standard library only (the user's training process).
 """
 from __future__ import annotations
@@ -72,3 +73,14 @@ def on_training_thread(loop_thread: int | None = None) -> bool:
     here = threading.current_thread()
     return here is threading.main_thread() or (loop_thread is not None
                                                and here.ident == loop_thread)
+
+
+def training_mode(modules: Any) -> bool | None:
+    """Whether the model is in training mode: True where one of `modules` (the step's
+    outermost, monitor/probe/phases.py) that holds parameters is, False where all such are
+    in eval mode (model.eval()), None where none holds any or they cannot be read."""
+    try:
+        held = [m for m in list(modules) if next(m.parameters(), None) is not None]
+        return any(bool(m.training) for m in held) if held else None
+    except Exception:
+        return None

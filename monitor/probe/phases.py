@@ -60,6 +60,7 @@ from collections.abc import Callable
 from typing import Any
 
 from monitor.probe.device_clock import BACKWARD, FORWARD, OPTIMIZER
+from monitor.probe.loops import training_mode
 
 ENV = "STARVATION_MONITOR_PHASES"  # "0": phases off (`monitor run --no-phases`)
 DISCOVER_STEPS = 3  # steps the global module hooks run before the roots get their own
@@ -133,7 +134,7 @@ class Phases:
         self.failed: str | None = None
         self.note: str | None = None  # said once: the optimizer is not a torch one, ...
         self.on_roots: Callable[[list[str]], None] | None = None  # the roots, once found
-        self.trained_mode: bool | None = None  # their training mode then (probe/choice.py)
+        self.trained_mode: bool | None = None  # their training mode then
         # the probe (its waiting_since is set while the loop is inside next(loader)): a
         # module called there is the loader's work (a transform at 0 workers), never a root
         self.source: Any = None
@@ -261,6 +262,7 @@ class Phases:
             self.note = ("the optimizer step is not a torch.optim.Optimizer's (no step hook "
                          "ran): its time is counted in other")
         if self.steps == DISCOVER_STEPS:
+            self.trained_mode = training_mode(self.roots.values())  # (probe/choice.py)
             if self._global and not self.saw_compile:
                 self._time_roots()
             self.sampling = self.failed is None

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 
-from monitor.probe.choice import training_mode
 from monitor.probe.phases import ENV, Phases
 
 
@@ -21,7 +20,6 @@ def attach(say: Callable[..., None]) -> Phases | None:
     ph = Phases(lambda why: say(f"step phases off: {why}; the steps are timed as before"))
 
     def roots(names: list[str]) -> None:
-        ph.trained_mode = training_mode(ph.roots.values())  # (found while training)
         inside = list(ph.loader_modules)
         said = (f"; {', '.join(inside)} ran inside next(loader): the loader's work "
                 "(transforms), counted in the data wait, not the forward") if inside else ""
