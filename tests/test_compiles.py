@@ -13,7 +13,13 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from monitor.diagnosis.compiles import RECOMPILES, described, recompiles, shape_changes
+from monitor.diagnosis.compiles import (
+    RECOMPILES,
+    described,
+    mode_changes,
+    recompiles,
+    shape_changes,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "tests" / "scripts" / "recompiles.py"
@@ -83,6 +89,35 @@ def test_no_finding_without_a_recompile_or_a_stalled_step_in_the_window():
     # recompiles with no stalled step (a compile cheaper than the noise): nothing to name
     flat = frame([0.01] * 20, first=100)
     assert recompiles(flat, {"compiles": [{"step": 120, "recompiles": 2}]}, 100.0) is None
+
+
+# dynamo's guard failures (torch 2.13) for an evaluation inside the training loop of a
+# compiled model: under torch.no_grad(), and after model.eval() with gradients on
+MODE_REASONS = ["0/0: GLOBAL_STATE changed: grad_mode ",
+                "0/0: fn._modules['1'].training == True                        # return "
+                "F.dropout(input, self.p, self.training, self.inplace)  # nn/modules/"
+                "dropout.py:73 in forward\nUser stack trace:\n  File ..."]
+
+
+def test_a_recompile_for_a_new_mode_is_named_as_such_with_no_shape_advice():
+    """NOTE [a recompile for a new mode]: an evaluation mid-epoch compiles a graph for its
+    mode, once; padding batches would not help."""
+    steps = frame([0.01] * 7 + [1.0] + [0.01] * 20)
+    for reasons, said in ((MODE_REASONS[:1], "gradients on or off (torch.no_grad"),
+                          (MODE_REASONS[1:], "the model's mode (model.eval()"),
+                          (MODE_REASONS, "torch.no_grad, inference_mode) and of the model's")):
+        f = recompiles(steps, {"compiles": [{"step": 20, "recompiles": len(reasons),
+                                             "reasons": reasons}]}, 100.0)
+        assert f is not None and f.advice == () and "new shapes" not in f.text, f
+        assert said in f.text and "each compiled once" in f.text, f.text
+        assert f.numbers["slow_steps"] == [7] and "1 step took 1.00 s against" in f.text
+    assert mode_changes(MODE_REASONS) == ["grad_mode", "training"]
+    # a shape's beside a mode's: the shapes are named, with their fix
+    mixed = recompiles(steps, {"compiles": [{"step": 20, "recompiles": 3,
+                                             "reasons": MODE_REASONS[:1] + REASONS}]}, 100.0)
+    assert mixed is not None and "on new shapes" in mixed.text
+    assert [a.param for a in mixed.advice] == ["model", "drop_last"]
+    assert mode_changes(MODE_REASONS + REASONS) is None
 
 
 def test_shape_changes_are_read_from_dynamos_guard_failures():

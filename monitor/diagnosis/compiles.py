@@ -1,10 +1,11 @@
 """torch.compile recompiling on changing shapes: steps that stalled in their compute while
-dynamo compiled new graphs for shapes it had not seen (monitor/probe/compiles.py reads its
-graph counter and guard failures at each epoch's start and at exit: the `compiles` of the
-loader report). The device idles through each; more workers cannot help. Named with the
-steps, the time they took, the shapes that changed, and the fix in the script's terms: one
-shape (pad to fixed lengths, drop_last=True) or one graph for all (mark the dimension
-dynamic). Pure: the window's steps and the loader report in."""
+dynamo compiled new graphs for shapes it had not seen, or for a new mode (NOTE [a recompile
+for a new mode]). monitor/probe/compiles.py reads its graph counter and guard failures at
+each epoch's start and at exit: the `compiles` of the loader report. The device idles
+through each; more workers cannot help. Named with the steps, the time they took, the
+shapes that changed, and the fix in the script's terms: one shape (pad to fixed lengths,
+drop_last=True) or one graph for all (mark the dimension dynamic); a mode's, paid once, has
+none. Pure: the window's steps and the loader report in."""
 from __future__ import annotations
 
 import math
@@ -19,6 +20,18 @@ from monitor.thresholds import COMPILE_STALL_MIN_S, COMPILE_STALL_X
 RECOMPILES = "recompiles"
 MISMATCH = re.compile(r"size mismatch at index (\d+)\. expected (\d+), actual (\d+)")
 SHOWN_STEPS = 6
+# NOTE [a recompile for a new mode]
+# Dynamo guards a graph on the global state and on each module's `training` flag too: an
+# evaluation inside the training loop (model.eval(), torch.no_grad()) fails them once and
+# compiles a graph for that mode, which is kept beside the training one. A compiled model
+# evaluated on a held-out batch every 8 steps stalled 1.0 s at its first evaluation (48%
+# of a short run), and the finding said "1 recompile on new shapes" and advised padding
+# batches: no shape had changed. Its guard failures say which: "GLOBAL_STATE changed:
+# grad_mode" and "fn._modules['1'].training == True" (torch 2.13). Recompiles that fail
+# only such guards are named as a mode's, paid once each, with no shape advice.
+MODE = re.compile(r"GLOBAL_STATE changed: (\w+)|\.training == (?:True|False)")
+MODES = {"grad_mode": "gradients on or off (torch.no_grad, inference_mode)",
+         "training": "the model's mode (model.eval(), model.train())"}
 
 
 def shape_changes(reasons: list[str]) -> list[tuple[int, int, int]]:
@@ -29,6 +42,19 @@ def shape_changes(reasons: list[str]) -> list[tuple[int, int, int]]:
         if m is not None and (key := (int(m[1]), int(m[2]), int(m[3]))) not in out:
             out.append(key)
     return out
+
+
+def mode_changes(reasons: list[str]) -> list[str] | None:
+    """The modes whose change failed the guards ("grad_mode", "training", ...), first seen
+    first; None where a reason is not a mode's (NOTE [a recompile for a new mode])."""
+    out: list[str] = []
+    for r in reasons:
+        m = MODE.search(r)
+        if m is None:
+            return None
+        if (key := m[1] or "training") not in out:
+            out.append(key)
+    return out or None
 
 
 def described(changes: list[tuple[int, int, int]]) -> str:
@@ -75,15 +101,20 @@ def recompiles(steps: pd.DataFrame, report: dict[str, Any] | None,
     start = float((steps["ts"] - steps["wait_s"] - steps["compute_s"]).min())
     window_s = float(steps["ts"].max()) - start
     n = sum(int(e["recompiles"]) for e in mine)
-    changes = shape_changes([r for e in mine for r in e.get("reasons") or ()])
+    reasons = [r for e in mine for r in e.get("reasons") or ()]
+    changes, modes = shape_changes(reasons), mode_changes(reasons)
     at = ", ".join(str(int(s)) for s in slow["step"].head(SHOWN_STEPS)) + \
         (", ..." if len(slow) > SHOWN_STEPS else "")
     share = lost / window_s if window_s > 0 else math.nan
     said = described(changes)
+    why = (" on a change of " + " and of ".join(MODES.get(m, m) for m in modes) +
+           ", not of shapes (an evaluation inside the training loop?): dynamo keeps a graph "
+           "for each mode, each compiled once, which a longer run amortises") if modes else \
+        " on new shapes" + (f" ({said})" if said else "")
     text = (f"Steps stalled while torch.compile compiled again: {n} recompile"
-            f"{'s' if n != 1 else ''} on new shapes" + (f" ({said})" if said else "") +
-            f"; {len(slow)} step{'s' if len(slow) != 1 else ''} took "
-            f"{float(slow['compute_s'].mean()):.2f} s each against a median step of "
+            f"{'s' if n != 1 else ''}{why}; {len(slow)} step{'s' if len(slow) != 1 else ''} "
+            f"took {float(slow['compute_s'].mean()):.2f} s"
+            f"{' each' if len(slow) != 1 else ''} against a median step of "
             f"{med * 1e3:.0f} ms (steps {at}), {lost:.1f} s lost, {share:.0%} of this "
             "window. The device waits while it compiles: more workers cannot help." + (
                 f" By step {int(limit['step'])} it hit dynamo's recompile_limit: shapes new "
@@ -95,7 +126,7 @@ def recompiles(steps: pd.DataFrame, report: dict[str, Any] | None,
     short = any(d == 0 and b < a for d, a, b in changes)
     other = any(d > 0 for d, _, _ in changes)
     advice: list[Advice] = []
-    if other or not changes:
+    if other or not (changes or modes):
         dims = sorted({d for d, _, _ in changes if d > 0}) or [1]
         advice.append(Advice(
             "model", "one shape for every batch", pred,
@@ -110,6 +141,7 @@ def recompiles(steps: pd.DataFrame, report: dict[str, Any] | None,
     return Finding(RECOMPILES, text, {"recompiles": n, "slow_steps": slow["step"].astype(int)
                                       .tolist()[:50], "lost_s": lost, "share": share,
                                       "changes": [list(c) for c in changes],
+                                      "modes": modes or [],
                                       "limit_hit_by_step": int(limit["step"])
                                       if limit is not None else None},
                    tuple(advice), no_more_workers=True, leads=True)
