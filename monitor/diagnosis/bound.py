@@ -95,16 +95,15 @@ from dataclasses import dataclass, field, replace
 
 from monitor.diagnosis.features import Features
 from monitor.diagnosis.loading import made_ahead
+from monitor.diagnosis.main_cpu import main_per_step, step_threads
 from monitor.thresholds import (
     CORES_TIE_X,
     DEFAULT_OVERHEAD_S,
     KNEE_SHARE,
     MAIN_HANDOFF_S,
     MAIN_IDLE_CORES,
-    MAIN_RECEIVE_S,
     MIN_LOADER_CORES,
     STARVING_SHARE,
-    STEP_ON_CPU,
 )
 
 # NOTE [a step on the loaders' CPUs]
@@ -359,7 +358,7 @@ def fit_bound(f: Features, scales: dict[str, float] | None = None) -> BoundModel
         overhead = max(overhead, f.receive_wait_s)
     # in units of one task alone (NOTE [the CPUs' capacity]): the CPU seconds measured at
     # the window's busy CPUs did `speed` of a lone task's work each
-    usable, speed, main_cpu = float(f.usable_cores), 1.0, _main_per_step(f)
+    usable, speed, main_cpu = float(f.usable_cores), 1.0, main_per_step(f)
     cap = f.capacity_cores
     if cap is not None and cap < usable - 1e-6:
         busy = min(usable, max(1.0, f.host_cpu_cores or 1.0))
@@ -377,29 +376,8 @@ def fit_bound(f: Features, scales: dict[str, float] | None = None) -> BoundModel
         device_scales=not f.simulated, overhead_s=overhead, cores=cores, fit_workers=nw,
         scales=dict(scales or {}), others_runnable=f.others_runnable,
         usable=usable, main_runnable=main, local_ranks=max(1, f.local_ranks),
-        step_threads=_step_threads(f), loaders_cpu=f.workers_cpu_cores or 0.0,
+        step_threads=step_threads(f), loaders_cpu=f.workers_cpu_cores or 0.0,
     )
-
-
-def _step_threads(f: Features) -> float:
-    """P: the threads of the main process a step on the host's CPU runs on (its busy
-    threads, at most the usable cores), where the step keeps at least STEP_ON_CPU of a core
-    busy (its CPU per step, less the data wait's, against its time); else 0."""
-    if f.accelerator != "cpu" or f.main_cpu_cores is None or f.steps <= 0 \
-            or not f.compute_per_step_s or math.isnan(f.wait_per_step_s):
-        return 0.0
-    step_cpu = _main_cpu_a_step(f) - f.wait_per_step_s
-    return _pool(f) if step_cpu / f.compute_per_step_s >= STEP_ON_CPU else 0.0
-
-
-def _main_cpu_a_step(f: Features) -> float:
-    """The main process's CPU seconds a step over the window (main CPU cores measured)."""
-    return (f.main_cpu_cores or 0.0) * f.window_s / f.steps
-
-
-def _pool(f: Features) -> float:
-    """The main process's threads at work, at least one, at most the usable cores."""
-    return max(1.0, min(f.main_busy_threads or 1.0, float(f.usable_cores)))
 
 
 def capacity_at(k: float, cores: float, usable: int, physical: int | None) -> float:
@@ -414,29 +392,6 @@ def capacity_at(k: float, cores: float, usable: int, physical: int | None) -> fl
     if k <= p:
         return k
     return p + (cores - p) * (k - p) / (usable - p)
-
-
-def _main_per_step(f: Features) -> float | None:
-    """o_cpu: the main process's CPU per step beside workers outside its step (receiving,
-    unpickling, rebuilding the tensors), at most the data wait a step, where that work
-    happens (the probe's wait is the `next()` that receives; the loop's own code after it
-    is in the step's time, d). Where the step runs on the host's CPU its own CPU is taken
-    off: the step's time on each of the main process's threads at work (torch's intra-op
-    pool runs it on all of them). At num_workers=0 (not measurable: the main process loads)
-    MAIN_RECEIVE_S a batch, as measured on this box (bench/predictions.py).
-
-    Without the cap and the threads, a CPU step on a pool of two (torchvision's mobilenet,
-    tests/scripts/vision_train.py -j 2) read as 113 ms of "the loop's own time" beside a
-    61 ms step: the bound said 46 samples/s where the run measured 116, and every other
-    setting with workers was predicted at less than half its speed."""
-    if f.num_workers == 0 or f.main_cpu_cores is None or f.steps <= 0:
-        return MAIN_RECEIVE_S if f.steps > 0 else None
-    per = _main_cpu_a_step(f)
-    if f.accelerator == "cpu":
-        per -= f.compute_per_step_s * _pool(f)
-    if not math.isnan(f.wait_per_step_s):
-        per = min(per, f.wait_per_step_s)
-    return max(0.0, per)
 
 
 def best_workers(model: BoundModel, max_workers: int, batch_size: int | None = None) -> int:
