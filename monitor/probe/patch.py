@@ -157,12 +157,9 @@ def timed_iter(loader: Any, orig_iter: Any, explicit: bool = False) -> Iterator[
     try:
         rec = recorder()
         t0 = _plan(rec, loader, explicit, sys._getframe(1))
-        if t0 is PROBATION:
-            t_iter = rec.probe.clock()
-            return rec.probation(loader, orig(loader), t_iter,
-                                 lambda rest, first: _time_the_rest(rec, loader, rest, first))
         mid = (MidEpoch(loader, orig, rec.apply_pending, t0, resumable=rec.resumable)
-               if t0 is not None and every_steps() and rec.resumable(loader) else None)
+               if t0 is not None and t0 is not PROBATION and every_steps()
+               and rec.resumable(loader) else None)
     except Exception as exc:
         if rec is not None:
             rec.fault(exc, "at iter()", loader)
@@ -171,6 +168,10 @@ def timed_iter(loader: Any, orig_iter: Any, explicit: bool = False) -> Iterator[
         return orig(loader)
     if t0 is None:
         return orig(loader)
+    if t0 is PROBATION:  # (the loader's own __iter__ outside our try: its errors are the user's)
+        t_iter = rec.probe.clock()
+        return rec.probation(loader, orig(loader), t_iter,
+                             lambda rest, first: _time_the_rest(rec, loader, rest, first))
     # the loader's own __iter__ runs in here, once; its errors are the user's
     it = TimedIterator(rec.probe, rec.epoch,
                        mid.make_iter if mid is not None else lambda: orig(loader),
