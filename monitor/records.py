@@ -30,6 +30,9 @@ JUDGED = "judged"  # the verdict's line as a run ended: assess/same_runs.py, for
 STALLED, RESUMED = "stalled", "resumed"
 STALL_KINDS = (STALLED, RESUMED)
 LOOP_ENDED = "the loop ended"  # a resumed event's label when the loop ended in a stall
+# the loader report's `built_by` for Lightning's training loop (probe/loops.py names it,
+# diagnosis/costs.py advises its own setting for a loader it builds each epoch)
+LIGHTNING_FIT = "Lightning's fit loop"
 # Where the scheduler put a rank (monitor/probe/identity.py placement writes them to the
 # ranks table; the exporter's labels, in this order).
 PLACEMENT = ("hpc_job", "pod", "namespace", "replica")

@@ -911,3 +911,25 @@ def test_workers_of_a_loader_built_each_epoch_are_named_with_building_it_once():
     both = startup(steps, {**report, "persistent_workers": False}, 8 * 48 / t)
     assert [(a.param, a.value) for a in both.advice] == [
         ("dataset", ONE_LOADER), ("persistent_workers", True)], both.advice
+
+
+def test_a_loader_lightning_builds_each_epoch_is_told_lightnings_own_setting():
+    """The report's `built_by` is the probe's name for the loop (probe/loops.py's
+    LIGHTNING_FIT): a loader Lightning's fit loop builds each epoch is advised
+    Trainer(reload_dataloaders_every_n_epochs=0); a plain loop's, to build it once."""
+    from monitor.diagnosis.costs import startup
+    from monitor.records import LIGHTNING_FIT
+
+    rows, t = [], 0.0
+    for epoch in range(4):
+        for i in range(12):
+            wait = 0.045 if i == 0 else 0.005
+            t += wait + 0.01
+            rows.append({"ts": t, "step": epoch * 12 + i, "epoch": epoch, "wait_s": wait,
+                         "compute_s": 0.01, "samples": 8})
+    report = {"num_workers": 2, "persistent_workers": True, "first_batch_s": 0.045,
+              "start_method": "fork", "iter_s": 0.001, "built_again": 3}
+    for built_by, said, how in ((LIGHTNING_FIT, "Lightning builds", "Trainer(reload_"),
+                                ("a plain loop", "the script builds", "build the DataLoader")):
+        f = startup(pd.DataFrame(rows), {**report, "built_by": built_by}, 8 * 48 / t)
+        assert f is not None and said in f.text and f.advice[0].reason.startswith(how), f

@@ -15,6 +15,7 @@ import pandas as pd
 from monitor.diagnosis.finding import Advice, Finding
 from monitor.diagnosis.loading import made_ahead
 from monitor.frames.analysis import data_wait_share, epoch_stalls, loop_rate
+from monitor.records import LIGHTNING_FIT
 from monitor.thresholds import (
     EPOCH_STALL_SHARE,
     HISTORY_MIN_STEPS,
@@ -86,7 +87,7 @@ def startup(steps: pd.DataFrame, report: dict[str, Any] | None,
     # a DataLoader built again each epoch starts its workers whatever its settings say
     # (NOTE [a loader built each epoch] in monitor/probe/choice.py)
     again = bool(r.get("built_again"))
-    lightning = "Lightning" in str(r.get("built_by") or "")
+    lightning = r.get("built_by") == LIGHTNING_FIT
     builder = "Lightning" if lightning else "the script"
     if nw == 0 or (r.get("persistent_workers") and not again) or first is None or \
             steps.empty or "epoch" not in steps.columns or steps["epoch"].nunique() < 2:

@@ -24,6 +24,8 @@ import sys
 import threading
 from typing import Any
 
+from monitor.records import LIGHTNING_FIT
+
 TRAIN, EVAL = "train", "eval"
 _LIGHTNING = (f"pytorch{os.sep}loops{os.sep}", f"pytorch_lightning{os.sep}loops{os.sep}")
 _LIGHTNING_TRAIN = ("fit_loop.py", "training_epoch_loop.py")
@@ -48,7 +50,7 @@ def loop_role(frame: Any = None) -> tuple[str | None, str]:
             if base in _LIGHTNING_EVAL:
                 return EVAL, f"Lightning's {base[:-3].replace('_', ' ')} (not training)"
             if base in _LIGHTNING_TRAIN:
-                return TRAIN, "Lightning's fit loop"
+                return TRAIN, LIGHTNING_FIT
         elif path.endswith(_FASTAI):
             if name in _FASTAI_EVAL:
                 return EVAL, f"fastai's Learner.{name} (not training)"
