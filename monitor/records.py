@@ -87,6 +87,12 @@ STEP_FIELDS: tuple[StepField, ...] = (
     # ... and the finished batches still queued, not yet received, when this one was: the
     # workers ahead of the loop (a backlog), or not (none: the loop waits for a worker)
     StepField("ready", "int | None", "finished batches queued, unreceived, at the ask"),
+    # ... and the loop thread's own time through that receiving (monitor/probe/thread_clock.py;
+    # None without workers, with a pinning thread, or where the kernel does not say): on a
+    # CPU, and runnable but waiting for one (NOTE [the loop's receive])
+    StepField("wait_cpu_s", "float | None", "the loop thread's CPU in the data wait", "s"),
+    StepField("wait_runq_s", "float | None", "the loop thread's wait for a CPU in the data "
+              "wait", "s"),
     # the step's phases (monitor/probe/phases.py): device time where device_span_s is set
     # (CUDA events), else host time; None where not measured
     StepField("forward_s", "float | None", "forward pass (outermost modules)", "s"),

@@ -316,6 +316,13 @@ HOL_SHARE = 0.5  # ... holding this share of the window's data wait: head-of-lin
 # workers'; bench/repro/loader.py), over at least this many steps that counted it
 AHEAD_SHARE = 0.5
 AHEAD_MIN_STEPS = 20
+# ... and the share of that wait the loop's thread was blocked, neither on a CPU nor waiting
+# for one, at or over which the finding says the workers' hand-off held it (NOTE [the loop's
+# receive]: 51-67% from workers busy in Python, 4-40% where receiving is the loop's work)
+RECEIVE_HELD_SHARE = 0.5
+# ... the loop's wait for a CPU, read on one receipt in RUNQ_EVERY (monitor/probe/
+# thread_clock.py), from at least this many of them
+RUNQ_MIN_STEPS = 5
 # ... and longer than this many times a worker's turn (workers x the median step): a uniform
 # pipeline in order waits one turn for every n-th batch while the next sits finished
 HOL_BATCH_X = 1.5

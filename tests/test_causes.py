@@ -591,6 +591,14 @@ def test_batches_made_ahead_that_the_loop_receives_slowly_are_the_wait_not_worke
     # counted with every batch a worker made, never past what 2 workers at prefetch 2 hold
     assert len(ready) == steps["worker"].notna().sum() >= 90, (len(ready), len(steps))
     assert 0 <= ready.min() and ready.max() <= 4, ready.describe()
+    # the loop thread's own time through each receipt (monitor/probe/thread_clock.py): on a
+    # CPU and waiting for one, never more than the wait itself; measured with every `ready`
+    got = steps[steps["ready"].notna()]
+    assert got["wait_cpu_s"].notna().all() and got["wait_runq_s"].notna().sum() >= 1
+    assert (got["wait_cpu_s"] >= 0).all() and (got["wait_runq_s"].dropna() >= 0).all()
+    over = got["wait_cpu_s"] + got["wait_runq_s"].fillna(0.0) - got["wait_s"]
+    assert over.max() < 1e-3, got[over >= 1e-3][["wait_s", "wait_cpu_s", "wait_runq_s"]]
+    assert got["wait_cpu_s"].sum() > 0
     ahead = d["evidence"]["receive_wait_share"]
     named = [x["cause"] for x in d["findings"]]
     if ahead < AHEAD_SHARE:  # the workers fell behind here (no CPU for them): not this cause
@@ -601,6 +609,7 @@ def test_batches_made_ahead_that_the_loop_receives_slowly_are_the_wait_not_worke
     assert d["verdict"] == causes.RECEIVE, (d["verdict"], named)
     assert f["numbers"]["tensors"] == 20 and f["numbers"]["workers"] == 2, f["numbers"]
     assert f["numbers"]["sharing_strategy"] == "file_descriptor"
+    assert 0 < f["numbers"]["cpu_share"] <= 1 and "its thread on a CPU" in f["text"], f["text"]
     assert d["verdict_text"].startswith("The loop's own receiving is the wait: its 2 workers "
                                         "keep ahead"), d["verdict_text"]
     assert "blocked" not in d["verdict_text"], d["verdict_text"]
@@ -833,7 +842,16 @@ def test_a_main_pool_beside_workers_ahead_of_the_loop_is_the_loops_cpu_and_its_f
     f = threads_fight(SimpleNamespace(**ahead))
     assert f.cause == MAIN_THREADS and f.no_more_workers and f.workers_unpredictable
     assert f.numbers["ahead_share"] == 0.65 and "keep ahead (65%" in f.text
+    assert "receiving them, waits for a CPU among them" in f.text, f.text
     assert f.advice[0].predicted_throughput == pytest.approx(460.0 * 4 / 3)
+    # the loop's thread measured blocked through that wait (NOTE [the loop's receive]: 8-10%
+    # on a CPU, 14-17% waiting for one on tests/scripts/causes.py main_threads): the workers'
+    # hand-off, not the loop's receiving, is what the pool slows
+    late = threads_fight(SimpleNamespace(**ahead, receive_cpu_share=0.1,
+                                         receive_runq_share=0.15))
+    assert "spends 75% of that wait blocked on their hand-off" in late.text, late.text
+    assert "workers' threads that hand each batch over" in late.advice[0].reason
+    assert late.advice[0].predicted_throughput == f.advice[0].predicted_throughput
     # at most all of the loop's wait back
     f = threads_fight(SimpleNamespace(**{**ahead, "starved_share": 0.15}))
     assert f.advice[0].predicted_throughput == pytest.approx(460.0 / 0.85)

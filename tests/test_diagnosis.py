@@ -371,6 +371,52 @@ def test_a_wait_on_batches_made_ahead_is_the_loops_own_not_blocked_workers():
         assert RECEIVE not in [x.cause for x in found]
 
 
+def test_the_loops_receipt_says_where_its_thread_was_its_work_or_the_workers_hand_off():
+    """NOTE [the loop's receive]: the probe's `wait_cpu_s` and `wait_runq_s` of each receipt
+    say where the loop's thread was through the wait on batches made ahead. 90 ms a receipt
+    of which 20 ms on a CPU and 15 ms waiting for one: 61% blocked on the worker's own
+    threads handing the batch over, and the finding says so, with its figures; 60 ms on a
+    CPU: the loop's own work, no word of the hand-off. Steps not measured (0 workers, a
+    pinning thread, an older run) leave the split out."""
+    from monitor.diagnosis import causes
+    from monitor.diagnosis.costs import RECEIVE
+
+    cfg = LoaderConfig.build(num_workers=2).to_dict()
+    steps, t0, t1 = starved_steps()
+    host = host_frame(t0, t1, proc=30.0, workers=40.0, n_workers=2, total=40.0)
+    report = {"num_workers": 2, "batch_tensors": 2, "sharing_strategy": "file_descriptor"}
+
+    def found(**cols):
+        s = steps.assign(ready=2, held=0, worker=[i % 2 for i in range(50)], **cols)
+        f = features(s, host, cfg, BUDGET)
+        return f, [x for x in causes.find(s, host, report, [], f.throughput, features=f)
+                   if x.cause == RECEIVE][0]
+
+    f, held = found(wait_cpu_s=0.02, wait_runq_s=0.015)
+    assert f.receive_cpu_share == pytest.approx(0.02 / 0.09)
+    assert f.receive_runq_share == pytest.approx(0.015 / 0.09)
+    assert "its thread on a CPU 22% of that time, waiting for one 17%, and 61% waiting on " \
+           "the worker to hand it over, whose own threads send each batch" in held.text, held.text
+    assert held.numbers["cpu_share"] == pytest.approx(0.02 / 0.09)
+    assert held.advice[0].value == "file_system sharing"  # it ends the sharer's round trips
+    _, working = found(wait_cpu_s=0.06, wait_runq_s=0.0)
+    assert "on a CPU 67% of that time, waiting for one 0%, and 33% waiting on the worker " \
+           "to hand it over)" in working.text, working.text
+    f, unmeasured = found(wait_cpu_s=None, wait_runq_s=None)
+    assert f.receive_cpu_share is None and "hand it over" not in unmeasured.text
+    # no schedstat: the wait for a CPU not measured, the CPU share still said, no split
+    f, alone = found(wait_cpu_s=0.02, wait_runq_s=None)
+    assert f.receive_cpu_share == pytest.approx(0.02 / 0.09) and f.receive_runq_share is None
+    assert "on a CPU 22% of that time)" in alone.text, alone.text
+    # read on one receipt in 16 (monitor/probe/thread_clock.py): the share from those
+    f, _ = found(wait_cpu_s=0.02, wait_runq_s=[0.03 if i % 16 == 0 else None
+                                               for i in range(50)])
+    assert f.receive_runq_share is None  # 4 of them: too few
+    f, sampled = found(wait_cpu_s=0.02, wait_runq_s=[0.03 if i % 8 == 0 else None
+                                                     for i in range(50)])
+    assert f.receive_runq_share == pytest.approx(0.03 / 0.09), sampled.text
+
+
 def test_epoch_starts_are_measured():
     waits = ([0.5] + [0.01] * 9) * 4
     steps = steps_frame(waits, [0.05] * 40)

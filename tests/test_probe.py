@@ -278,8 +278,19 @@ def test_batches_queued_are_counted_as_the_loop_asks_not_as_it_receives(store, n
     waited = steps[steps["wait_s"] > 0.1].iloc[1:]
     assert len(waited) >= 4, steps[["wait_s", "ready", "held"]]
     assert (waited["ready"] >= 1).mean() <= 0.25, steps[["wait_s", "ready", "held"]]
-    share, _ = receive(steps)
+    share, _, _ = receive(steps)
     assert share is not None and share < 0.5, (share, steps[["wait_s", "ready", "held"]])
+    # the loop thread's own time through each receipt (monitor/probe/thread_clock.py):
+    # waiting for workers that sleep, it is blocked, on no CPU and waiting for none
+    timed = steps[steps["ready"].notna()]
+    assert timed["wait_cpu_s"].notna().all(), timed[["wait_s", "wait_cpu_s"]]
+    # (its wait for a CPU read on one receipt in 16: every 16th of this epoch's)
+    assert 1 <= timed["wait_runq_s"].notna().sum() <= len(timed) // 16 + 1, len(timed)
+    mine = timed["wait_cpu_s"] + timed["wait_runq_s"].fillna(0.0)
+    assert (timed["wait_cpu_s"] >= 0).all() and (mine <= timed["wait_s"] + 1e-3).all()
+    long = timed["wait_s"] > 0.1
+    assert (mine[long] < 0.5 * timed["wait_s"][long]).all(), \
+        timed[["wait_s", "wait_cpu_s", "wait_runq_s"]]
 
 
 def test_the_models_mode_names_an_evaluation_only_where_the_model_trained_in_training_mode():

@@ -13,7 +13,7 @@ from typing import Any
 import pandas as pd
 
 from monitor.diagnosis.finding import Advice, Finding
-from monitor.diagnosis.loading import made_ahead
+from monitor.diagnosis.loading import held, made_ahead
 from monitor.frames.analysis import data_wait_share, epoch_stalls, loop_rate
 from monitor.records import LIGHTNING_FIT
 from monitor.thresholds import (
@@ -22,6 +22,7 @@ from monitor.thresholds import (
     PER_SAMPLE_MAX_S,
     PER_SAMPLE_MIN_BATCH,
     PER_SAMPLE_WAIT_SHARE,
+    RECEIVE_HELD_SHARE,
     SLOWER_SHARE,
     STARTUP_MIN_S,
     STARTUP_STEPS_X,
@@ -194,6 +195,16 @@ def slower_with_more(history: Sequence[dict[str, Any]], workers_now: int,
 # a batch (the cpu samples of bench/repro/loader.py, 2 workers, a plain script of the same
 # loop) file_system sharing measured +13% quiet and -8% beside those neighbours: not
 # advised there.
+# A batch queued is not yet handed over: the worker's own threads send it (the queue's
+# feeder writes its bytes, the sharer thread answers for each descriptor), and a worker busy
+# making its next samples answers late (its CPU, its GIL). So the probe reads the loop
+# thread's CPU and its wait for a CPU through each receipt (monitor/probe/thread_clock.py),
+# and the finding says where the receiving went: the loop's own work, the cores, or the
+# workers' hand-off. 20 small tensors a sample, cheap ones: on a CPU 39-63% of the wait,
+# blocked 4-40%. 2 persistent workers of 0.4 ms of Python a sample, 2 tensors a batch, a
+# small step on the CPU: on a CPU 15-17%, blocked 51-67%; file_system sharing, which ends the
+# sharer's round trips, measured +13-15% there (8 epochs bare, 3.51-3.61 s against
+# 3.96-4.17 s; 2 epochs, 1 s, had read it as none), 3 and 4 workers no gain.
 def loop_receive(report: dict[str, Any] | None, f: Any) -> Finding | None:
     """The loop waits for batches its workers already made: receiving them is the wait."""
     r = report or {}
@@ -210,10 +221,19 @@ def loop_receive(report: dict[str, Any] | None, f: Any) -> Finding | None:
            if fds else "")
     up_to = batch / max(step, 1e-9)
     them = f"{nw} workers keep" if nw != 1 else "one worker keeps"
+    on, runq = getattr(f, "receive_cpu_share", None), getattr(f, "receive_runq_share", None)
+    blocked = held(f)
+    where = f"; its thread on a CPU {on:.0%} of that time" if on is not None else ""
+    if blocked is not None:
+        where += (f", waiting for one {runq:.0%}, and {blocked:.0%} waiting on the worker "
+                  "to hand it over")
+        if blocked >= RECEIVE_HELD_SHARE:
+            where += (", whose own threads send each batch and answer for each tensor's "
+                      "descriptor while it makes its next samples")
     text = (f"the loop's own receiving is the wait: its {them} ahead ({ahead:.0%} of the "
             "data wait was on batches asked for with a finished one already queued), and "
             f"the loop takes {wait * 1e3:.1f} ms to receive each (unpickling "
-            f"it{how}); more workers only queue more batches.")
+            f"it{how}{where}); more workers only queue more batches.")
     advice = []
     if fds and tensors > 1:  # (one tensor a batch: -8% and +13% bare, beside others and not)
         advice.append(Advice(
@@ -235,6 +255,7 @@ def loop_receive(report: dict[str, Any] | None, f: Any) -> Finding | None:
         f"would be up to {(up_to / f.throughput - 1) * 100:+.0f}% ({up_to:,.0f} samples/s) "
         "at this batch size"))
     return Finding(RECEIVE, text, {"workers": nw, "wait_share": ahead, "receive_s": wait,
+                                   "cpu_share": on, "runq_share": runq,
                                    "tensors": tensors, "sharing_strategy":
                                    r.get("sharing_strategy"), "up_to": up_to},
                    tuple(advice), no_more_workers=True)

@@ -103,6 +103,12 @@ class Features:
     receive_wait_share: float | None = ev("data wait on batches made ahead (the loop "
                                           "receiving them)", "{:.0%}")
     receive_wait_s: float | None = ev("receiving a batch made ahead (ms)", "ms")
+    # ... and the loop's thread through that wait: on a CPU, waiting for one; the rest
+    # blocked on the workers' hand-off (NOTE [the loop's receive])
+    receive_cpu_share: float | None = ev("the loop's thread on a CPU through that wait",
+                                         "{:.0%}")
+    receive_runq_share: float | None = ev("the loop's thread waiting for a CPU through it",
+                                          "{:.0%}")
     # the standard errors of the figures a verdict turns on, over the window's sub-windows
     # and host passes (rules.py: a comparison within NOISE_Z of them is borderline)
     data_wait_se: float | None = ev()
@@ -356,7 +362,7 @@ def features(
     h = host[(host["ts"] >= start) & (host["ts"] <= end)] if not host.empty else host
     cpu = _cpu(h)
     nw = int(config.get("num_workers") or 0)
-    ahead, receive_s = loading.receive(steps) if nw > 0 else (None, None)
+    ahead, receive_s, receipt = loading.receive(steps) if nw > 0 else (None, None, None)
     cpu_s, wall_s = loading.loading(steps, nw, cpu, span_s, s.data_wait_share, ahead)
     sampled = not h.empty and "proc_cpu_pct" in h.columns and h["proc_cpu_pct"].notna().any()
     split = loading.split(steps, nw, cpu, span_s, cpu_s, wall_s, sampled)
@@ -408,6 +414,8 @@ def features(
         loading_cpu_per_wall=share(cpu_s), loaders_runq_share=share(split["runq"]),
         loaders_blocked_share=share(split["blocked"]), read_per_sample_kb=split["read_kb"],
         receive_wait_share=ahead, receive_wait_s=receive_s,
+        receive_cpu_share=receipt[0] if receipt else None,
+        receive_runq_share=receipt[1] if receipt else None,
         **_noise(steps, h, budget.usable, share(split["runq"]), nw),
         main_busy_threads=_mean(h, "proc_busy_threads"),
         worker_busy_threads=_mean(h, "workers_busy_threads"),

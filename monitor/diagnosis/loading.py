@@ -9,23 +9,25 @@ from typing import Any
 
 import pandas as pd
 
-from monitor.thresholds import AHEAD_MIN_STEPS, AHEAD_SHARE, STARVING_SHARE
+from monitor.thresholds import AHEAD_MIN_STEPS, AHEAD_SHARE, RUNQ_MIN_STEPS, STARVING_SHARE
 
 
-def receive(steps: pd.DataFrame) -> tuple[float | None, float | None]:
-    """(share, seconds): the share of the data wait spent on steps asked for with a finished
-    batch already queued and none held out of order (the steps' `ready` and `held`, from
-    the probe): what the loop waited for batches its workers had made ahead, receiving
-    them; and that wait per such step. (None, None) where too few steps measured it (no
-    workers, not a multiprocessing loader, an older run). A slow sample holding the
-    in-order queue (head-of-line) has its wait on held steps, a loop waiting for its
-    workers on steps with nothing queued: neither is the loop's own receiving."""
+def receive(steps: pd.DataFrame) -> tuple[float | None, float | None,
+                                          tuple[float, float] | None]:
+    """(share, seconds, split): the share of the data wait spent on steps asked for with a
+    finished batch already queued and none held out of order (the steps' `ready` and
+    `held`, from the probe): what the loop waited for batches its workers had made ahead,
+    receiving them; that wait per such step; and where the loop's thread was through it
+    (receipt()). (None, None, None) where too few steps measured `ready` (no workers, not a
+    multiprocessing loader, an older run). A slow sample holding the in-order queue
+    (head-of-line) has its wait on held steps, a loop waiting for its workers on steps with
+    nothing queued: neither is the loop's own receiving."""
     if steps.empty or "ready" not in steps.columns:
-        return None, None
+        return None, None, None
     ready = pd.to_numeric(steps["ready"], errors="coerce")
     seen = ready.notna()
     if int(seen.sum()) < AHEAD_MIN_STEPS:
-        return None, None
+        return None, None, None
     held = pd.to_numeric(steps["held"], errors="coerce").fillna(0) \
         if "held" in steps.columns else 0
     mine = seen & (ready >= 1) & (held < 1)
@@ -33,7 +35,38 @@ def receive(steps: pd.DataFrame) -> tuple[float | None, float | None]:
     total = float(wait.sum())
     own = steps["wait_s"][mine]
     share = float(own.sum()) / total if total > 0 else 0.0
-    return share, (float(own.mean()) if len(own) else None)
+    return share, (float(own.mean()) if len(own) else None), receipt(steps[mine])
+
+
+def receipt(steps: pd.DataFrame) -> tuple[float, float | None] | None:
+    """(on a CPU, waiting for one): the shares of these steps' data wait the loop's thread
+    spent so (the steps' `wait_cpu_s`, and `wait_runq_s` read on a sample of them: NOTE [the
+    loop's receive] in monitor/diagnosis/costs.py); the rest it was blocked, waiting on the
+    workers' hand-off. None where fewer than AHEAD_MIN_STEPS measured it; the wait for a CPU
+    None where fewer than RUNQ_MIN_STEPS did (the kernel did not say, or too few steps)."""
+    if "wait_cpu_s" not in steps.columns:
+        return None
+    cpu = pd.to_numeric(steps["wait_cpu_s"], errors="coerce")
+    measured = cpu.notna()
+    wait = float(steps["wait_s"][measured].sum())
+    if int(measured.sum()) < AHEAD_MIN_STEPS or wait <= 0:
+        return None
+    on = min(1.0, float(cpu[measured].sum()) / wait)
+    runq = pd.to_numeric(steps["wait_runq_s"], errors="coerce") \
+        if "wait_runq_s" in steps.columns else pd.Series(dtype=float)
+    sampled = runq.notna() & measured
+    each = float(steps["wait_s"][sampled].sum())
+    if int(sampled.sum()) < RUNQ_MIN_STEPS or each <= 0:
+        return on, None
+    return on, min(1.0 - on, float(runq[sampled].sum()) / each)
+
+
+def held(f: Any) -> float | None:
+    """The share of the wait on batches made ahead the loop's thread was blocked, neither on
+    a CPU nor waiting for one: waiting on the workers' own threads to hand each batch over
+    (receipt()); None where not measured."""
+    on, runq = getattr(f, "receive_cpu_share", None), getattr(f, "receive_runq_share", None)
+    return None if on is None or runq is None else max(0.0, 1.0 - on - runq)
 
 
 def made_ahead(share: float | None) -> bool:

@@ -42,11 +42,12 @@ from typing import Any
 
 from monitor.diagnosis.costs import RECEIVE
 from monitor.diagnosis.finding import Advice, Finding
-from monitor.diagnosis.loading import made_ahead
+from monitor.diagnosis.loading import held, made_ahead
 from monitor.thresholds import (
     CPU_SATURATED,
     MAIN_CPU_GOT,
     OTHERS_BUSY_CORES,
+    RECEIVE_HELD_SHARE,
     RUNQ_CONTENTION_SHARE,
     THREADS_AT_WORK,
 )
@@ -103,13 +104,20 @@ def threads_fight(f: Any) -> Finding | None:
             # beside other processes' busy threads each operator also waits for its slowest
             # thread: a stall no CPU figure shows (x2.0-2.8 bare against x1.2 so predicted)
             others = (f.other_cpu_cores or 0.0) >= OTHERS_BUSY_CORES
+            # where the loop's thread was through that wait, measured (NOTE [the loop's
+            # receive]): blocked, the workers' own threads hand each batch over late
+            late = (held(f) or 0.0) >= RECEIVE_HELD_SHARE
             return _main_pool(
                 main, keep, None if others else pred, f"beside {nw} busy workers on {cores} "
                 f"usable cores: the workers keep ahead ({f.receive_wait_share:.0%} of the "
-                "data wait was on batches already made), and the loop's own thread, "
-                "receiving them, waits for a CPU among them",
-                "gives the loop's thread its core back while it receives each batch; more "
-                "workers only queue more" + (
+                "data wait was on batches already made), and " + (
+                    f"the loop's thread spends {held(f):.0%} of that wait blocked on their "
+                    "hand-off of each batch, which their own threads make while the pool holds "
+                    "the cores" if late else
+                    "the loop's own thread, receiving them, waits for a CPU among them"),
+                ("gives the workers' threads that hand each batch over the cores the pool "
+                 "took" if late else "gives the loop's thread its core back while it receives "
+                 "each batch") + "; more workers only queue more" + (
                     " (the gain is not predicted beside other processes' busy threads, "
                     "where each operator also waits for its slowest thread: measured x2.0-2.8 "
                     "on a reproducer)" if others else ""),

@@ -63,7 +63,7 @@ class Probe(StepWriter):
         self._anchor_clock = clock()
         self._anchor_wall = wall()
         # (step, epoch, t_got, wait, compute, samples, config_seq, copy_s, worker, held,
-        #  ready, forward, backward, optimizer)
+        #  ready, wait_cpu, wait_runq, forward, backward, optimizer)
         self._buffer: deque[tuple[Any, ...]] = deque(maxlen=BUFFER_MAX)
         self._unwritten: list[tuple[Any, ...]] = []  # the writer's: held back or to retry
         # step -> CUDA times: (idle, span, its phases' or None)
@@ -103,6 +103,8 @@ class Probe(StepWriter):
         self.batch_worker: int | None = None
         self.batch_held: int | None = None
         self.batch_ready: int | None = None
+        self.batch_wait_cpu: float | None = None
+        self.batch_wait_runq: float | None = None
         # The attach probe's: an epoch's first batch (its loader report), and the loader's
         # own error on its way to the loop (both called inside the probe's guards).
         self.on_first_batch: Callable[[Any, Any], None] | None = None
@@ -152,8 +154,8 @@ class Probe(StepWriter):
         # the step in STEP_FIELDS' order (monitor/records.py, NOTE [a step's fields]): this
         # is their one producer
         rec = (step, epoch, t_got, t_got - t_req, t_next - t_got, samples, self.config_seq,
-               self.copy_s, self.batch_worker, self.batch_held, self.batch_ready, fwd, bwd,
-               opt)
+               self.copy_s, self.batch_worker, self.batch_held, self.batch_ready,
+               self.batch_wait_cpu, self.batch_wait_runq, fwd, bwd, opt)
         if ring is not None:  # under `monitor run`: into the relay's ring (monitor/ring.py)
             ring.put(STEP_PENDING if self.device.active else STEP, rec)
         else:
@@ -165,6 +167,7 @@ class Probe(StepWriter):
             self._device_times()
         self.recent_steps.append(t_next - t_req)
         self.copy_s = self.batch_worker = self.batch_held = self.batch_ready = None
+        self.batch_wait_cpu = self.batch_wait_runq = None
         self.step = step + 1
         if self.inline_flush and t_next - self._last_flush >= self.flush_interval:
             self.flush()

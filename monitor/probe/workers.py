@@ -10,7 +10,9 @@ the training process (standard library only; torch read from sys.modules).
   batches queued, not yet received, when the loop asks for this one (the iterator's
   `_next_data`, wrapped the same way): workers ahead of a loop that spends its wait
   receiving each batch (NOTE [the loop's receive] in monitor/diagnosis/costs.py), where a
-  loop that waits for its workers finds none.
+  loop that waits for its workers finds none; and the loop thread's own time through that
+  call (on a CPU, waiting for one: monitor/probe/thread_clock.py), which tells a loop at
+  work receiving from one held by its workers' hand-off.
 - Once an epoch, at its first batch, the figures a batch's journey depends on: its bytes and
   tensor count, the workers and prefetch in flight, /dev/shm's size and free space (batches
   pass through it), the open-files limit and descriptors open now (torch's default
@@ -34,6 +36,7 @@ import weakref
 from typing import Any
 
 from monitor.config import in_flight
+from monitor.probe import thread_clock
 from monitor.probe.loaders import is_nodes_loader, workers_of
 
 MAX_WALK = 256  # items looked at when counting a batch's tensors and bytes
@@ -93,13 +96,31 @@ def hook(it: Any, probe: Any, t_start: float | None = None) -> bool:
         # while the loop waited for the workers all the same (47% of such a wait read as
         # made ahead at receipt, 1% at the ask)
         ask = _unbound(it, "_next_data")
+        # ... and the loop thread's own time through the receiving (with pin_memory the
+        # pinning thread receives, not the loop's: not read); its wait for a CPU on one
+        # receipt in RUNQ_EVERY
+        timed = not getattr(it, "_pin_memory", False)
+        count = [0]
 
         def _next_data(*args: Any, **kwargs: Any) -> Any:
             try:
                 probe.batch_ready = qsize()
             except Exception:  # never in the way of the batch
                 pass
-            return ask(*args, **kwargs)
+            if not timed:
+                return ask(*args, **kwargs)
+            count[0] += 1
+            runq = thread_clock.runq() if count[0] % thread_clock.RUNQ_EVERY == 0 else None
+            on = thread_clock.cpu()
+            data = ask(*args, **kwargs)
+            try:
+                probe.batch_wait_cpu = thread_clock.cpu() - on
+                if runq is not None:
+                    later = thread_clock.runq()
+                    probe.batch_wait_runq = later - runq if later is not None else None
+            except Exception:  # never in the way of the batch
+                pass
+            return data
 
         it._next_data = _next_data
     return True
