@@ -88,8 +88,9 @@ STEP_FIELDS: tuple[StepField, ...] = (
     # workers ahead of the loop (a backlog), or not (none: the loop waits for a worker)
     StepField("ready", "int | None", "finished batches queued, unreceived, at the ask"),
     # ... and the loop thread's own time through that receiving (monitor/probe/thread_clock.py;
-    # None without workers, with a pinning thread, or where the kernel does not say): on a
-    # CPU, and runnable but waiting for one (NOTE [the loop's receive])
+    # None without workers or with a pinning thread): on a CPU, and runnable but waiting for
+    # one (read on one receipt in 16; None where the kernel does not say). NOTE [the loop's
+    # receive]
     StepField("wait_cpu_s", "float | None", "the loop thread's CPU in the data wait", "s"),
     StepField("wait_runq_s", "float | None", "the loop thread's wait for a CPU in the data "
               "wait", "s"),

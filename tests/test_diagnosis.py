@@ -408,6 +408,8 @@ def test_the_loops_receipt_says_where_its_thread_was_its_work_or_the_workers_han
     f, alone = found(wait_cpu_s=0.02, wait_runq_s=None)
     assert f.receive_cpu_share == pytest.approx(0.02 / 0.09) and f.receive_runq_share is None
     assert "on a CPU 22% of that time)" in alone.text, alone.text
+    f, _ = found(wait_cpu_s=0.02)  # (a frame without the column: an older store's)
+    assert f.receive_cpu_share == pytest.approx(0.02 / 0.09) and f.receive_runq_share is None
     # read on one receipt in 16 (monitor/probe/thread_clock.py): the share from those
     f, _ = found(wait_cpu_s=0.02, wait_runq_s=[0.03 if i % 16 == 0 else None
                                                for i in range(50)])

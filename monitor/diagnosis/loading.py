@@ -52,8 +52,9 @@ def receipt(steps: pd.DataFrame) -> tuple[float, float | None] | None:
     if int(measured.sum()) < AHEAD_MIN_STEPS or wait <= 0:
         return None
     on = min(1.0, float(cpu[measured].sum()) / wait)
-    runq = pd.to_numeric(steps["wait_runq_s"], errors="coerce") \
-        if "wait_runq_s" in steps.columns else pd.Series(dtype=float)
+    if "wait_runq_s" not in steps.columns:
+        return on, None
+    runq = pd.to_numeric(steps["wait_runq_s"], errors="coerce")
     sampled = runq.notna() & measured
     each = float(steps["wait_s"][sampled].sum())
     if int(sampled.sum()) < RUNQ_MIN_STEPS or each <= 0:
