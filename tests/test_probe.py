@@ -1,6 +1,8 @@
 """The probe times wait and compute per step with an injected clock, and batches writes."""
 from __future__ import annotations
 
+import pytest
+
 from monitor.probe.samples import batch_len
 from monitor.probe.timing import Probe
 from tests.helpers import Clock
@@ -291,6 +293,42 @@ def test_batches_queued_are_counted_as_the_loop_asks_not_as_it_receives(store, n
     long = timed["wait_s"] > 0.1
     assert (mine[long] < 0.5 * timed["wait_s"][long]).all(), \
         timed[["wait_s", "wait_cpu_s", "wait_runq_s"]]
+
+
+def test_an_untimed_loaders_waits_are_watched_and_its_batches_pass_as_they_came(store):
+    """NOTE [an untimed loader's stall]: while the loop waits in an untimed DataLoader's
+    `_next_data`, `probe.untimed` says since when, whether for the pass's first batch, and
+    which loader; between batches, at its end and after its error it is None; the batches
+    are the loader's own, and an iterator is wrapped once."""
+    from torch.utils.data import DataLoader, Dataset
+
+    from monitor.probe.untimed import watch_waits
+
+    probe = Probe(store, store.create_run("x", "managed", {}), flush_interval=1e9)
+    seen: list = []
+
+    class Seen(Dataset):
+        def __len__(self) -> int:
+            return 6
+
+        def __getitem__(self, i: int) -> int:
+            if i == 5:
+                raise ValueError("a broken sample")
+            seen.append(probe.untimed)
+            return i
+
+    it = iter(DataLoader(Seen(), batch_size=2))
+    assert watch_waits(it, probe, "the validation loader")
+    assert not watch_waits(it, probe, "again")  # wrapped once
+    assert next(it).tolist() == [0, 1] and probe.untimed is None
+    assert next(it).tolist() == [2, 3] and probe.untimed is None
+    with pytest.raises(ValueError, match="a broken sample"):
+        next(it)
+    assert probe.untimed is None
+    assert [s[1:] for s in seen] == [(True, "the validation loader")] * 2 + [
+        (False, "the validation loader")] * 3
+    assert all(0 < s[0] <= probe.clock() for s in seen)
+    assert not watch_waits(iter([1, 2]), probe, "a list's")  # no _next_data: not watched
 
 
 def test_the_models_mode_names_an_evaluation_only_where_the_model_trained_in_training_mode():

@@ -29,10 +29,11 @@ from monitor.probe.env import RUN_ENV, SCRIPT_ENV
 from monitor.probe.epoch_plan import MidEpoch, every_steps
 from monitor.probe.identity import job_key, rank_identity
 from monitor.probe.lifeline import bind_to_parent
-from monitor.probe.loaders import is_dataloader
+from monitor.probe.loaders import describe_loader, is_dataloader
 from monitor.probe.loops import EVAL, loop_role, on_training_thread
 from monitor.probe.recorder import Recorder
 from monitor.probe.timing import TimedIterator
+from monitor.probe.untimed import watch_waits
 from monitor.records import PROBE
 from monitor.ring import ENV as RELAY_ENV
 from monitor.store import ATTACHED, ENV_VAR, FINISHED, Store
@@ -158,8 +159,8 @@ def timed_iter(loader: Any, orig_iter: Any, explicit: bool = False) -> Iterator[
         rec = recorder()
         t0 = _plan(rec, loader, explicit, sys._getframe(1))
         mid = (MidEpoch(loader, orig, rec.apply_pending, t0, resumable=rec.resumable)
-               if t0 is not None and t0 is not PROBATION and every_steps()
-               and rec.resumable(loader) else None)
+               if t0 is not None and t0 is not PROBATION and t0 is not WATCHED
+               and every_steps() and rec.resumable(loader) else None)
     except Exception as exc:
         if rec is not None:
             rec.fault(exc, "at iter()", loader)
@@ -168,9 +169,17 @@ def timed_iter(loader: Any, orig_iter: Any, explicit: bool = False) -> Iterator[
         return orig(loader)
     if t0 is None:
         return orig(loader)
-    if t0 is PROBATION:  # (the loader's own __iter__ outside our try: its errors are the user's)
+    if t0 is WATCHED or t0 is PROBATION:  # (the loader's own __iter__ outside our try: its
+        # errors are the user's); its waits watched until it is timed, if ever
         t_iter = rec.probe.clock()
-        return rec.probation(loader, orig(loader), t_iter,
+        it = orig(loader)
+        try:
+            watch_waits(it, rec.probe, describe_loader(loader))
+        except Exception as exc:
+            rec.fault(exc, "watching an untimed loader", loader)
+        if t0 is WATCHED:
+            return it
+        return rec.probation(loader, it, t_iter,
                              lambda rest, first: _time_the_rest(rec, loader, rest, first))
     # the loader's own __iter__ runs in here, once; its errors are the user's
     it = TimedIterator(rec.probe, rec.epoch,
@@ -198,11 +207,12 @@ def _time_the_rest(rec: Recorder, loader: Any, rest: Iterator[Any],
 
 
 PROBATION = -1.0  # _plan: untimed until the epoch's second batch (NOTE [the model's mode])
+WATCHED = -2.0  # _plan: not timed, its waits watched (NOTE [an untimed loader's stall])
 
 
 def _plan(rec: Recorder, loader: Any, explicit: bool, caller: Any) -> float | None:
-    """Whether to time this iter(loader): its start time, None to pass it through, or
-    PROBATION."""
+    """Whether to time this iter(loader): its start time, None to pass it through,
+    PROBATION, or WATCHED (not timed: a validation loader, an evaluation pass)."""
     if rec.is_broken(loader):
         return None
     if not explicit and not on_training_thread(rec.loop_thread):
@@ -221,13 +231,13 @@ def _plan(rec: Recorder, loader: Any, explicit: bool, caller: Any) -> float | No
         if role == EVAL or not rec.should_follow(loader, role):
             rec.skip(loader, why if role == EVAL else
                      "a later loader of a plain loop (validation?); the first one is timed")
-            return None
+            return WATCHED
         if rec.on_probation(loader, role):  # NOTE [the model's mode] (probe/choice.py)
             return PROBATION
         if not rec.timed(loader):
             rec.follow(loader, role, why)
         elif rec.evaluation_pass(loader):
-            return None
+            return WATCHED
     elif not rec.timed(loader):
         rec.follow(loader, None, "watch()")
     t0 = rec.probe.clock()

@@ -87,6 +87,9 @@ class Probe(StepWriter):
         # (None while it computes), and the last steps' durations.
         self.waiting_since: float | None = None
         self.waiting_first = False  # ...for an epoch's first batch (its workers start)
+        # ... and for an untimed loader's batch: (since, its pass's first?, the loader), set
+        # by monitor/probe/untimed.py (NOTE [an untimed loader's stall] there)
+        self.untimed: tuple[float, bool, str] | None = None
         self.first_batch_s: float | None = None  # the run's first batch, as it took
         self.first_samples: int | None = None  # its samples (a loader that batches itself)
         self.count_samples: Callable[[Any], int] | None = None  # sample_counter's, per run

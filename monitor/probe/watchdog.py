@@ -289,27 +289,33 @@ class Watchdog:
             except Exception:  # a store that cannot be written is the writer's to report
                 self.errors += 1
 
-    def limit(self) -> float:
+    def limit(self, first: bool | None = None) -> float:
         p = self.probe
         steps = list(p.recent_steps)
-        return stall_limit_s(statistics.median(steps) if steps else None, p.waiting_first,
-                             p.first_batch_s)
+        return stall_limit_s(statistics.median(steps) if steps else None,
+                             p.waiting_first if first is None else first, p.first_batch_s)
 
     def check(self) -> None:
         p = self.probe
         p.flush_if_due()
-        since = p.waiting_since
+        since, first, loader = p.waiting_since, p.waiting_first, None
+        untimed = p.untimed  # (NOTE [an untimed loader's stall] in monitor/probe/untimed.py)
+        if since is None and untimed is not None:
+            since, first, loader = untimed
         idle = p.clock() - since if since is not None else 0.0
-        if not self.stalled and since is not None and idle >= self.limit():
+        if not self.stalled and since is not None and idle >= self.limit(first):
             self.stalled = True
             workers = workers_state(os.getpid())
             text = describe(idle, where_is_main(self.main_thread), workers,
-                            first=p.waiting_first and p.first_batch_s is None,
+                            first=first and (loader is not None or p.first_batch_s is None),
                             limits=near_limits(workers) or forked_pool(workers))
+            if loader is not None:
+                text = f"{loader}, not timed (validation?): {text}"
             p.store.add_event(p.run_id, STALLED, text, {
-                "waiting_since": p.wall(since), "workers": workers, "limit_s": self.limit()})
+                "waiting_since": p.wall(since), "workers": workers,
+                "limit_s": self.limit(first), "loader": loader})
             if self.on_stall is not None:
                 self.on_stall(text)
-        elif self.stalled and (since is None or idle < self.limit()):
+        elif self.stalled and (since is None or idle < self.limit(first)):
             self.stalled = False
             p.store.add_event(p.run_id, RESUMED, "batches again", None)

@@ -69,7 +69,7 @@ def hook(it: Any, probe: Any, t_start: float | None = None) -> bool:
         qsize()  # type: ignore[misc]
     except Exception:
         qsize = None
-    call = _unbound(it, "_process_data")
+    call = unbound(it, "_process_data")
     del orig
 
     def _process_data(*args: Any, **kwargs: Any) -> Any:
@@ -95,7 +95,7 @@ def hook(it: Any, probe: Any, t_start: float | None = None) -> bool:
         # another worker (2 workers in step, each 120 ms a batch) is queued behind it,
         # while the loop waited for the workers all the same (47% of such a wait read as
         # made ahead at receipt, 1% at the ask)
-        ask = _unbound(it, "_next_data")
+        ask = unbound(it, "_next_data")
         # ... and the loop thread's own time through the receiving (with pin_memory the
         # pinning thread receives, not the loop's: not read); its wait for a CPU on one
         # receipt in RUNQ_EVERY
@@ -126,7 +126,7 @@ def hook(it: Any, probe: Any, t_start: float | None = None) -> bool:
     return True
 
 
-def _unbound(it: Any, name: str) -> Any:
+def unbound(it: Any, name: str) -> Any:
     """`it`'s method `name` to call from a wrapper set on the instance, without holding `it`
     (NOTE [no cycle through the iterator]); a wrapper already on the instance is called as
     it is."""

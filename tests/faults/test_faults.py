@@ -196,6 +196,41 @@ def test_attached_early_hang_is_named_and_the_run_fails_with_it(tmp_path, no_lea
     intact(db)
 
 
+@pytest.mark.parametrize("workers", ["0", "2"])
+def test_a_hung_validation_loader_is_named_though_not_timed(tmp_path, no_leaks, workers):
+    """NOTE [an untimed loader's stall]: a training epoch of 8 steps, then the validation
+    loader (not timed: a later loader of a plain loop) hangs at its first batch. It is named
+    stuck within its allowance, as that loader, with where the main process waits; stopped
+    by its user, the run is failed with it, and the training's steps are kept. Before, the
+    run read `stopped` with no stall named."""
+    db = tmp_path / "v.db"
+    p = attached(db, "hangs_early.py", workers, "validation", STARVATION_MONITOR_STALL_MIN_S="3")
+    said: list[str] = []
+    reader = threading.Thread(target=lambda: said.extend(iter(p.stderr.readline, "")),
+                              daemon=True)
+    reader.start()
+    try:
+        assert wait_for(lambda: any("looks stuck" in line for line in said), timeout=90), said
+    finally:  # (named or not, its user stops it)
+        p.send_signal(signal.SIGINT)
+        p.wait(timeout=60)
+        reader.join(10)
+    line = next(x for x in said if "looks stuck" in x)
+    assert "DataLoader over HangsEarly, batch 8" in line and \
+        "not timed (validation?): no first batch after" in line, line
+    where = "inside the dataset at hangs_early.py" if workers == "0" else \
+        "waiting for DataLoader workers; workers "
+    assert where in line, line
+    store = Store(db)
+    stall = store.events(1, kinds=("stalled",))
+    assert len(stall) == 1 and "HangsEarly" in stall["data"].iloc[0], stall
+    run = store.run(1)
+    assert run["status"] == "failed" and run["error"].startswith(
+        "DataLoader over HangsEarly, batch 8"), run["error"]
+    assert len(store.steps(1)) == 8  # the training epoch's, and nothing of the validation
+    intact(db)
+
+
 def test_the_page_says_it_waits_for_the_first_batch(store):
     import pandas as pd
 

@@ -1,5 +1,8 @@
 """A user's script whose dataset serves a few samples per loading process, then blocks forever
-(a deadlock taken at fork, a hung mount): a hang in the first batches, with no history."""
+(a deadlock taken at fork, a hung mount): a hang in the first batches, with no history.
+`hangs_early.py WORKERS validation`: a training loader of 8 batches trains an epoch, then
+the validation loader's dataset hangs at its first sample: a loader the probe does not time
+(NOTE [an untimed loader's stall])."""
 import sys
 import time
 
@@ -8,21 +11,30 @@ from torch.utils.data import DataLoader, Dataset
 
 
 class HangsEarly(Dataset):
-    def __init__(self):
-        self.served = 0
+    def __init__(self, serves: int = 16):  # samples served by each loading process
+        self.served, self.serves = 0, serves
 
     def __len__(self):
         return 10_000
 
     def __getitem__(self, i):
         self.served += 1
-        if self.served > 16:
+        if self.served > self.serves:
             while True:
                 time.sleep(3600)  # sleep-ok: the hang is the scenario
         return torch.zeros(4), 0
 
 
 if __name__ == "__main__":
-    loader = DataLoader(HangsEarly(), batch_size=8, num_workers=int(sys.argv[1]))
+    workers = int(sys.argv[1])
+    loader = DataLoader(HangsEarly(), batch_size=8, num_workers=workers)
+    if sys.argv[2:] == ["validation"]:
+        data = torch.utils.data.TensorDataset(torch.zeros(64, 4), torch.zeros(64))
+        for _ in DataLoader(data, batch_size=8, num_workers=workers):
+            time.sleep(0.005)  # sleep-ok: the "step"
+        print("trained an epoch, validating", flush=True)
+        with torch.no_grad():
+            for _ in DataLoader(HangsEarly(0), batch_size=8, num_workers=workers):
+                pass
     for step, _ in enumerate(loader):
         print(f"step {step}", flush=True)
