@@ -322,12 +322,20 @@ def test_an_untimed_loaders_waits_are_watched_and_its_batches_pass_as_they_came(
     assert not watch_waits(it, probe, "again")  # wrapped once
     assert next(it).tolist() == [0, 1] and probe.untimed is None
     assert next(it).tolist() == [2, 3] and probe.untimed is None
+    told: list = []
+    probe.on_untimed_error = lambda exc, loader, pids: told.append((exc, loader, pids))
     with pytest.raises(ValueError, match="a broken sample"):
         next(it)
     assert probe.untimed is None
+    # the loader's own error told, with no workers' pids; its end (StopIteration) not
+    assert [(type(e).__name__, what, pids) for e, what, pids in told] == [
+        ("ValueError", "the validation loader", [])]
     assert [s[1:] for s in seen] == [(True, "the validation loader")] * 2 + [
         (False, "the validation loader")] * 3
     assert all(0 < s[0] <= probe.clock() for s in seen)
+    rest = iter(DataLoader(range(4), batch_size=2))
+    assert watch_waits(rest, probe, "four")
+    assert [b.tolist() for b in rest] == [[0, 1], [2, 3]] and len(told) == 1
     assert not watch_waits(iter([1, 2]), probe, "a list's")  # no _next_data: not watched
 
 

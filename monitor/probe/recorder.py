@@ -60,6 +60,7 @@ class Recorder(LoaderChoice, LoaderRequests):
         self.probe.on_fault = lambda exc, where: self.fault(exc, where)
         self.probe.on_first_batch = self._loader_report
         self.probe.on_loader_error = self._loader_error
+        self.probe.on_untimed_error = self._untimed_error
         self.probe.on_workers_ready = self._workers_ready
         self.pickled: dict[int, int | None] = {}  # id(dataset) -> its pickled bytes
         self.held: dict[int, tuple[int, str | None]] = {}  # id(dataset) -> held_bytes
@@ -221,6 +222,15 @@ class Recorder(LoaderChoice, LoaderRequests):
         self._event(LOADER_ERROR, text, {"error": text, "at_step": self.probe.step})
         self.loader_failed = True
         workers.remove_dead_segments(w.pid for w in self.worker_procs)  # (after the event)
+
+    def _untimed_error(self, exc: BaseException, loader: str, pids: list) -> None:
+        """An untimed loader (validation) raised into the loop: named as that loader's
+        (NOTE [an untimed loader's stall] in monitor/probe/untimed.py)."""
+        text = f"{loader}, not timed (validation?): {workers.error_text(exc)}"
+        self._event(LOADER_ERROR, text, {"error": text, "at_step": self.probe.step,
+                                         "untimed": loader})
+        self.loader_failed = True
+        workers.remove_dead_segments(pids)
 
     # -- the probe's own failures (NOTE [fail-safe probe] in monitor/probe/patch.py) -----
     def is_broken(self, loader: Any) -> bool:

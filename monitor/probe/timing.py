@@ -112,6 +112,8 @@ class Probe(StepWriter):
         # own error on its way to the loop (both called inside the probe's guards).
         self.on_first_batch: Callable[[Any, Any], None] | None = None
         self.on_loader_error: Callable[[BaseException], None] | None = None
+        # ... and an untimed loader's (monitor/probe/untimed.py): (error, loader, worker pids)
+        self.on_untimed_error: Callable[[BaseException, str, list], None] | None = None
         # ... and each worker's first batch, once all have delivered one (seconds from the
         # epoch's iter(), by worker index)
         self.on_workers_ready: Callable[[list[float]], None] | None = None

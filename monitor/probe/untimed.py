@@ -21,9 +21,11 @@ from monitor.probe.workers import unbound
 # pass's first batch, and which loader. The watchdog (monitor/probe/watchdog.py) judges that
 # wait as it judges the timed loader's (stall_limit_s; a pass's first batch gets the start-up
 # allowance: its workers start at iter()), and its `stalled` event, stderr line and the run's
-# reason name the loader. A clock read and two attribute writes a batch; nothing of the batch
-# is touched. A pass begun on probation (NOTE [the model's mode] in monitor/probe/choice.py)
-# is watched the same way; found to train, its timed waits are the ones the watchdog reads.
+# reason name the loader; so does its own error on its way to the loop (a worker killed), a
+# `loader-error` event as the timed loader's is. A clock read and two attribute writes a
+# batch; nothing of the batch is touched. A pass begun on probation (NOTE [the model's
+# mode] in monitor/probe/choice.py) is watched the same way; found to train, its timed waits
+# are the ones the watchdog reads.
 def watch_waits(it: Any, probe: Any, loader: str) -> bool:
     """Watch the waits of `it` (an iterator of an untimed torch DataLoader) for a stall;
     False where it has no `_next_data` (another library's iterator) or is watched already."""
@@ -33,11 +35,22 @@ def watch_waits(it: Any, probe: Any, loader: str) -> bool:
     call = unbound(it, "_next_data")
     del ask
     first = [True]
+    pids = [getattr(w, "pid", None) for w in getattr(it, "_workers", None) or ()]
 
     def _next_data(*args: Any, **kwargs: Any) -> Any:
         probe.untimed = (probe.clock(), first[0], loader)
         try:
             return call(*args, **kwargs)
+        except (StopIteration, KeyboardInterrupt, SystemExit):
+            raise
+        except BaseException as exc:  # the loader's own, passed on as it came
+            told = probe.on_untimed_error
+            if told is not None:
+                try:
+                    told(exc, loader, pids)
+                except Exception:
+                    pass
+            raise
         finally:
             probe.untimed = None
             first[0] = False

@@ -231,6 +231,27 @@ def test_a_hung_validation_loader_is_named_though_not_timed(tmp_path, no_leaks, 
     intact(db)
 
 
+def test_a_validation_loaders_killed_worker_is_the_runs_reason(tmp_path, no_leaks):
+    """NOTE [an untimed loader's stall]: the validation loader (not timed) has its worker
+    killed at its first sample; torch's error reaches the script as it came, and the run's
+    reason names that loader and the kill, not only the script's exit code."""
+    db = tmp_path / "k.db"
+    p = attached(db, "hangs_early.py", "2", "validation_killed")
+    _, err = p.communicate(timeout=120)
+    assert p.returncode == 1 and "is killed by signal: Killed" in err, err[-2000:]
+    store = Store(db)
+    run = store.run(1)
+    assert run["status"] == "failed", run
+    assert "DataLoader over Dies, batch 8, 2 workers, not timed (validation?): RuntimeError: " \
+           "DataLoader worker (pid(s)" in run["error"], run["error"]
+    assert "killed by SIGKILL" in run["error"] and run["error"].endswith(
+        "(then: the script ended with exit code 1)"), run["error"]
+    error = store.events(1, kinds=("loader error",))
+    assert len(error) == 1 and "Dies" in json.loads(error["data"].iloc[0])["untimed"]
+    assert len(store.steps(1)) == 8
+    intact(db)
+
+
 def test_the_page_says_it_waits_for_the_first_batch(store):
     import pandas as pd
 
