@@ -336,6 +336,14 @@ def test_an_untimed_loaders_waits_are_watched_and_its_batches_pass_as_they_came(
     rest = iter(DataLoader(range(4), batch_size=2))
     assert watch_waits(rest, probe, "four")
     assert [b.tolist() for b in rest] == [[0, 1], [2, 3]] and len(told) == 1
+    # inside a timed wait (a pass on probation found to train) the timed loader's own
+    # handler tells its error: not told twice, nor as an untimed loader's
+    timed = iter(DataLoader(Seen(), batch_size=6))
+    watch_waits(timed, probe, "the training loader")
+    probe.waiting_since = probe.clock()
+    with pytest.raises(ValueError):
+        next(timed)
+    assert len(told) == 1
     assert not watch_waits(iter([1, 2]), probe, "a list's")  # no _next_data: not watched
 
 

@@ -45,7 +45,8 @@ def watch_waits(it: Any, probe: Any, loader: str) -> bool:
             raise
         except BaseException as exc:  # the loader's own, passed on as it came
             told = probe.on_untimed_error
-            if told is not None:
+            if told is not None and probe.waiting_since is None:  # (timed: a pass found to
+                # train, whose TimedIterator tells its loader's error itself)
                 try:
                     told(exc, loader, pids)
                 except Exception:
