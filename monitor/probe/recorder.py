@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from monitor import control
-from monitor.probe import lifeline, workers
+from monitor.probe import lifeline, untimed, workers
 from monitor.probe.choice import LoaderChoice, grad_enabled
 from monitor.probe.compiles import CompileWatch
 from monitor.probe.identity import rank_identity
@@ -226,7 +226,7 @@ class Recorder(LoaderChoice, LoaderRequests):
     def _untimed_error(self, exc: BaseException, loader: str, pids: list) -> None:
         """An untimed loader (validation) raised into the loop: named as that loader's
         (NOTE [an untimed loader's stall] in monitor/probe/untimed.py)."""
-        text = f"{loader}, not timed (validation?): {workers.error_text(exc)}"
+        text = untimed.named(loader, workers.error_text(exc))
         self._event(LOADER_ERROR, text, {"error": text, "at_step": self.probe.step,
                                          "untimed": loader})
         self.loader_failed = True

@@ -26,6 +26,11 @@ from monitor.probe.workers import unbound
 # batch; nothing of the batch is touched. A pass begun on probation (NOTE [the model's
 # mode] in monitor/probe/choice.py) is watched the same way; found to train, its timed waits
 # are the ones the watchdog reads.
+def named(loader: str, text: str) -> str:
+    """What the watchdog or the recorder says of an untimed loader: `text`, as that loader's."""
+    return f"{loader}, not timed (validation?): {text}"
+
+
 def watch_waits(it: Any, probe: Any, loader: str) -> bool:
     """Watch the waits of `it` (an iterator of an untimed torch DataLoader) for a stall;
     False where it has no `_next_data` (another library's iterator) or is watched already."""

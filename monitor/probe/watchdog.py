@@ -22,6 +22,7 @@ from typing import Any
 
 from monitor.periodic import Periodic
 from monitor.probe.timing import Probe
+from monitor.probe.untimed import named as untimed_named
 from monitor.records import LOOP_ENDED, RESUMED, STALLED
 from monitor.thresholds import stall_limit_s
 
@@ -310,7 +311,7 @@ class Watchdog:
                             first=first and (loader is not None or p.first_batch_s is None),
                             limits=near_limits(workers) or forked_pool(workers))
             if loader is not None:
-                text = f"{loader}, not timed (validation?): {text}"
+                text = untimed_named(loader, text)
             p.store.add_event(p.run_id, STALLED, text, {
                 "waiting_since": p.wall(since), "workers": workers,
                 "limit_s": self.limit(first), "loader": loader})
