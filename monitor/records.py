@@ -7,6 +7,7 @@ the CLI print.
 from __future__ import annotations
 
 import operator
+import re
 from dataclasses import dataclass, field, fields, make_dataclass
 from typing import Any
 
@@ -33,6 +34,11 @@ LOOP_ENDED = "the loop ended"  # a resumed event's label when the loop ended in 
 # the loader report's `built_by` for Lightning's training loop (probe/loops.py names it,
 # diagnosis/costs.py advises its own setting for a loader it builds each epoch)
 LIGHTNING_FIT = "Lightning's fit loop"
+# what the probe appends to a DataLoader worker's death in its loader error's text, the OOM
+# kills the kernel counted since the run began (probe/oom_count.py writes, diagnosis/limits.py
+# reads: NOTE [who killed the worker])
+OOM_NOTE = re.compile(r"; OOM kills since the run began: (\d+) on this host(?:, (\d+) in its "
+                      r"cgroup)? \(the kernel's count\)")
 # Where the scheduler put a rank (monitor/probe/identity.py placement writes them to the
 # ranks table; the exporter's labels, in this order).
 PLACEMENT = ("hpc_job", "pod", "namespace", "replica")

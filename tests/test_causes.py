@@ -20,6 +20,7 @@ import pytest
 
 from monitor.assess.window import steady_window
 from monitor.diagnosis import VERDICTS, causes, limits
+from monitor.probe import oom_count
 from monitor.store import Store
 from monitor.thresholds import (
     AHEAD_SHARE,
@@ -160,7 +161,11 @@ def test_growing_worker_memory_in_a_limited_cgroup_counts_the_minutes_to_its_lim
                                     "the loader failed: a worker died without saying how")), \
         f"{run['error']}\n-- events:\n{said}\n-- stderr:\n{LAST_STDERR[0][-4000:]}"
     assert "the job's cgroup (limit 2,048 MB) had " in run["error"], run["error"]
+    # the kernel counted its kill (NOTE [who killed the worker]): said, not guessed
+    assert "and the kernel's OOM killer killed " in run["error"] and " in the job's cgroup " \
+        "since the run began" in run["error"], run["error"]
     f = finding(d, limits.OOM)
+    assert f["numbers"]["oom_kills"] >= 1, f["numbers"]
     assert f["numbers"]["cgroup_limit_mb"] == pytest.approx(2048.0, rel=0.01)
     assert f["numbers"]["memory_left_mb"] < 500, f["numbers"]
     assert not more_workers(d), d["advice"]
@@ -401,13 +406,66 @@ def test_a_failure_that_happened_leads_the_verdict_over_a_warning():
 
 
 def test_a_worker_killed_by_the_oom_killer_is_named():
-    f = limits.failure("RuntimeError: DataLoader worker (pid 123) is killed by signal: "
-                       "Killed.", None)
+    killed = "RuntimeError: DataLoader worker (pid 123) is killed by signal: Killed."
+    f = limits.failure(killed, None)
     assert f is not None and f.cause == limits.OOM and f.no_more_workers
+    assert "most often the kernel's OOM killer" in f.text  # no count: the likely sender
+    # NOTE [who killed the worker]: the kernel's count, as the probe appends it
+    host = pd.DataFrame({"ts": [1.0], "mem_available_mb": [20_000.0]})
+    none = killed + oom_count.note((7, 0), killed, now=(7, 0))
+    f = limits.failure(none, None, host)
+    assert f.cause == limits.WORKER_KILLED and f.no_more_workers and not f.advice, f
+    assert f.numbers["oom_kills"] == 0 and "not by the kernel's OOM killer, which killed " \
+        "nothing in the job's cgroup since the run began (the host had 20,000 MB available" \
+        in f.text and "another process sent it" in f.text, f.text
+    assert "OOM kills since the run began" not in f.text  # said once, in the finding's words
+    # a kill elsewhere on the host, none in the job's cgroup: not the OOM killer's
+    assert limits.failure(killed + oom_count.note((7, 0), killed, now=(9, 0)), None).cause \
+        == limits.WORKER_KILLED
+    one = limits.failure(killed + oom_count.note((7, 0), killed, now=(8, 1)), None, host)
+    assert one.cause == limits.OOM and one.numbers["oom_kills"] == 1 and "the kernel's OOM " \
+        "killer killed 1 process in the job's cgroup since the run began" in one.text, one.text
+    # no cgroup count: the host's
+    host_only = limits.failure(killed + oom_count.note((7, None), killed, now=(9, None)), None)
+    assert host_only.cause == limits.OOM and "killed 2 processes on this host" in \
+        host_only.text, host_only.text
+    assert limits.failure(killed + oom_count.note((7, None), killed, now=(7, None)),
+                          None).cause == limits.WORKER_KILLED
+    # a death that names no signal, none counted, memory to spare: not named
+    unsaid = "RuntimeError: DataLoader worker (pid(s) 17405) exited unexpectedly"
+    assert limits.failure(unsaid + oom_count.note((3, 0), unsaid, now=(3, 0)), None, host) \
+        is None
+    # the probe appends its count to a death only
+    assert oom_count.note((7, 0), "ValueError: bad sample 7", now=(8, 1)) == ""
+    assert oom_count.note(None, killed) == "" and oom_count.note((None, None), killed) == ""
     # a dataset's own exception is no resource run out: the loader's error, in its words
     own = limits.failure("ValueError: bad sample 7", None)
     assert own.cause == limits.LOADER_ERROR and own.text == \
         "the loader failed: ValueError: bad sample 7"
+
+
+def test_the_kernels_oom_kills_are_read_from_the_host_and_the_processs_own_cgroup(tmp_path):
+    """/proc/vmstat's count and the process's memory cgroup's own: v1's memory.oom_control,
+    v2's memory.events.local (memory.events counts a child cgroup's kills too), memory.events
+    on a kernel without it; None where a file is not there."""
+    proc, root = tmp_path / "proc", tmp_path / "cg"
+    (proc / "self").mkdir(parents=True)
+    (proc / "vmstat").write_text("pgfault 9\noom_kill 42\nnr_free_pages 3\n")
+    (proc / "self" / "cgroup").write_text("4:memory:/job/a\n0::/\n")
+    (root / "memory" / "job" / "a").mkdir(parents=True)
+    (root / "memory" / "job" / "a" / "memory.oom_control").write_text(
+        "oom_kill_disable 0\nunder_oom 0\noom_kill 3\n")
+    assert oom_count.read(str(proc), str(root)) == (42, 3)
+    (proc / "self" / "cgroup").write_text("0::/slurm/job_7\n")
+    v2 = root / "slurm" / "job_7"
+    v2.mkdir(parents=True)
+    (v2 / "memory.events").write_text("low 0\nhigh 0\nmax 5\noom 2\noom_kill 2\n")
+    assert oom_count.read(str(proc), str(root)) == (42, 2)
+    (v2 / "memory.events.local").write_text("low 0\nhigh 0\nmax 1\noom 1\noom_kill 1\n")
+    assert oom_count.read(str(proc), str(root)) == (42, 1)
+    (proc / "vmstat").write_text("pgfault 9\n")  # a kernel before 4.13
+    assert oom_count.read(str(proc), str(root)) == (None, 1)
+    assert oom_count.read(str(tmp_path / "none"), str(root)) == (None, None)
 
 
 def test_a_worker_that_died_unsaid_at_the_memory_limit_is_named_the_oom_killers():
@@ -423,7 +481,7 @@ def test_a_worker_that_died_unsaid_at_the_memory_limit_is_named_the_oom_killers(
                   "ConnectionResetError: [Errno 104] Connection reset by peer"):
         f = limits.failure(error, None, host(2040.0))
         assert f is not None and f.cause == limits.OOM and f.no_more_workers, error
-        assert f.numbers == {"memory_left_mb": 8.0, "cgroup_limit_mb": 2048.0}
+        assert f.numbers == {"memory_left_mb": 8.0, "cgroup_limit_mb": 2048.0, "oom_kills": None}
         assert "died without saying how" in f.text and "cgroup (limit 2,048 MB) had 8 MB" \
             in f.text and "OOM killer" in f.text, f.text
         assert limits.failure(error, None, host(1200.0)) is None  # 848 MB to spare

@@ -21,7 +21,8 @@ from monitor.thresholds import KPI_WINDOW_S
 MAX_PARTS = 60  # windows looked at, at most (a long run: its last hour of steady state)
 
 
-FAILURES = (limits.SHM, limits.OPEN_FILES, limits.OOM, limits.LOADER_ERROR)  # happened: outranks
+FAILURES = (limits.SHM, limits.OPEN_FILES, limits.OOM, limits.WORKER_KILLED,  # happened: outrank
+            limits.LOADER_ERROR)
 
 
 def keep_held(w: Any, a: Any) -> Any:

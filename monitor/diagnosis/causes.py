@@ -54,6 +54,7 @@ from monitor.diagnosis.limits import (
     OPEN_FILES,
     SHM,
     TOKENIZER_FORK,
+    WORKER_KILLED,
     failure,
     memory_left,
     open_files,
@@ -79,9 +80,9 @@ from monitor.thresholds import (
 IDLE_WORKERS, MEMORY_GROWTH, HEAD_OF_LINE = (
     "idle-workers", "worker-memory-growth", "head-of-line")
 # The one vocabulary of causes a finding names (JSON `findings[].cause`, the page)
-CAUSES = (MEMORY_GROWTH, SHM, OPEN_FILES, OOM, LOADER_ERROR, TOKENIZER_FORK, IDLE_WORKERS,
-          PER_SAMPLE, RECEIVE, SLOWER, STARTUP, HEAD_OF_LINE, CACHE_PER_RANK, REMOTE_READS,
-          WORKER_THREADS, MAIN_THREADS, RECOMPILES, HOST_SYNCS)
+CAUSES = (MEMORY_GROWTH, SHM, OPEN_FILES, OOM, WORKER_KILLED, LOADER_ERROR, TOKENIZER_FORK,
+          IDLE_WORKERS, PER_SAMPLE, RECEIVE, SLOWER, STARTUP, HEAD_OF_LINE, CACHE_PER_RANK,
+          REMOTE_READS, WORKER_THREADS, MAIN_THREADS, RECOMPILES, HOST_SYNCS)
 
 
 def find(steps: pd.DataFrame, host: pd.DataFrame, report: dict[str, Any] | None,

@@ -1,8 +1,9 @@
 """The host's limits a loader meets, from the probe's `loader` report and the sampler's memory:
 before they fail, what the batches in flight need against /dev/shm and `ulimit -n`; after,
 a loader error that reached the loop, named from its message (a worker killed by a signal:
-Bus error, /dev/shm; Killed, the OOM killer; 'received 0 items of ancdata', descriptors; a
-worker that died without saying how, with the memory at its limit). Pure; the findings join
+Bus error, /dev/shm; Killed, the OOM killer where the kernel counted its kill, another
+process's signal where it counted none; 'received 0 items of ancdata', descriptors; a worker
+that died without saying how, with the memory at its limit). Pure; the findings join
 monitor/diagnosis/causes.py's.
 
 - /dev/shm: what the batches in flight need (workers x prefetch, plus the one the loop
@@ -19,10 +20,12 @@ import pandas as pd
 
 from monitor.config import prefetch_of
 from monitor.diagnosis.finding import Advice, Finding
+from monitor.records import OOM_NOTE
 from monitor.thresholds import FD_HEADROOM, OOM_ROOM_MB, SHM_HEADROOM
 
 SHM, OPEN_FILES, OOM = "shm-exhausted", "open-files-limit", "oom-killed"
 LOADER_ERROR = "loader-error"  # the loader's own exception (a dataset's, a worker's import)
+WORKER_KILLED = "worker-killed"  # a worker killed by SIGKILL that the OOM killer did not kill
 TOKENIZER_FORK = "tokenizer-after-fork"  # workers deadlocked on a pool forked mid-use
 
 
@@ -176,30 +179,56 @@ def failure(error: str, report: dict[str, Any] | None,
                        (_fd_advice(need or 1024),))
     killed = "killed by signal: killed" in low
     if killed or _died_unsaid(low):
-        left, what, limit = memory_left(host, least=True) \
-            if host is not None and not host.empty else (None, "", None)
-        mem = ""
-        if left is not None:  # the sample that left the least: the worker's last moment
-            mem = (f": {what} had {left:,.0f} MB left at its fullest sample" if limit else
-                   f": the host had {left:,.0f} MB available at its fullest sample")
-        if killed:
-            text = (f"the loader failed: a worker was killed by SIGKILL, most often the "
-                    f"kernel's OOM killer when memory runs out ({_short(error)}){mem}")
-        elif left is not None and left < OOM_ROOM_MB:
-            text = (f"the loader failed: a worker died without saying how ({_short(error)})"
-                    f"{mem}, so most likely the kernel's OOM killer ended it (dmesg says "
-                    "'Killed process' with its pid)")
-        else:  # a death with memory to spare: not named here
-            return None
-        return Finding(OOM, text, {"memory_left_mb": left, "cgroup_limit_mb": limit},
-                       (Advice("dataset", "bounded cache, arrays", None,
-                                   "watch the workers' memory (the worker-memory finding "
-                                   "names its slope); fewer workers or a bounded cache"),),
-                       no_more_workers=True)
+        return _death(error, killed, host)
     # the loader's own exception (PyG's NeighborLoader without pyg-lib: ImportError in every
     # worker): its words, type, worker and message, are the reason, not the script's exit
     return Finding(LOADER_ERROR, f"the loader failed: {_short(error.strip())}",
                    {"error": error.strip()}, (), no_more_workers=True)
+
+
+def _death(error: str, killed: bool, host: pd.DataFrame | None) -> Finding | None:
+    """A worker killed by SIGKILL, or dead without saying how, judged on the OOM kills the
+    kernel counted since the run began (the probe's note in the error: NOTE [who killed the
+    worker] in monitor/probe/oom_count.py) and the memory left at the fullest sample."""
+    counted = OOM_NOTE.search(error)
+    said = _short(OOM_NOTE.sub("", error))  # (the count is said in this finding's words)
+    kills = None if counted is None else int(counted.group(2) or counted.group(1))
+    where = "" if counted is None else " in the job's cgroup" if counted.group(2) else \
+        " on this host"
+    left, what, limit = memory_left(host, least=True) \
+        if host is not None and not host.empty else (None, "", None)
+    mem = ""
+    if left is not None:  # the sample that left the least: the worker's last moment
+        mem = (f": {what} had {left:,.0f} MB left at its fullest sample" if limit else
+               f": the host had {left:,.0f} MB available at its fullest sample")
+    numbers = {"memory_left_mb": left, "cgroup_limit_mb": limit, "oom_kills": kills}
+    how = "was killed by SIGKILL" if killed else "died without saying how"
+    if kills == 0:  # the kernel killed nothing: a signal another process sent, or a crash
+        if not killed:
+            return None
+        room = f" ({mem[2:]})" if mem else ""
+        return Finding(WORKER_KILLED, f"the loader failed: a worker {how} ({said}), and not "
+                       f"by the kernel's OOM killer, which killed nothing{where} since the run "
+                       f"began{room}: another process sent it (a scheduler's preemption or "
+                       "time limit, a watchdog, a user's kill -9), so the loader's settings "
+                       "are not what to change", numbers, (), no_more_workers=True)
+    if kills:
+        text = (f"the loader failed: a worker {how} ({said}), and the kernel's OOM killer "
+                f"killed {kills} process{'es' if kills > 1 else ''}{where} since the run "
+                f"began{mem}")
+    elif killed:
+        text = (f"the loader failed: a worker {how}, most often the kernel's OOM killer when "
+                f"memory runs out ({said}){mem}")
+    elif left is not None and left < OOM_ROOM_MB:
+        text = (f"the loader failed: a worker {how} ({said}){mem}, so most likely the "
+                "kernel's OOM killer ended it (dmesg says 'Killed process' with its pid)")
+    else:  # a death with memory to spare and no count: not named here
+        return None
+    return Finding(OOM, text, numbers,
+                   (Advice("dataset", "bounded cache, arrays", None,
+                           "watch the workers' memory (the worker-memory finding names its "
+                           "slope); fewer workers or a bounded cache"),),
+                   no_more_workers=True)
 
 
 def _died_unsaid(low: str) -> bool:

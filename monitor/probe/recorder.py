@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from monitor import control
-from monitor.probe import lifeline, untimed, workers
+from monitor.probe import lifeline, oom_count, untimed, workers
 from monitor.probe.choice import LoaderChoice, grad_enabled
 from monitor.probe.compiles import CompileWatch
 from monitor.probe.identity import rank_identity
@@ -79,6 +79,8 @@ class Recorder(LoaderChoice, LoaderRequests):
         self.reported: dict[str, Any] = {}  # its settings as last reported
         self.worker_procs: list[Any] = []  # the timed epoch's workers (note_workers)
         self.loader_failed = False  # a loader error was recorded
+        self.oom_kills = oom_count.read()  # the kernel's, as the run began (NOTE [who killed
+        # the worker] in monitor/probe/oom_count.py)
         self.epoch = -1
         self.last_control = 0
         self.loader_id: int | None = None  # the loader timed (the training loader)
@@ -219,6 +221,7 @@ class Recorder(LoaderChoice, LoaderRequests):
         text = workers.error_text(exc)
         if "killed by signal" not in text and (how := workers.exit_note(self.worker_procs, exc)):
             text = f"{text}; {how}"
+        text += oom_count.note(self.oom_kills, text)
         self._event(LOADER_ERROR, text, {"error": text, "at_step": self.probe.step})
         self.loader_failed = True
         workers.remove_dead_segments(w.pid for w in self.worker_procs)  # (after the event)
@@ -227,6 +230,7 @@ class Recorder(LoaderChoice, LoaderRequests):
         """An untimed loader (validation) raised into the loop: named as that loader's
         (NOTE [an untimed loader's stall] in monitor/probe/untimed.py)."""
         text = untimed.named(loader, workers.error_text(exc))
+        text += oom_count.note(self.oom_kills, text)
         self._event(LOADER_ERROR, text, {"error": text, "at_step": self.probe.step,
                                          "untimed": loader})
         self.loader_failed = True

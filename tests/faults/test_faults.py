@@ -246,6 +246,11 @@ def test_a_validation_loaders_killed_worker_is_the_runs_reason(tmp_path, no_leak
            "DataLoader worker (pid(s)" in run["error"], run["error"]
     assert "killed by SIGKILL" in run["error"] and run["error"].endswith(
         "(then: the script ended with exit code 1)"), run["error"]
+    # its own SIGKILL, not the OOM killer's: the kernel counted none (NOTE [who killed the
+    # worker]), and the run says so and no memory advice
+    assert "and not by the kernel's OOM killer, which killed nothing" in run["error"] and \
+        "another process sent it" in run["error"], run["error"]
+    assert "verdict: worker-killed" in err, err[-2000:]
     error = store.events(1, kinds=("loader error",))
     assert len(error) == 1 and "Dies" in json.loads(error["data"].iloc[0])["untimed"]
     assert len(store.steps(1)) == 8
