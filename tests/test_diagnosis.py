@@ -538,6 +538,31 @@ def test_warm_up_dominates_a_short_run(tmp_path):
     assert "first 3 step(s)" in a.diagnosis.headline
 
 
+def test_each_rank_of_a_job_sheds_its_own_warm_up(tmp_path):
+    """Two ranks that started 3 s apart (no process group: each runs its own loop): each
+    rank's steady state begins after its own first steps, not at a cut from the earlier
+    rank's start, which kept the late rank's start-up and left the early rank a sliver."""
+    from monitor.assess.window import steady_window
+    from monitor.records import StepRecord
+    from monitor.store import Store
+
+    store = Store(tmp_path / "r.db")
+    run = store.create_run("job", "attached", {"num_workers": 3, "batch_size": 8})
+    rows = []
+    for rank, t in ((0, 1000.0), (1, 1003.0)):
+        for i in range(100):  # three slow first steps (workers starting), then 20 ms steps
+            w = 0.15 if i < 3 else 0.005
+            t += w + 0.015
+            rows.append(StepRecord(run, i, 0, t, w, 0.015, 8, 0, worker=i % 3, rank=rank))
+    store.insert(rows)
+    store.finish_run(run, "finished")
+    steps = steady_window(store, run).steps
+    for rank in (0, 1):
+        own = steps[steps["rank"] == rank]
+        assert own["wait_s"].max() < 0.15, f"rank {rank} kept its start-up"
+        assert 70 <= len(own) <= 97, (rank, len(own))  # most of its 2.4 s, its warm-up shed
+
+
 def test_a_change_that_recorded_no_step_leaves_the_verdict_with_the_settings_before(tmp_path):
     """num_workers 0 -> 1 applied as the script's time ran out: every stored step is of 0
     workers, so the verdict speaks of 0 workers (not of the final 1) and says why; the run's
