@@ -429,6 +429,10 @@ def test_a_worker_killed_by_the_oom_killer_is_named():
     host_only = limits.failure(killed + oom_count.note((7, None), killed, now=(9, None)), None)
     assert host_only.cause == limits.OOM and "killed 2 processes on this host" in \
         host_only.text, host_only.text
+    spare = limits.failure(killed + oom_count.note((7, None), killed, now=(8, None)), None, host)
+    assert spare.cause == limits.OOM and "perhaps another job's process" in spare.text, \
+        spare.text  # (the host's count, 20 GB left: not named as this job's)
+    assert "perhaps" not in one.text  # the job's own cgroup counted it
     assert limits.failure(killed + oom_count.note((7, None), killed, now=(7, None)),
                           None).cause == limits.WORKER_KILLED
     # a death that names no signal, none counted, memory to spare: not named

@@ -216,6 +216,9 @@ def _death(error: str, killed: bool, host: pd.DataFrame | None) -> Finding | Non
         text = (f"the loader failed: a worker {how} ({said}), and the kernel's OOM killer "
                 f"killed {kills} process{'es' if kills > 1 else ''}{where} since the run "
                 f"began{mem}")
+        if not counted.group(2) and left is not None and left >= OOM_ROOM_MB:
+            text += (", so perhaps another job's process, not this one's (dmesg says "
+                     "'Killed process' with its pid)")  # a host's count, memory to spare
     elif killed:
         text = (f"the loader failed: a worker {how}, most often the kernel's OOM killer when "
                 f"memory runs out ({said}){mem}")
