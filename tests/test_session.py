@@ -60,7 +60,10 @@ def test_accelerator_only_change_keeps_the_loader(manager, store):
     before, after = steps[steps["config_seq"] == 0], steps[steps["config_seq"] == 1]
     # the same iterator goes on: no new epoch at the change (1024 steps per epoch here)
     assert after["epoch"].iloc[0] == before["epoch"].iloc[-1]
-    assert after["compute_s"].median() > 0.015 > before["compute_s"].median()
+    # the step 15 ms longer (a busy box lengthens both sleeps alike: under a loaded suite the
+    # 5 ms steps' median once read over 15 ms)
+    assert after["compute_s"].median() - before["compute_s"].median() > 0.010, (
+        before["compute_s"].median(), after["compute_s"].median())
 
 
 def test_dataset_exception_in_worker_fails_the_run_with_its_text(store, no_leaks, monkeypatch):

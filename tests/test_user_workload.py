@@ -1,6 +1,7 @@
 """A user's own dataset as a managed workload: the spec, each error case, and real runs."""
 from __future__ import annotations
 
+import json
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -10,6 +11,7 @@ from monitor.config import ConfigError, LoaderConfig
 from monitor.manage.session import SessionManager
 from monitor.manage.workload_spec import check
 from tests.conftest import wait_for
+from tests.helpers import cli
 from workloads.user import WorkloadError, load, parse_spec
 
 HERE = Path(__file__).resolve().parent / "workloads"
@@ -131,6 +133,24 @@ def test_dataset_raising_names_index_and_worker(store, no_leaks, workers):
         assert "corrupt record" in r["error"] and "for sample index" in r["error"]
         assert ("in worker" in r["error"]) == (workers > 0)
         assert ("in the main process" in r["error"]) == (workers == 0)
+
+
+@pytest.mark.slow
+def test_a_killed_worker_of_a_managed_run_is_its_verdict_in_one_line(tmp_path, no_leaks):
+    """NOTE [who killed the worker]: `measure` over a dataset whose worker is killed by
+    SIGKILL (its own kill, not the OOM killer's): the run fails with torch's words and the
+    kernel's count in one line (no traceback of wherever torch raised it), the verdict names
+    the kill as another process's, and the command line says what to do."""
+    r = cli("measure", "--workload", f"{BROKEN}:killed_worker", "--num-workers", "2",
+            "--seconds", "30", "--json", db=tmp_path / "k.db")
+    assert r.returncode == 1, r.stderr[-2000:]
+    d = json.loads(r.stdout.strip().splitlines()[-1])
+    assert d["status"] == "failed" and "is killed by signal: Killed" in d["error"], d["error"]
+    assert "Traceback" not in d["error"] and "\n" not in d["error"], d["error"]
+    assert "; OOM kills since the run began: 0 on this host" in d["error"], d["error"]
+    assert d["verdict"] == "worker-killed" and "not by the kernel's OOM killer" in \
+        d["verdict_text"], (d["verdict"], d["verdict_text"])
+    assert "What to do: not the OOM killer" in r.stderr, r.stderr[-2000:]
 
 
 @pytest.mark.slow

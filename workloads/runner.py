@@ -23,8 +23,11 @@ from torch.utils.data import DataLoader
 from monitor import control
 from monitor.config import USER_STEP_TIME_MS, ConfigError, LoaderConfig, describe_change
 from monitor.presets import calibrated_step_ms
+from monitor.probe import oom_count
 from monitor.probe.timing import Probe
 from monitor.probe.watchdog import Watchdog
+from monitor.probe.workers import error_text
+from monitor.records import LOADER_ERROR
 from monitor.store import Store, StoreError, explain
 from monitor.thresholds import CALIBRATION_NOISE, CALIBRATION_REUSE_S, PROVEN_STEPS
 from workloads.accelerator import SimulatedAccelerator, UserStep, make_accelerator
@@ -39,17 +42,23 @@ def _sigterm(signum: int, frame: Any) -> None:
     raise SystemExit("terminated by the session manager (SIGTERM)")
 
 
-def format_error(exc: BaseException) -> str:
+def format_error(exc: BaseException, oom_kills: tuple[int | None, int | None] | None = None
+                 ) -> str:
     """'ValueError: message' plus the tail of the traceback (the worker's, when torch
     re-raised a worker's exception, is inside the message). A WorkloadError's message is
-    already written for the user and stands alone."""
+    already written for the user and stands alone, and so is a DataLoader worker's death:
+    torch's words in one line, with the OOM kills the kernel counted since `oom_kills` (NOTE
+    [who killed the worker] in monitor/probe/oom_count.py), no traceback of wherever torch's
+    SIGCHLD handler happened to raise it."""
     if isinstance(exc, WorkloadError):
         return f"{exc}"[:MAX_ERROR_CHARS]
-    head = f"{type(exc).__name__}: {exc}"
-    if isinstance(exc, (ConnectionResetError, EOFError, BrokenPipeError)):
-        # a worker killed while the main process read its queue: torch's own "worker
-        # (pid N) is killed" message loses that race
-        head = f"a DataLoader worker died mid-transfer (killed?): {head}"
+    cut = isinstance(exc, (ConnectionResetError, EOFError, BrokenPipeError))
+    # (a worker killed while the main process read its queue: torch's own "worker (pid N) is
+    # killed" message loses that race)
+    said = "a DataLoader worker died mid-transfer (killed?): " if cut else ""
+    if oom_count.DEATH.search(one := error_text(exc)):
+        return said + one + oom_count.note(oom_kills, one)
+    head = f"{said}{type(exc).__name__}: {exc}"
     tb = "".join(traceback.format_exception(exc))
     room = MAX_ERROR_CHARS - len(head) - 2
     return (head + "\n\n" + tb[-room:]) if room > 0 else head[:MAX_ERROR_CHARS]
@@ -317,6 +326,7 @@ def main(store_path: str, run_id: int, config: dict[str, Any], parent_pid: int) 
     except StoreError as exc:
         print(f"starvation-monitor workload: {exc}", file=sys.stderr)
         raise SystemExit(1) from None
+    oom_kills = oom_count.read()  # the kernel's count as the run begins
     try:
         cfg = LoaderConfig.from_dict(config)
         if os.environ.get("STARVATION_MONITOR_TORCH_THREADS", "1") != "0":
@@ -329,9 +339,12 @@ def main(store_path: str, run_id: int, config: dict[str, Any], parent_pid: int) 
         code = getattr(exc, "code", None) or "interrupted (SIGINT)"
         _finish(store, run_id, "stopped", str(code))
     except BaseException as exc:
-        text = str(exc) if isinstance(exc, StoreError) else format_error(exc)
+        text = str(exc) if isinstance(exc, StoreError) else format_error(exc, oom_kills)
         if isinstance(exc, StoreError):
             print(f"starvation-monitor workload: {exc}", file=sys.stderr)
+        elif oom_count.DEATH.search(text):  # the assessment names it, as an attached run's
+            with contextlib.suppress(Exception):
+                store.add_event(run_id, LOADER_ERROR, text, {"error": text})
         _finish(store, run_id, "failed", text)
         raise SystemExit(1) from None
     finally:

@@ -84,7 +84,7 @@ def _print_measurement(result: Any) -> None:
     a = result.assessment
     if a is not None:
         dg = a.diagnosis
-        print(f"  verdict: {dg.verdict}. {dg.headline}")
+        print(f"  verdict: {dg.named}. {dg.headline}")  # the cause, as --json says
         if dg.bound.get("text"):
             print(f"  bound: {dg.bound['text']}")
         for i, adv in enumerate(dg.advice, 1):

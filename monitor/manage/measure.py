@@ -13,6 +13,7 @@ from monitor.assess.window import Assessment, Context, assess_run
 from monitor.config import LoaderConfig
 from monitor.frames import analysis
 from monitor.manage.result import gpu_figures, result
+from monitor.records import OOM_NOTE
 from monitor.store import FAILED, RUNNING, StoreError
 from monitor.thresholds import QUIET_MIN_S, QUIET_STEPS, VERDICT_MIN_STEPS, stall_limit_s
 
@@ -77,9 +78,17 @@ HINTS = (  # (words in the error, what to do)
 
 
 def failure_line(error: str | None) -> str:
-    """The error's first line and, where the cause is known, what to do about it."""
+    """The error's first line and, where the cause is known, what to do about it (a killed
+    worker's from the OOM kills the kernel counted: NOTE [who killed the worker] in
+    monitor/probe/oom_count.py)."""
     first = (error or "unknown error").strip().splitlines()[0]
-    hint = next((h for words, h in HINTS if words in first), None)
+    counted = OOM_NOTE.search(first)
+    kills = None if counted is None else int(counted.group(2) or counted.group(1))
+    hint = (None if kills is None else "the kernel's OOM killer killed it: lower num_workers "
+            "/ prefetch_factor / batch_size, or what the dataset holds" if kills else
+            "not the OOM killer (it killed nothing meanwhile): another process sent it (a "
+            "scheduler's preemption, a watchdog, a kill -9); the loader's settings are not "
+            "the cause") or next((h for words, h in HINTS if words in first), None)
     return f"{first}. What to do: {hint}" if hint else first
 
 

@@ -15,13 +15,13 @@ import re
 # counts each OOM kill it makes: /proc/vmstat's `oom_kill` (every one on the host since boot,
 # a cgroup limit's too) and the process's cgroup's own (v2 memory.events.local, v1
 # memory.oom_control `oom_kill`: kills of its own processes, and a worker sits in its
-# parent's cgroup; not a child cgroup's, which v2's memory.events counts). The recorder reads
-# both as the run starts and again at a death, and says the difference in the loader error's
-# own text (`note`), so that the run's reason carries its evidence; monitor/diagnosis/limits.py
-# reads it back (monitor/records.py `OOM_NOTE`): none counted is another process's kill, one
-# counted in the job's cgroup (or on the host, where the cgroup's count is not there) is the
-# OOM killer's. Two reads of two small files, at the start and at a death: no cost while the
-# loop runs.
+# parent's cgroup; not a child cgroup's, which v2's memory.events counts). The recorder (and
+# the managed workload, workloads/runner.py) reads both as the run starts and again at a
+# death, and says the difference in the loader error's own text (`note`), so that the run's
+# reason carries its evidence; monitor/diagnosis/limits.py reads it back (monitor/records.py
+# `OOM_NOTE`): none counted is another process's kill, one counted in the job's cgroup (or on
+# the host, where the cgroup's count is not there) is the OOM killer's. Two reads of two small
+# files, at the start and at a death: no cost while the loop runs.
 
 DEATH = re.compile(r"killed by signal|exited unexpectedly|EOFError|ConnectionResetError|"
                    r"Connection reset by peer")

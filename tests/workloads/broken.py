@@ -84,3 +84,27 @@ def hangs():
 def hangs_at_once():
     """Hangs in its very first __getitem__: there is no first batch, no step history."""
     return {"dataset": HangsAfter(after=0), "batch_size": 8}
+
+
+class KilledWorker(Dataset):
+    """Its DataLoader worker is killed by SIGKILL at its 200th sample (as a scheduler's
+    preemption or a `kill -9` kills it: not the OOM killer)."""
+
+    def __init__(self):
+        self.n = 0
+
+    def __len__(self):
+        return 100000
+
+    def __getitem__(self, i):
+        import os
+        import signal
+
+        self.n += 1
+        if self.n == 200 and torch.utils.data.get_worker_info() is not None:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return torch.zeros(8)
+
+
+def killed_worker():
+    return KilledWorker()
