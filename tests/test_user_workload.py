@@ -133,6 +133,26 @@ def test_dataset_raising_names_index_and_worker(store, no_leaks, workers):
         assert "corrupt record" in r["error"] and "for sample index" in r["error"]
         assert ("in worker" in r["error"]) == (workers > 0)
         assert ("in the main process" in r["error"]) == (workers == 0)
+        # their words and their frames, not torch's re-raise around them
+        assert r["error"].startswith("the dataset raised ValueError for sample index ") and \
+            "torch/utils/data" not in r["error"] and "Caught" not in r["error"], r["error"]
+
+
+def test_a_run_that_failed_before_its_first_batch_says_so_not_judging():
+    from monitor.manage.result import result
+
+    d = result(3, "failed", None, (None, None, None), "the dataset raised ValueError for "
+               "sample index 7 in worker 0: bad\n  File ...", None, {})
+    assert d["verdict_text"] == "The run failed before its first batch: the dataset raised " \
+        "ValueError for sample index 7 in worker 0: bad"
+    assert "verdict_text" not in result(3, "stopped", None, (None, None, None), None, None, {})
+
+    class TooFew:  # an assessment of two steps
+        def to_dict(self):
+            return {"steps": 2, "verdict_family": "no data", "verdict_text": "Judging ..."}
+    d = result(3, "failed", TooFew(), (None, None, None), "RuntimeError: boom", None, {})
+    assert d["verdict_text"] == "The run failed after 2 step(s), too few to judge: " \
+        "RuntimeError: boom"
 
 
 @pytest.mark.slow

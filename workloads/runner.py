@@ -50,8 +50,11 @@ def format_error(exc: BaseException, oom_kills: tuple[int | None, int | None] | 
     torch's words in one line, with the OOM kills the kernel counted since `oom_kills` (NOTE
     [who killed the worker] in monitor/probe/oom_count.py), no traceback of wherever torch's
     SIGCHLD handler happened to raise it."""
-    if isinstance(exc, WorkloadError):
-        return f"{exc}"[:MAX_ERROR_CHARS]
+    if isinstance(exc, WorkloadError):  # (from a worker, torch's re-raise wraps the words
+        # written for the user in its own traceback: theirs are the last WorkloadError's)
+        text = f"{exc}"
+        mine = text.rfind("WorkloadError: ") if text.startswith("Caught ") else -1
+        return (text[mine + len("WorkloadError: "):] if mine >= 0 else text)[:MAX_ERROR_CHARS]
     cut = isinstance(exc, (ConnectionResetError, EOFError, BrokenPipeError))
     # (a worker killed while the main process read its queue: torch's own "worker (pid N) is
     # killed" message loses that race)

@@ -34,6 +34,11 @@ def result(run_id: int, status: str | None, a: Assessment | None, gpu: GpuFigure
     """The keys both commands print, in one order."""
     d: dict[str, Any] = {"run_id": run_id, "status": status}
     d.update(a.to_dict() if a is not None else {})
+    n = int(d.get("steps") or 0)
+    if status == "failed" and error and (not n or d.get("verdict_family") == "no data"):
+        d["verdict_text"] = (f"The run failed after {n} step(s), too few to judge: " if n else
+                             "The run failed before its first batch: ") + \
+            error.strip().splitlines()[0]  # (not the live view's "judging after ... steps")
     d.update({"gpu": gpu[0], "gpu_util_mean": gpu[1], "gpu_util_cv": gpu[2], "error": error,
               "accelerator": accelerator, "config": config})
     return d
