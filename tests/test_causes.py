@@ -482,7 +482,8 @@ def test_a_worker_that_died_unsaid_at_the_memory_limit_is_named_the_oom_killers(
                              "cgroup_mem_limit_mb": [2048.0, 2048.0],
                              "cgroup_mem_used_mb": [1500.0, used_mb]})
     for error in ("RuntimeError: DataLoader worker (pid(s) 17405) exited unexpectedly",
-                  "ConnectionResetError: [Errno 104] Connection reset by peer"):
+                  "ConnectionResetError: [Errno 104] Connection reset by peer",
+                  "a DataLoader worker died mid-transfer (killed?): EOFError: "):
         f = limits.failure(error, None, host(2040.0))
         assert f is not None and f.cause == limits.OOM and f.no_more_workers, error
         assert f.numbers == {"memory_left_mb": 8.0, "cgroup_limit_mb": 2048.0, "oom_kills": None}

@@ -238,4 +238,5 @@ def _died_unsaid(low: str) -> bool:
     """A worker's death in the words that do not name its signal: torch's queue timeout
     ("exited unexpectedly"), or a batch cut off mid-send (EOFError, a reset connection)."""
     return "exited unexpectedly" in low or low.startswith(("eoferror", "connectionreseterror")) \
-        or "connection reset by peer" in low
+        or "connection reset by peer" in low or "died mid-transfer" in low  # (the managed
+    # workload's words for the last two: workloads/runner.py format_error)
