@@ -39,6 +39,17 @@ LIGHTNING_FIT = "Lightning's fit loop"
 # reads: NOTE [who killed the worker])
 OOM_NOTE = re.compile(r"; OOM kills since the run began: (\d+) on this host(?:, (\d+) in its "
                       r"cgroup)? \(the kernel's count\)")
+
+
+def oom_counted(text: str) -> tuple[int, bool] | None:
+    """The OOM kills an error's OOM_NOTE says the kernel counted, the cgroup's where it says
+    (True) else the host's (False); None where the text says none."""
+    got = OOM_NOTE.search(text)
+    if got is None:
+        return None
+    return int(got.group(2) or got.group(1)), got.group(2) is not None
+
+
 # Where the scheduler put a rank (monitor/probe/identity.py placement writes them to the
 # ranks table; the exporter's labels, in this order).
 PLACEMENT = ("hpc_job", "pod", "namespace", "replica")

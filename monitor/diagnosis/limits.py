@@ -20,7 +20,7 @@ import pandas as pd
 
 from monitor.config import prefetch_of
 from monitor.diagnosis.finding import Advice, Finding
-from monitor.records import OOM_NOTE
+from monitor.records import OOM_NOTE, oom_counted
 from monitor.thresholds import FD_HEADROOM, OOM_ROOM_MB, SHM_HEADROOM
 
 SHM, OPEN_FILES, OOM = "shm-exhausted", "open-files-limit", "oom-killed"
@@ -190,11 +190,10 @@ def _death(error: str, killed: bool, host: pd.DataFrame | None) -> Finding | Non
     """A worker killed by SIGKILL, or dead without saying how, judged on the OOM kills the
     kernel counted since the run began (the probe's note in the error: NOTE [who killed the
     worker] in monitor/probe/oom_count.py) and the memory left at the fullest sample."""
-    counted = OOM_NOTE.search(error)
+    counted = oom_counted(error)
     said = _short(OOM_NOTE.sub("", error))  # (the count is said in this finding's words)
-    kills = None if counted is None else int(counted.group(2) or counted.group(1))
-    where = "" if counted is None else " in the job's cgroup" if counted.group(2) else \
-        " on this host"
+    kills, mine = counted if counted is not None else (None, False)
+    where = "" if counted is None else " in the job's cgroup" if mine else " on this host"
     left, what, limit = memory_left(host, least=True) \
         if host is not None and not host.empty else (None, "", None)
     mem = ""
@@ -216,7 +215,7 @@ def _death(error: str, killed: bool, host: pd.DataFrame | None) -> Finding | Non
         text = (f"the loader failed: a worker {how} ({said}), and the kernel's OOM killer "
                 f"killed {kills} process{'es' if kills > 1 else ''}{where} since the run "
                 f"began{mem}")
-        if not counted.group(2) and left is not None and left >= OOM_ROOM_MB:
+        if not mine and left is not None and left >= OOM_ROOM_MB:
             text += (", so perhaps another job's process, not this one's (dmesg says "
                      "'Killed process' with its pid)")  # a host's count, memory to spare
     elif killed:

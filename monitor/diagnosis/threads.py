@@ -106,12 +106,13 @@ def threads_fight(f: Any) -> Finding | None:
             others = (f.other_cpu_cores or 0.0) >= OTHERS_BUSY_CORES
             # where the loop's thread was through that wait, measured (NOTE [the loop's
             # receive]): blocked, the workers' own threads hand each batch over late
-            late = (held(f) or 0.0) >= RECEIVE_HELD_SHARE
+            blocked = held(f) or 0.0
+            late = blocked >= RECEIVE_HELD_SHARE
             return _main_pool(
                 main, keep, None if others else pred, f"beside {nw} busy workers on {cores} "
                 f"usable cores: the workers keep ahead ({f.receive_wait_share:.0%} of the "
                 "data wait was on batches already made), and " + (
-                    f"the loop's thread spends {held(f):.0%} of that wait blocked on their "
+                    f"the loop's thread spends {blocked:.0%} of that wait blocked on their "
                     "hand-off of each batch, which their own threads make while the pool holds "
                     "the cores" if late else
                     "the loop's own thread, receiving them, waits for a CPU among them"),

@@ -13,7 +13,7 @@ from monitor.assess.window import Assessment, Context, assess_run
 from monitor.config import LoaderConfig
 from monitor.frames import analysis
 from monitor.manage.result import gpu_figures, result
-from monitor.records import OOM_NOTE
+from monitor.records import oom_counted
 from monitor.store import FAILED, RUNNING, StoreError
 from monitor.thresholds import QUIET_MIN_S, QUIET_STEPS, VERDICT_MIN_STEPS, stall_limit_s
 
@@ -82,8 +82,7 @@ def failure_line(error: str | None) -> str:
     worker's from the OOM kills the kernel counted: NOTE [who killed the worker] in
     monitor/probe/oom_count.py)."""
     first = (error or "unknown error").strip().splitlines()[0]
-    counted = OOM_NOTE.search(first)
-    kills = None if counted is None else int(counted.group(2) or counted.group(1))
+    kills = (oom_counted(first) or (None, False))[0]
     hint = (None if kills is None else "the kernel's OOM killer killed it: lower num_workers "
             "/ prefetch_factor / batch_size, or what the dataset holds" if kills else
             "not the OOM killer (it killed nothing meanwhile): another process sent it (a "
